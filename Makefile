@@ -1,0 +1,29 @@
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install run test docs bench clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/uvicorn examples.counter.app:app --host 127.0.0.1 --port 8000
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
+
+bench: $(STAMP)
+	$(BIN)/python bench/writer.py
+
+clean:
+	rm -rf $(VENV) site .pytest_cache

@@ -1,0 +1,170 @@
+"""Opening SQLite, migrations and the pool of read-only connections.
+
+One file, WAL mode, one writer (see `writer.py`) and any number of readers. Readers are
+`query_only`, so a GET handler that tries to write fails loudly instead of racing the writer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sqlite3
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, TypeVar
+
+T = TypeVar("T")
+Synchronous = Literal["OFF", "NORMAL", "FULL", "EXTRA"]
+
+# Readers wait this long for a checkpoint or a schema change instead of failing with SQLITE_BUSY.
+BUSY_TIMEOUT_MS = 5000
+
+
+def connect(
+    path: str | Path,
+    *,
+    read_only: bool = False,
+    synchronous: Synchronous = "NORMAL",
+    cached_statements: int = 128,
+) -> sqlite3.Connection:
+    """Open one connection with the pragmas every connection of an app shares.
+
+    `isolation_level=None` hands transaction control to us: the writer issues its own
+    `BEGIN IMMEDIATE`, savepoints and `COMMIT`, and the sqlite3 module never begins one behind
+    our back.
+    """
+    conn = sqlite3.connect(
+        str(path),
+        isolation_level=None,
+        check_same_thread=False,
+        cached_statements=cached_statements,
+    )
+    conn.row_factory = sqlite3.Row
+    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    if not read_only:
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if mode.lower() != "wal":
+            raise RuntimeError(f"{path}: could not switch to WAL mode (got {mode!r})")
+    conn.execute(f"PRAGMA synchronous = {synchronous}")
+    conn.execute("PRAGMA foreign_keys = ON")
+    if read_only:
+        conn.execute("PRAGMA query_only = ON")
+    return conn
+
+
+class MigrationError(RuntimeError):
+    """A migration could not be applied, or the database is newer than the app."""
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    path: Path
+
+
+_NUMBERED = re.compile(r"^(\d+)[_\-.].*\.sql$|^(\d+)\.sql$")
+
+
+def find_migrations(directory: str | Path) -> list[Migration]:
+    """The numbered `.sql` files of a folder, in order; `0003_add_lanes.sql` is version 3."""
+    folder = Path(directory)
+    if not folder.is_dir():
+        raise MigrationError(f"migrations folder {folder} does not exist")
+    found: dict[int, Path] = {}
+    for path in sorted(folder.iterdir()):
+        match = _NUMBERED.match(path.name)
+        if not match:
+            continue
+        version = int(match.group(1) or match.group(2))
+        if version == 0:
+            raise MigrationError(f"{path.name}: migrations are numbered from 1")
+        if version in found:
+            raise MigrationError(f"{found[version].name} and {path.name} share version {version}")
+        found[version] = path
+    return [Migration(v, found[v]) for v in sorted(found)]
+
+
+def user_version(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+
+def migrate(conn: sqlite3.Connection, directory: str | Path) -> tuple[int, int]:
+    """Apply the migrations above the database's `user_version`, each in its own transaction.
+
+    Returns the versions before and after. A failing file rolls back alone: the database stays
+    at the last good version and the error names the file.
+    """
+    migrations = find_migrations(directory)
+    newest = migrations[-1].version if migrations else 0
+    start = user_version(conn)
+    if start > newest:
+        raise MigrationError(
+            f"database version {start} is newer than the newest migration {newest} "
+            f"in {Path(directory).name}: refusing to run an older app against it"
+        )
+    for migration in migrations:
+        if migration.version <= start:
+            continue
+        sql = migration.path.read_text(encoding="utf-8")
+        try:
+            # executescript commits any open transaction first, then runs the script as is:
+            # wrapping it in BEGIN/COMMIT makes the file and the version bump one transaction.
+            conn.executescript(
+                f"BEGIN IMMEDIATE;\n{sql}\n;PRAGMA user_version = {migration.version};\nCOMMIT;"
+            )
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise MigrationError(
+                f"migration {migration.path.name} failed: {exc}; "
+                f"the database stays at version {user_version(conn)}"
+            ) from exc
+    return start, user_version(conn)
+
+
+class Readers:
+    """A pool of read-only connections, each owned by one thread.
+
+    `await readers.run(fn)` calls `fn(conn)` on a reader thread. The sqlite3 module releases the
+    GIL while SQLite works, so reads overlap the writer and the event loop.
+    """
+
+    def __init__(self, path: str | Path, *, size: int = 2, cached_statements: int = 128) -> None:
+        self.path = Path(path)
+        self._local = threading.local()
+        self._conns: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        self._cached_statements = cached_statements
+        self._pool = ThreadPoolExecutor(max_workers=size, thread_name_prefix="lith-reader")
+
+    def _conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = connect(self.path, read_only=True, cached_statements=self._cached_statements)
+            self._local.conn = conn
+            with self._lock:
+                self._conns.append(conn)
+        return conn
+
+    def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `fn` in one read transaction on this thread's connection (blocking)."""
+        conn = self._conn()
+        conn.execute("BEGIN")
+        try:
+            return fn(conn)
+        finally:
+            conn.execute("COMMIT")
+
+    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `fn` in one read transaction on a reader thread: every read sees one state."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self.call, fn)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        with self._lock:
+            for conn in self._conns:
+                conn.close()
+            self._conns.clear()

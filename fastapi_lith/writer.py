@@ -1,0 +1,333 @@
+"""Linear writes: `Command`, `Tx` and the one `Writer` that owns the write connection.
+
+Every change is a command. The writer applies commands in arrival order, up to `batch_size` in
+one `BEGIN IMMEDIATE` transaction, each in its own savepoint, so a failing command rolls back
+alone. One thread owns the connection and gets whole batches, one thread hop per batch: the
+cost of a hop (about 60 µs) is paid once for hundreds of commands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+from sqlalchemy.sql import ClauseElement
+from starlette.requests import Request
+
+from . import db
+from .statements import Params, StatementCache
+
+log = logging.getLogger("fastapi_lith.writer")
+
+Topics = frozenset[str]
+Subscriber = Callable[[Topics], None]
+
+
+class Command(BaseModel):
+    """A change to the database: validated by Pydantic, applied by the writer.
+
+    `apply` is synchronous on purpose: it runs on the writer's thread inside a savepoint and
+    does database work only, nothing that waits on the network. Its return value reaches the
+    caller of `writer.do`; an exception it raises rolls back this command alone.
+    """
+
+    def apply(self, tx: Tx) -> Any:
+        raise NotImplementedError(f"{type(self).__name__}.apply(tx)")
+
+
+class WriterClosed(RuntimeError):
+    """The writer is shutting down or was never started: the command was not accepted."""
+
+
+class Tx:
+    """What a command sees: the write connection inside its savepoint, and the topics it touches.
+
+    Statements are SQLAlchemy Core objects (compiled once, see `statements.py`) or SQL strings
+    with `:name` or `?` parameters. Rows are `sqlite3.Row`: index them or use column names.
+    """
+
+    __slots__ = ("conn", "_cursor", "_bind", "_touched")
+
+    def __init__(self, conn: sqlite3.Connection, cache: StatementCache) -> None:
+        self.conn = conn
+        # One cursor for every statement: a new cursor per statement costs more than the
+        # statement itself (about 1.2 µs against 1 µs for a one-row UPDATE).
+        self._cursor = conn.cursor()
+        self._bind = cache.bind
+        self._touched: set[str] = set()
+
+    def execute(self, stmt: ClauseElement | str, params: Params | Sequence[Any] = None) -> sqlite3.Cursor:
+        """Run one statement; the cursor gives `rowcount`, `lastrowid` and the rows.
+
+        The cursor is shared: read it before the next statement, or use `all()`.
+        """
+        if stmt.__class__ is str:
+            return self._cursor.execute(stmt, params or ())  # type: ignore[arg-type]
+        sql, values = self._bind(stmt, params)  # type: ignore[arg-type]
+        return self._cursor.execute(sql, values)
+
+    def executemany(self, stmt: ClauseElement | str, rows: Iterable[Mapping[str, Any]]) -> int:
+        """Run one statement for many parameter sets; returns the rows changed."""
+        if isinstance(stmt, str):
+            return self.conn.executemany(stmt, rows).rowcount
+        changed = 0
+        for row in rows:
+            changed += self.execute(stmt, row).rowcount
+        return changed
+
+    def all(self, stmt: ClauseElement | str, params: Params | Sequence[Any] = None) -> list[sqlite3.Row]:
+        return self.execute(stmt, params).fetchall()
+
+    def first(self, stmt: ClauseElement | str, params: Params | Sequence[Any] = None) -> sqlite3.Row | None:
+        return self.execute(stmt, params).fetchone()
+
+    def one(self, stmt: ClauseElement | str, params: Params | Sequence[Any] = None) -> sqlite3.Row:
+        """Exactly one row, or `LookupError`: the usual guard for "this card must exist"."""
+        rows = self.execute(stmt, params).fetchmany(2)
+        if len(rows) != 1:
+            raise LookupError(f"expected one row, got {'none' if not rows else 'several'}")
+        return rows[0]
+
+    def scalar(self, stmt: ClauseElement | str, params: Params | Sequence[Any] = None) -> Any:
+        """The first column of the first row, or None."""
+        row = self.execute(stmt, params).fetchone()
+        return None if row is None else row[0]
+
+    def touch(self, *topics: str) -> None:
+        """Mark topics changed: views that watch them render in the next tick, if this commits."""
+        self._touched.update(topics)
+
+
+class Writer:
+    """The only writer of one SQLite file.
+
+    `await writer.do(cmd)` queues the command and returns `cmd.apply(tx)`'s result once the
+    batch holding it has committed. Used as a FastAPI dependency (`Depends(lith.writer)`) it also
+    refuses cross-site requests, see `__call__`.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        migrations: str | Path | None = None,
+        synchronous: db.Synchronous = "NORMAL",
+        batch_size: int = 512,
+        cached_statements: int = 512,
+        statement_cache: bool = True,
+        same_origin_only: bool = True,
+        max_body: int = 64 * 1024,
+    ) -> None:
+        self.path = Path(path)
+        self.migrations = migrations
+        self.synchronous = synchronous
+        self.batch_size = batch_size
+        self.same_origin_only = same_origin_only
+        self.max_body = max_body
+        self.statements = StatementCache(cached_statements, enabled=statement_cache)
+        self._cached_statements = cached_statements if statement_cache else 0
+        self._queue: deque[tuple[Command, asyncio.Future[Any]]] = deque()
+        self._wake = asyncio.Event()
+        self._subscribers: list[Subscriber] = []
+        self._conn: sqlite3.Connection | None = None
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lith-writer")
+        self._task: asyncio.Task[None] | None = None
+        self._closing = True
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # Counters a user and the benchmarks read.
+        self.commands = 0
+        self.failed = 0
+        self.batches = 0
+        self.commit_seconds: deque[float] = deque(maxlen=100_000)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the write connection on the writer thread, migrate, start taking commands."""
+        self._loop = asyncio.get_running_loop()
+        await self._loop.run_in_executor(self._thread, self._open)
+        self._wake = asyncio.Event()
+        self._closing = False
+        self._task = asyncio.create_task(self._run(), name="lith-writer")
+
+    def _open(self) -> None:
+        conn = db.connect(
+            self.path, synchronous=self.synchronous, cached_statements=self._cached_statements
+        )
+        try:
+            if self.migrations is not None:
+                before, after = db.migrate(conn, self.migrations)
+                if after != before:
+                    log.info("%s: migrated from version %d to %d", self.path.name, before, after)
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+
+    async def close(self) -> None:
+        """Stop taking commands, commit every accepted one, close the connection."""
+        if self._task is None:
+            return
+        self._closing = True
+        self._wake.set()
+        await self._task
+        self._task = None
+        await asyncio.get_running_loop().run_in_executor(self._thread, self._close_conn)
+
+    def _close_conn(self) -> None:
+        if self._conn is not None:
+            self._conn.execute("PRAGMA optimize")
+            self._conn.close()
+            self._conn = None
+
+    def subscribe(self, fn: Subscriber) -> Callable[[], None]:
+        """Call `fn(topics)` on the event loop after each commit that touched topics."""
+        self._subscribers.append(fn)
+        return lambda: self._subscribers.remove(fn)
+
+    # -- the producer side -----------------------------------------------------------------
+
+    async def do(self, cmd: Command) -> Any:
+        """Apply `cmd` in the next batch; return its result once that batch has committed.
+
+        Cancelled before the writer takes it, the command is dropped; once taken, it commits
+        whatever happens to the caller.
+        """
+        if self._closing:
+            raise WriterClosed("the writer is not running")
+        fut = self._loop.create_future()  # type: ignore[union-attr]
+        self._queue.append((cmd, fut))
+        self._wake.set()
+        return await fut
+
+    async def __call__(self, request: Request) -> Writer:
+        """The FastAPI dependency for command routes: refuse cross-site and non-Datastar requests.
+
+        A browser sends `Sec-Fetch-Site` on every fetch; older ones send `Origin`. Requiring
+        `Datastar-Request: true` as well makes a plain HTML form on another site useless.
+        Non-browser clients and tests turn this off with `Lith(..., same_origin_only=False)`.
+        """
+        from fastapi import HTTPException
+
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body:
+            raise HTTPException(413, f"request body over {self.max_body} bytes")
+        if self.same_origin_only:
+            reason = cross_site_reason(request)
+            if reason:
+                raise HTTPException(403, reason)
+        return self
+
+    # -- the writer task and thread ----------------------------------------------------------
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        queue, size = self._queue, self.batch_size
+        while True:
+            if not queue:
+                if self._closing:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            batch: list[Command] = []
+            futures: list[asyncio.Future[Any]] = []
+            while queue and len(batch) < size:
+                cmd, fut = queue.popleft()
+                if not fut.cancelled():
+                    batch.append(cmd)
+                    futures.append(fut)
+            if not batch:
+                continue
+            started = time.perf_counter()
+            try:
+                results, errors, topics = await loop.run_in_executor(self._thread, self._apply, batch)
+            except BaseException as exc:  # the COMMIT itself failed: nothing in the batch landed
+                log.exception("batch of %d commands failed to commit", len(batch))
+                for fut in futures:
+                    if not fut.done():
+                        fut.set_exception(exc)
+                self.failed += len(batch)
+                continue
+            self.commit_seconds.append(time.perf_counter() - started)
+            self.batches += 1
+            self.commands += len(batch)
+            for fut, result, error in zip(futures, results, errors):
+                if fut.done():
+                    continue
+                if error is None:
+                    fut.set_result(result)
+                else:
+                    self.failed += 1
+                    fut.set_exception(error)
+            if topics:
+                for fn in list(self._subscribers):
+                    try:
+                        fn(topics)
+                    except Exception:
+                        log.exception("commit subscriber %r failed", fn)
+
+    def _apply(self, batch: list[Command]) -> tuple[list[Any], list[BaseException | None], Topics]:
+        """Run one batch in one transaction, each command in its own savepoint (writer thread)."""
+        conn = self._conn
+        assert conn is not None
+        n = len(batch)
+        errors: list[BaseException | None] = [None] * n
+        pending = range(n)
+        while True:
+            results: list[Any] = [None] * n
+            topics: set[str] = set()
+            tx = Tx(conn, self.statements)
+            cur = conn.cursor()
+            lost = None
+            cur.execute("BEGIN IMMEDIATE")
+            for i in pending:
+                cur.execute("SAVEPOINT cmd")
+                tx._touched = set()
+                try:
+                    results[i] = batch[i].apply(tx)
+                except Exception as exc:
+                    errors[i] = exc
+                    if not conn.in_transaction:  # SQLite rolled the whole transaction back
+                        lost = i
+                        break
+                    cur.execute("ROLLBACK TO cmd")
+                    cur.execute("RELEASE cmd")
+                else:
+                    cur.execute("RELEASE cmd")
+                    topics |= tx._touched
+            if lost is None:
+                try:
+                    cur.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+                return results, errors, frozenset(topics)
+            # Rare: an error that ends the transaction (SQLITE_FULL, an interrupted statement).
+            # The command that caused it keeps its error; the others run again from the start.
+            pending = [i for i in range(n) if errors[i] is None]
+
+
+def cross_site_reason(request: Request) -> str | None:
+    """Why a command request is refused as cross-site, or None when it is same-origin."""
+    if request.headers.get("datastar-request") != "true":
+        return "command requests must come from Datastar (Datastar-Request: true)"
+    site = request.headers.get("sec-fetch-site")
+    if site is not None:
+        return None if site == "same-origin" else f"cross-site request refused (Sec-Fetch-Site: {site})"
+    origin = request.headers.get("origin")
+    if origin is None:
+        return "cross-site request refused (no Sec-Fetch-Site or Origin header)"
+    host = request.headers.get("host", "")
+    if origin.split("://", 1)[-1] != host:
+        return f"cross-site request refused (Origin {origin} is not {host})"
+    return None

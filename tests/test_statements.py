@@ -1,0 +1,79 @@
+"""The statement cache gives SQLite the same SQL and parameters SQLAlchemy itself would."""
+
+from __future__ import annotations
+
+import datetime as dt
+import sqlite3
+
+import sqlalchemy as sa
+
+from fastapi_lith.statements import StatementCache
+
+metadata = sa.MetaData()
+items = sa.Table(
+    "items",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("name", sa.Text),
+    sa.Column("done", sa.Boolean),
+    sa.Column("at", sa.DateTime),
+)
+
+
+def run(cache: StatementCache, conn: sqlite3.Connection, stmt, params=None) -> list[tuple]:
+    sql, values = cache.bind(stmt, params)
+    return conn.execute(sql, values).fetchall()
+
+
+def make() -> sqlite3.Connection:
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT, done INTEGER, at TEXT)")
+    return conn
+
+
+def test_compiles_once_per_statement() -> None:
+    cache, conn = StatementCache(), make()
+    insert = items.insert().values(name=sa.bindparam("name"), done=False)
+    for i in range(10):
+        run(cache, conn, insert, {"name": f"n{i}"})
+    assert cache.misses == 1 and len(cache) == 1
+    assert run(cache, conn, sa.select(sa.func.count()).select_from(items)) == [(10,)]
+
+
+def test_literal_defaults_types_and_expanding_in() -> None:
+    cache, conn = StatementCache(), make()
+    when = dt.datetime(2026, 1, 2, 3, 4, 5)
+    run(cache, conn, items.insert(), {"id": 1, "name": "a", "done": True, "at": when})
+    run(cache, conn, items.insert(), {"id": 2, "name": "b"})  # other columns: another variant
+    assert conn.execute("SELECT id, name, done, at FROM items").fetchall() == [
+        (1, "a", 1, "2026-01-02 03:04:05.000000"),
+        (2, "b", None, None),
+    ]
+    by_ids = sa.select(items.c.name).where(items.c.id.in_(sa.bindparam("ids", expanding=True)))
+    assert run(cache, conn, by_ids, {"ids": [1, 2]}) == [("a",), ("b",)]
+    assert run(cache, conn, by_ids, {"ids": [2]}) == [("b",)]
+    fixed = sa.select(items.c.name).where(items.c.id == 2)  # a literal bound at build time
+    assert run(cache, conn, fixed) == [("b",)]
+    later = sa.select(items.c.id).where(items.c.at > sa.bindparam("t", type_=sa.DateTime))
+    assert run(cache, conn, later, {"t": dt.datetime(2026, 1, 1)}) == [(1,)]
+
+
+def test_missing_parameter_names_it() -> None:
+    cache = StatementCache()
+    stmt = items.update().where(items.c.id == sa.bindparam("card")).values(name=sa.bindparam("title"))
+    try:
+        cache.bind(stmt, {"title": "x"})
+    except KeyError as exc:
+        assert "card" in str(exc)
+    else:
+        raise AssertionError("a missing parameter must raise")
+
+
+def test_bounded_and_off() -> None:
+    cache = StatementCache(size=4)
+    for i in range(10):
+        cache.bind(sa.select(items.c.id).where(items.c.id == i), None)
+    assert len(cache) == 4
+    off = StatementCache(enabled=False)
+    assert off.bind(items.select(), None)[0].startswith("SELECT")
+    assert len(off) == 0

@@ -1,0 +1,258 @@
+"""The writer against real SQLite files: order, savepoints, results, load, shutdown, crashes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from pydantic import Field
+
+from fastapi_lith import Command, Tx, Writer, WriterClosed
+
+metadata = sa.MetaData()
+log_table = sa.Table(
+    "log", metadata, sa.Column("seq", sa.Integer, primary_key=True), sa.Column("value", sa.Text)
+)
+counter = sa.Table(
+    "counter", metadata, sa.Column("id", sa.Integer, primary_key=True), sa.Column("count", sa.Integer)
+)
+APPEND = log_table.insert().values(value=sa.bindparam("value"))
+ADD = counter.update().where(counter.c.id == 1).values(count=counter.c.count + sa.bindparam("n"))
+COUNT = sa.select(counter.c.count).where(counter.c.id == 1)
+
+SCHEMA = """
+CREATE TABLE log (seq INTEGER PRIMARY KEY AUTOINCREMENT, value TEXT NOT NULL UNIQUE);
+CREATE TABLE counter (id INTEGER PRIMARY KEY, count INTEGER NOT NULL CHECK (count >= 0));
+INSERT INTO counter VALUES (1, 0);
+"""
+
+
+class Append(Command):
+    value: str
+
+    def apply(self, tx: Tx) -> int:
+        tx.touch("log")
+        return tx.execute(APPEND, {"value": self.value}).lastrowid  # type: ignore[return-value]
+
+
+class Add(Command):
+    n: int = Field(1, ge=-100_000, le=100_000)
+
+    def apply(self, tx: Tx) -> int:
+        tx.execute(ADD, {"n": self.n})
+        tx.touch("counter")
+        return tx.scalar(COUNT)
+
+
+class Boom(Command):
+    def apply(self, tx: Tx) -> None:
+        tx.execute(ADD, {"n": 1000})
+        tx.touch("boom")
+        raise ValueError("boom")
+
+
+@pytest.fixture
+def migrations(tmp_path: Path) -> Path:
+    folder = tmp_path / "migrations"
+    folder.mkdir()
+    (folder / "0001_init.sql").write_text(SCHEMA)
+    return folder
+
+
+@pytest.fixture
+async def writer(tmp_path: Path, migrations: Path):
+    w = Writer(tmp_path / "app.db", migrations=migrations)
+    await w.start()
+    yield w
+    await w.close()
+
+
+def rows(path: Path, sql: str) -> list[tuple]:
+    with sqlite3.connect(path) as conn:
+        return conn.execute(sql).fetchall()
+
+
+async def test_commands_apply_in_arrival_order(writer: Writer) -> None:
+    values = [f"v{i}" for i in range(1000)]
+    seqs = await asyncio.gather(*(writer.do(Append(value=v)) for v in values))
+    assert seqs == list(range(1, 1001))
+    assert [v for (v,) in rows(writer.path, "SELECT value FROM log ORDER BY seq")] == values
+    assert writer.batches < 1000  # they were batched, not one transaction each
+
+
+async def test_failing_command_rolls_back_alone(writer: Writer) -> None:
+    cmds: list[Command] = [Add(n=1) for _ in range(300)]
+    cmds[150] = Boom()
+    cmds[151] = Add(n=-10_000)  # violates the CHECK constraint: an SQLite error, not Python's
+    outcomes = await asyncio.gather(*(writer.do(c) for c in cmds), return_exceptions=True)
+    assert isinstance(outcomes[150], ValueError) and str(outcomes[150]) == "boom"
+    assert isinstance(outcomes[151], sqlite3.IntegrityError)
+    good = [o for i, o in enumerate(outcomes) if i not in (150, 151)]
+    assert good == list(range(1, 299))  # each command saw every command before it
+    assert rows(writer.path, "SELECT count FROM counter") == [(298,)]
+    assert writer.failed == 2
+
+
+async def test_touched_topics_reach_subscribers_only_when_committed(writer: Writer) -> None:
+    seen: list[frozenset[str]] = []
+    unsubscribe = writer.subscribe(seen.append)
+    await asyncio.gather(writer.do(Add()), writer.do(Append(value="a")), return_exceptions=True)
+    with pytest.raises(ValueError):
+        await writer.do(Boom())
+    unsubscribe()
+    await writer.do(Add())
+    assert set().union(*seen) == {"counter", "log"}  # "boom" rolled back, so it never touched
+
+
+async def test_results_and_errors_reach_the_right_callers(writer: Writer) -> None:
+    async def caller(i: int) -> tuple[int, object]:
+        try:
+            return i, await writer.do(Append(value=f"dup{i % 50}"))
+        except sqlite3.IntegrityError as exc:
+            return i, exc
+
+    outcomes = dict(await asyncio.gather(*(caller(i) for i in range(200))))
+    for i, outcome in outcomes.items():
+        if i < 50:
+            assert isinstance(outcome, int)
+            assert rows(writer.path, f"SELECT value FROM log WHERE seq = {outcome}") == [(f"dup{i}",)]
+        else:
+            assert isinstance(outcome, sqlite3.IntegrityError), (i, outcome)
+
+
+async def test_many_producers_never_see_busy(writer: Writer, tmp_path: Path) -> None:
+    errors: list[BaseException] = []
+
+    async def producer(p: int) -> None:
+        for i in range(50):
+            try:
+                await writer.do(Append(value=f"{p}:{i}"))
+            except BaseException as exc:  # noqa: BLE001 - any error fails the test
+                errors.append(exc)
+
+    # Readers on other connections at the same time: WAL lets them read while the writer writes.
+    async def reader() -> None:
+        conn = sqlite3.connect(writer.path, timeout=0)
+        for _ in range(100):
+            conn.execute("SELECT count(*) FROM log").fetchone()
+            await asyncio.sleep(0)
+        conn.close()
+
+    await asyncio.gather(*(producer(p) for p in range(200)), *(reader() for _ in range(4)))
+    assert errors == []
+    assert rows(writer.path, "SELECT count(*) FROM log") == [(10_000,)]
+
+
+async def test_shutdown_commits_every_accepted_command(tmp_path: Path, migrations: Path) -> None:
+    writer = Writer(tmp_path / "app.db", migrations=migrations)
+    await writer.start()
+    futures = [asyncio.ensure_future(writer.do(Add())) for _ in range(5000)]
+    await asyncio.sleep(0)  # every do() has queued its command
+    await writer.close()
+    assert all(f.done() and f.exception() is None for f in futures)
+    assert rows(writer.path, "SELECT count FROM counter") == [(5000,)]
+    with pytest.raises(WriterClosed):
+        await writer.do(Add())
+
+
+async def test_cancelled_before_taken_is_dropped(writer: Writer) -> None:
+    class Slow(Command):
+        def apply(self, tx: Tx) -> None:
+            time.sleep(0.2)  # holds the writer thread: the next commands wait in the queue
+
+    slow = asyncio.ensure_future(writer.do(Slow()))
+    await asyncio.sleep(0.05)
+    kept = asyncio.ensure_future(writer.do(Add(n=1)))
+    dropped = asyncio.ensure_future(writer.do(Add(n=100)))
+    await asyncio.sleep(0.01)
+    dropped.cancel()
+    await slow
+    assert await kept == 1
+    await writer.do(Add(n=0))
+    assert rows(writer.path, "SELECT count FROM counter") == [(1,)]
+
+
+async def test_statement_cache_off_gives_the_same_results(tmp_path: Path, migrations: Path) -> None:
+    writer = Writer(tmp_path / "app.db", migrations=migrations, statement_cache=False)
+    await writer.start()
+    results = [await writer.do(Add(n=2)) for _ in range(5)]
+    await writer.close()
+    assert results == [2, 4, 6, 8, 10]
+    assert len(writer.statements) == 0
+
+
+async def test_raw_sql_and_row_helpers(writer: Writer) -> None:
+    class Raw(Command):
+        def apply(self, tx: Tx) -> tuple:
+            tx.execute("INSERT INTO log (value) VALUES (:v)", {"v": "raw"})
+            tx.executemany(APPEND, [{"value": "a"}, {"value": "b"}])
+            one = tx.one("SELECT value FROM log WHERE value = ?", ("raw",))
+            first = tx.first(sa.select(log_table.c.value).where(log_table.c.value == "missing"))
+            everything = [r["value"] for r in tx.all(sa.select(log_table.c.value).order_by("seq"))]
+            with pytest.raises(LookupError):
+                tx.one("SELECT value FROM log")
+            return one["value"], first, everything
+
+    assert await writer.do(Raw()) == ("raw", None, ["raw", "a", "b"])
+
+
+# -- crash safety: a real child process, killed with SIGKILL mid-load ------------------------
+
+CHILD = r"""
+import asyncio, os, sys
+sys.path.insert(0, sys.argv[4])
+from test_writer import Append, Writer
+
+async def main(db, migrations, synchronous, ack_path):
+    writer = Writer(db, migrations=migrations, synchronous=synchronous)
+    await writer.start()
+    ack = os.open(ack_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+
+    async def producer(p):
+        i = 0
+        while True:
+            value = f"{p}-{i}"
+            await writer.do(Append(value=value))
+            os.write(ack, (value + "\n").encode())  # acknowledged: the batch has committed
+            i += 1
+
+    await asyncio.gather(*(producer(p) for p in range(50)))
+
+asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[5]))
+"""
+
+
+@pytest.mark.parametrize("synchronous", ["NORMAL", "FULL"])
+def test_kill_9_never_loses_an_acknowledged_command(tmp_path: Path, migrations: Path, synchronous: str) -> None:
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    for round_ in range(3):
+        db = tmp_path / f"crash{round_}.db"
+        acks = tmp_path / f"acks{round_}.txt"
+        child = subprocess.Popen(
+            [sys.executable, str(script), str(db), str(migrations), synchronous,
+             str(Path(__file__).parent), str(acks)],
+            stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if acks.exists() and acks.stat().st_size > 20_000 * (round_ + 1) // 2:
+                break
+            assert child.poll() is None, child.stderr.read().decode()  # type: ignore[union-attr]
+            time.sleep(0.01)
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+        acked = [line for line in acks.read_text().splitlines() if line]
+        assert len(acked) > 1000
+        stored = {v for (v,) in rows(db, "SELECT value FROM log")}
+        missing = [v for v in acked if v not in stored]
+        assert missing == [], f"{len(missing)} acknowledged commands lost"
+        assert rows(db, "PRAGMA integrity_check") == [("ok",)]
