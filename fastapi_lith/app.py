@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import htpy as h
 from fastapi import APIRouter, FastAPI
 from fastapi.exceptions import RequestValidationError
+from markupsafe import Markup
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
 from . import db
+from .hub import Hub
+from .views import Render, Views
 from .writer import Writer
 
 log = logging.getLogger("fastapi_lith")
@@ -46,9 +52,12 @@ class Lith:
         max_body: int = 64 * 1024,
         error_id: str = "lith-error",
         prefix: str = "/lith",
+        tick: float = 0.05,
     ) -> None:
         self.path = Path(path)
         self.error_id = error_id
+        self.tick = tick
+        self.views = Views()
         self.writer = Writer(
             self.path,
             migrations=migrations,
@@ -59,22 +68,62 @@ class Lith:
             max_body=max_body,
         )
         self._reader_count = readers
-        self.readers: db.Readers | None = None
         self.router = APIRouter(prefix=prefix, include_in_schema=False)
+        self._hub: Hub | None = None
+        self._engine: AsyncEngine | None = None
+
+    def view(self, key: str, *, topics: set[str] | frozenset[str] | tuple[str, ...] = ()) -> Callable[[Render], Render]:
+        """Register `fn(db, **params) -> HTML` as the view `key`, rendered when `topics` change.
+
+        ```python
+        @lith.view("board/{board_id}", topics={"board:{board_id}"})
+        def board(db: Db, board_id: int) -> Element: ...
+        ```
+        """
+        return self.views.register(key, topics)
+
+    @property
+    def hub(self) -> Hub:
+        if self._hub is None:
+            raise RuntimeError("the app is not running: use lith.lifespan")
+        return self._hub
+
+    async def render(self, key: str, **params: Any) -> Markup:
+        """A view's HTML for a page's first paint: the page and its stream share one function."""
+        return Markup(await self.hub.render(key, params or None))
+
+    async def db(self) -> AsyncIterator[AsyncConnection]:
+        """`Depends(lith.db)`: an async read-only connection for ad hoc reads in a handler."""
+        if self._engine is None:
+            raise RuntimeError("the app is not running: use lith.lifespan")
+        async with self._engine.connect() as conn:
+            yield conn
 
     @asynccontextmanager
-    async def lifespan(self, app: FastAPI | None = None) -> AsyncIterator[None]:
-        """Start the writer (migrating first) and the readers; on exit drain and close them."""
+    async def lifespan(self, app: FastAPI | None = None, *, ticks: bool = True) -> AsyncIterator[None]:
+        """Start the writer (migrating first), the readers and the hub; on exit drain and close.
+
+        `ticks=False` leaves the hub still until `await lith.hub.tick()`, for tests.
+        """
         if app is not None:
             self._install_error_handler(app)
         await self.writer.start()
-        self.readers = db.Readers(self.path, size=self._reader_count)
+        readers = db.Readers(self.path, size=self._reader_count)
+        hub = self._hub = Hub(self.views, readers, tick=self.tick)
+        unsubscribe = self.writer.subscribe(hub.touched)
+        self._engine = read_only_engine(self.path)
+        if ticks:
+            hub.start()
         try:
             yield
         finally:
+            await hub.stop()
             await self.writer.close()
-            self.readers.close()
-            self.readers = None
+            unsubscribe()
+            readers.close()
+            await self._engine.dispose()
+            self._engine = None
+            self._hub = None
 
     def _install_error_handler(self, app: FastAPI) -> None:
         """Answer a command's validation failure with an HTML fragment, not FastAPI's JSON.
@@ -93,6 +142,20 @@ class Lith:
 
         app.add_exception_handler(RequestValidationError, handler)
         app.middleware_stack = None
+
+
+def read_only_engine(path: Path) -> AsyncEngine:
+    """SQLAlchemy's async engine on aiosqlite, with every connection `query_only`."""
+    engine = create_async_engine(f"sqlite+aiosqlite:///{path}")
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _pragmas(dbapi_conn: Any, _record: Any) -> None:
+        cursor = dbapi_conn.cursor()
+        cursor.execute(f"PRAGMA busy_timeout = {db.BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA query_only = ON")
+        cursor.close()
+
+    return engine
 
 
 def is_command_request(request: Request, writer: Writer) -> bool:

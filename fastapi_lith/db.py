@@ -10,11 +10,15 @@ import asyncio
 import re
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
+
+from sqlalchemy.sql import ClauseElement
+
+from .statements import Params, StatementCache
 
 T = TypeVar("T")
 Synchronous = Literal["OFF", "NORMAL", "FULL", "EXTRA"]
@@ -53,6 +57,58 @@ def connect(
     if read_only:
         conn.execute("PRAGMA query_only = ON")
     return conn
+
+
+class Db:
+    """A connection with the statement cache and the usual row helpers.
+
+    Views read through one (on a reader thread); commands write through its subclass `Tx`.
+    Statements are SQLAlchemy Core objects, compiled once (see `statements.py`), or SQL strings
+    with `:name` or `?` parameters. Rows are `sqlite3.Row`: index them or use column names.
+    """
+
+    __slots__ = ("conn", "_cursor", "_bind")
+
+    def __init__(self, conn: sqlite3.Connection, cache: StatementCache) -> None:
+        self.conn = conn
+        # One cursor for every statement: a new cursor per statement costs more than the
+        # statement itself (about 1.2 µs against 1 µs for a one-row UPDATE).
+        self._cursor = conn.cursor()
+        self._bind = cache.bind
+
+    def execute(self, stmt: ClauseElement | str, params: Params | Sequence[Any] = None) -> sqlite3.Cursor:
+        """Run one statement; the cursor gives `rowcount`, `lastrowid` and the rows.
+
+        The cursor is shared: read it before the next statement, or use `all()`.
+        """
+        if stmt.__class__ is str:
+            return self._cursor.execute(stmt, params or ())  # type: ignore[arg-type]
+        sql, values = self._bind(stmt, params)  # type: ignore[arg-type]
+        return self._cursor.execute(sql, values)
+
+    def executemany(self, stmt: ClauseElement | str, rows: Iterable[Mapping[str, Any]]) -> int:
+        """Run one statement for many parameter sets; returns the rows changed."""
+        if isinstance(stmt, str):
+            return self.conn.executemany(stmt, rows).rowcount
+        return sum(self.execute(stmt, row).rowcount for row in rows)
+
+    def all(self, stmt: ClauseElement | str, params: Params | Sequence[Any] = None) -> list[sqlite3.Row]:
+        return self.execute(stmt, params).fetchall()
+
+    def first(self, stmt: ClauseElement | str, params: Params | Sequence[Any] = None) -> sqlite3.Row | None:
+        return self.execute(stmt, params).fetchone()
+
+    def one(self, stmt: ClauseElement | str, params: Params | Sequence[Any] = None) -> sqlite3.Row:
+        """Exactly one row, or `LookupError`: the usual guard for "this card must exist"."""
+        rows = self.execute(stmt, params).fetchmany(2)
+        if len(rows) != 1:
+            raise LookupError(f"expected one row, got {'none' if not rows else 'several'}")
+        return rows[0]
+
+    def scalar(self, stmt: ClauseElement | str, params: Params | Sequence[Any] = None) -> Any:
+        """The first column of the first row, or None."""
+        row = self.execute(stmt, params).fetchone()
+        return None if row is None else row[0]
 
 
 class MigrationError(RuntimeError):
@@ -128,8 +184,9 @@ def migrate(conn: sqlite3.Connection, directory: str | Path) -> tuple[int, int]:
 class Readers:
     """A pool of read-only connections, each owned by one thread.
 
-    `await readers.run(fn)` calls `fn(conn)` on a reader thread. The sqlite3 module releases the
-    GIL while SQLite works, so reads overlap the writer and the event loop.
+    `await readers.run(fn)` calls `fn(db)` on a reader thread, in one read transaction, so
+    everything `fn` reads shows one state. The sqlite3 module releases the GIL while SQLite
+    works, so reads overlap the writer and the event loop.
     """
 
     def __init__(self, path: str | Path, *, size: int = 2, cached_statements: int = 128) -> None:
@@ -140,26 +197,26 @@ class Readers:
         self._cached_statements = cached_statements
         self._pool = ThreadPoolExecutor(max_workers=size, thread_name_prefix="lith-reader")
 
-    def _conn(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
+    def _db(self) -> Db:
+        db: Db | None = getattr(self._local, "db", None)
+        if db is None:
             conn = connect(self.path, read_only=True, cached_statements=self._cached_statements)
-            self._local.conn = conn
+            db = self._local.db = Db(conn, StatementCache(self._cached_statements))
             with self._lock:
                 self._conns.append(conn)
-        return conn
+        return db
 
-    def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    def call(self, fn: Callable[[Db], T]) -> T:
         """Run `fn` in one read transaction on this thread's connection (blocking)."""
-        conn = self._conn()
-        conn.execute("BEGIN")
+        db = self._db()
+        db.conn.execute("BEGIN")
         try:
-            return fn(conn)
+            return fn(db)
         finally:
-            conn.execute("COMMIT")
+            db.conn.execute("COMMIT")
 
-    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run `fn` in one read transaction on a reader thread: every read sees one state."""
+    async def run(self, fn: Callable[[Db], T]) -> T:
+        """Run `fn(db)` in one read transaction on a reader thread."""
         return await asyncio.get_running_loop().run_in_executor(self._pool, self.call, fn)
 
     def close(self) -> None:

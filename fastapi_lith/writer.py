@@ -13,17 +13,17 @@ import logging
 import sqlite3
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
-from sqlalchemy.sql import ClauseElement
 from starlette.requests import Request
 
 from . import db
-from .statements import Params, StatementCache
+from .db import Db
+from .statements import StatementCache
 
 log = logging.getLogger("fastapi_lith.writer")
 
@@ -47,59 +47,14 @@ class WriterClosed(RuntimeError):
     """The writer is shutting down or was never started: the command was not accepted."""
 
 
-class Tx:
-    """What a command sees: the write connection inside its savepoint, and the topics it touches.
+class Tx(Db):
+    """What a command sees: the write connection inside its savepoint, and the topics it touches."""
 
-    Statements are SQLAlchemy Core objects (compiled once, see `statements.py`) or SQL strings
-    with `:name` or `?` parameters. Rows are `sqlite3.Row`: index them or use column names.
-    """
-
-    __slots__ = ("conn", "_cursor", "_bind", "_touched")
+    __slots__ = ("_touched",)
 
     def __init__(self, conn: sqlite3.Connection, cache: StatementCache) -> None:
-        self.conn = conn
-        # One cursor for every statement: a new cursor per statement costs more than the
-        # statement itself (about 1.2 µs against 1 µs for a one-row UPDATE).
-        self._cursor = conn.cursor()
-        self._bind = cache.bind
+        super().__init__(conn, cache)
         self._touched: set[str] = set()
-
-    def execute(self, stmt: ClauseElement | str, params: Params | Sequence[Any] = None) -> sqlite3.Cursor:
-        """Run one statement; the cursor gives `rowcount`, `lastrowid` and the rows.
-
-        The cursor is shared: read it before the next statement, or use `all()`.
-        """
-        if stmt.__class__ is str:
-            return self._cursor.execute(stmt, params or ())  # type: ignore[arg-type]
-        sql, values = self._bind(stmt, params)  # type: ignore[arg-type]
-        return self._cursor.execute(sql, values)
-
-    def executemany(self, stmt: ClauseElement | str, rows: Iterable[Mapping[str, Any]]) -> int:
-        """Run one statement for many parameter sets; returns the rows changed."""
-        if isinstance(stmt, str):
-            return self.conn.executemany(stmt, rows).rowcount
-        changed = 0
-        for row in rows:
-            changed += self.execute(stmt, row).rowcount
-        return changed
-
-    def all(self, stmt: ClauseElement | str, params: Params | Sequence[Any] = None) -> list[sqlite3.Row]:
-        return self.execute(stmt, params).fetchall()
-
-    def first(self, stmt: ClauseElement | str, params: Params | Sequence[Any] = None) -> sqlite3.Row | None:
-        return self.execute(stmt, params).fetchone()
-
-    def one(self, stmt: ClauseElement | str, params: Params | Sequence[Any] = None) -> sqlite3.Row:
-        """Exactly one row, or `LookupError`: the usual guard for "this card must exist"."""
-        rows = self.execute(stmt, params).fetchmany(2)
-        if len(rows) != 1:
-            raise LookupError(f"expected one row, got {'none' if not rows else 'several'}")
-        return rows[0]
-
-    def scalar(self, stmt: ClauseElement | str, params: Params | Sequence[Any] = None) -> Any:
-        """The first column of the first row, or None."""
-        row = self.execute(stmt, params).fetchone()
-        return None if row is None else row[0]
 
     def touch(self, *topics: str) -> None:
         """Mark topics changed: views that watch them render in the next tick, if this commits."""

@@ -88,10 +88,10 @@ async def test_readers_cannot_write(tmp_path: Path) -> None:
     conn.execute("INSERT INTO a VALUES (1)")
     readers = Readers(tmp_path / "app.db", size=2)
     try:
-        assert await readers.run(lambda c: c.execute("SELECT id FROM a").fetchone()["id"]) == 1
+        assert await readers.run(lambda db: db.execute("SELECT id FROM a").fetchone()["id"]) == 1
         with pytest.raises(sqlite3.OperationalError, match="readonly|query_only|attempt to write"):
-            await readers.run(lambda c: c.execute("INSERT INTO a VALUES (2)"))
+            await readers.run(lambda db: db.execute("INSERT INTO a VALUES (2)"))
         # The failed write left the reader usable and wrote nothing.
-        assert await readers.run(lambda c: c.execute("SELECT count(*) FROM a").fetchone()[0]) == 1
+        assert await readers.run(lambda db: db.execute("SELECT count(*) FROM a").fetchone()[0]) == 1
     finally:
         readers.close()

@@ -1,0 +1,226 @@
+"""The hub: commits touch topics, topics mark view instances dirty, ticks render them.
+
+However many commits land in a tick, each dirty instance renders once, in one read transaction
+with every other dirty instance of that tick, and its frame goes to every stream watching it.
+The first change after a quiet spell renders at once; later ones wait for the next tick, so a
+busy board renders at most once per `tick` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from statistics import quantiles
+from typing import Any
+
+from datastar_py.sse import ServerSentEventGenerator
+
+from .db import Db, Readers
+from .streams import Frame, Stream
+from .views import View, ViewError, Views
+
+log = logging.getLogger("fastapi_lith.hub")
+
+
+@dataclass(eq=False)
+class Instance:
+    """One view with its parameters, `"board/3"`, and the streams that watch it."""
+
+    key: str
+    view: View
+    params: dict[str, Any]
+    topics: frozenset[str]
+    watchers: set[Stream] = field(default_factory=set)
+    frame: Frame | None = None
+    dirty: bool = False
+
+    def render(self, db: Db) -> Frame | Exception:
+        """Render on a reader thread; the Datastar event is built here, once for all watchers."""
+        try:
+            html = self.view.html(db, self.params)
+        except Exception as exc:  # noqa: BLE001 - contained, counted and logged by the hub
+            return exc
+        if self.frame is not None and self.frame.html == html:
+            return self.frame
+        event = str(ServerSentEventGenerator.patch_elements(html)).encode()
+        return Frame(self.key, html, event)
+
+
+@dataclass
+class Counters:
+    """What the hub has done since it started; the benchmarks print these."""
+
+    ticks: int = 0
+    renders: int = 0
+    unchanged: int = 0
+    frames: int = 0
+    skipped: int = 0
+    render_errors: int = 0
+    tick_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
+
+    def tick_percentiles(self) -> dict[str, float]:
+        """Tick duration p50/p95/p99 in milliseconds."""
+        if len(self.tick_seconds) < 2:
+            only = self.tick_seconds[0] * 1000 if self.tick_seconds else 0.0
+            return {"p50": only, "p95": only, "p99": only}
+        q = quantiles(self.tick_seconds, n=100, method="inclusive")
+        return {"p50": q[49] * 1000, "p95": q[94] * 1000, "p99": q[98] * 1000}
+
+
+class Hub:
+    """Dirty tracking, ticks and fan-out for one app."""
+
+    def __init__(self, views: Views, readers: Readers, *, tick: float = 0.05) -> None:
+        self.views = views
+        self.readers = readers
+        self.interval = tick
+        self.counters = Counters()
+        self.instances: dict[str, Instance] = {}
+        self._by_topic: dict[str, set[Instance]] = {}
+        self._dirty: set[Instance] = set()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Tick on a timer. Without it (tests) `await hub.tick()` advances by hand."""
+        self._task = asyncio.create_task(self._run(), name="lith-hub")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            started = loop.time()
+            try:
+                await self.tick()
+            except Exception:  # noqa: BLE001 - a broken tick must not end the hub
+                log.exception("tick failed")
+            await asyncio.sleep(max(0.0, started + self.interval - loop.time()))
+
+    # -- inputs: commits, streams ------------------------------------------------------------
+
+    def touched(self, topics: Iterable[str]) -> None:
+        """The writer's commit subscriber: mark every instance on these topics dirty."""
+        by_topic = self._by_topic
+        for topic in topics:
+            for instance in by_topic.get(topic, ()):
+                instance.dirty = True
+                self._dirty.add(instance)
+        if self._dirty:
+            self._wake.set()
+
+    def caught_up(self, keys: Iterable[str]) -> None:
+        """A stream took its frames: instances held back for it may render again."""
+        instances = self.instances
+        for key in keys:
+            instance = instances.get(key)
+            if instance is not None and instance.dirty:
+                self._wake.set()
+                return
+
+    async def open(self, stream: Stream, keys: Iterable[str]) -> None:
+        """Watch view instances; the stream gets each one's current frame at once.
+
+        Raises `ViewError` for a bad key or parameter, before subscribing to anything. A view
+        with a `tab` parameter is private to that tab.
+        """
+        resolved: list[tuple[str, View, dict[str, Any]]] = []
+        for raw in keys:
+            view, params = self.views.resolve(raw)
+            if "tab" in params and params["tab"] != stream.tab:
+                raise ViewError(f"view {raw!r} belongs to another tab")
+            resolved.append((view.key(params), view, params))
+        stream._hub = self
+        stream.keys = tuple(dict.fromkeys(key for key, _, _ in resolved))
+        fresh: list[Instance] = []  # no frame yet: rendering offers it to every watcher
+        for key, view, params in resolved:
+            instance = self.instances.get(key)
+            if instance is None:
+                instance = self.instances[key] = Instance(key, view, params, view.topics_for(params))
+                for topic in instance.topics:
+                    self._by_topic.setdefault(topic, set()).add(instance)
+            instance.watchers.add(stream)
+            if instance.frame is None and instance not in fresh:
+                fresh.append(instance)
+        for key in stream.keys:
+            frame = self.instances[key].frame
+            if frame is not None:
+                stream.offer(frame)
+        if fresh:
+            await self._render(fresh)
+
+    def close(self, stream: Stream) -> None:
+        """Stop watching; instances nobody watches any more are dropped with their frames."""
+        for key in stream.keys:
+            instance = self.instances.get(key)
+            if instance is None:
+                continue
+            instance.watchers.discard(stream)
+            if not instance.watchers:
+                del self.instances[key]
+                self._dirty.discard(instance)
+                for topic in instance.topics:
+                    peers = self._by_topic.get(topic)
+                    if peers is not None:
+                        peers.discard(instance)
+                        if not peers:
+                            del self._by_topic[topic]
+        stream._hub = None
+        stream.keys = ()
+
+    # -- the tick ----------------------------------------------------------------------------
+
+    async def tick(self) -> int:
+        """Render each dirty instance that some watcher can take, once; returns how many."""
+        started = time.perf_counter()
+        ready = [i for i in self._dirty if any(not s.holds(i.key) for s in i.watchers)]
+        self.counters.ticks += 1
+        if ready:
+            for instance in ready:
+                instance.dirty = False  # a commit during the render marks it dirty again
+                self._dirty.discard(instance)
+            await self._render(ready)
+        self.counters.tick_seconds.append(time.perf_counter() - started)
+        return len(ready)
+
+    async def _render(self, instances: list[Instance]) -> None:
+        """Render in one read transaction, so every frame of a tick shows one state."""
+        results = await self.readers.run(lambda db: [i.render(db) for i in instances])
+        counters = self.counters
+        for instance, result in zip(instances, results):
+            counters.renders += 1
+            if isinstance(result, Exception):
+                counters.render_errors += 1
+                log.error(
+                    "view %s (%s) failed to render: %r",
+                    instance.key, instance.view.pattern, result, exc_info=result,
+                )
+                continue
+            if result is instance.frame:
+                counters.unchanged += 1
+                continue
+            instance.frame = result
+            for stream in instance.watchers:
+                counters.frames += 1
+                if stream.offer(result):
+                    counters.skipped += 1
+
+    async def render(self, key: str, params: dict[str, Any] | None = None) -> str:
+        """One view's HTML for a page's first paint, from the same function the stream uses."""
+        view, typed = self.views.resolve(key, params)
+        return await self.readers.run(lambda db: view.html(db, typed))

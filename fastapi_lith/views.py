@@ -1,0 +1,164 @@
+"""Views: `view = f(state)`, registered with `@lith.view(key, topics=...)`.
+
+A view reads the database and returns HTML whose root element carries the id Datastar patches
+by. Its key may carry parameters, `"board/{board_id}"`, typed by the function's annotations
+FastAPI-style; its topics may use them, `"board:{board_id}"`. `"board/3"` names one instance.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+import string
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any, ParamSpec, Protocol
+
+from markupsafe import Markup, escape
+from pydantic import BaseModel, ValidationError, create_model
+
+from .db import Db
+
+
+class HasHtml(Protocol):
+    def __html__(self) -> str: ...
+
+
+Render = Callable[..., HasHtml | str]
+
+
+class ViewError(ValueError):
+    """A view key, a parameter or a view's output is unusable."""
+
+
+_ROOT_ID = re.compile(r"""\A\s*<[a-zA-Z][\w:-]*(?:\s[^>]*?)?\sid=(?:"([^"]+)"|'([^']+)'|([^\s>"']+))""")
+
+
+def root_id(html: str) -> str | None:
+    """The id of the first element of `html`, the element Datastar morphs by id."""
+    match = _ROOT_ID.match(html)
+    return next((g for g in match.groups() if g), None) if match else None
+
+
+@dataclass(eq=False)
+class View:
+    """One registered view: a key pattern, its topic patterns and the render function."""
+
+    pattern: str
+    topics: frozenset[str]
+    render: Render
+    names: tuple[str, ...] = ()
+    _params: type[BaseModel] | None = None
+    _match: re.Pattern[str] = field(default=re.compile(""))
+
+    def __post_init__(self) -> None:
+        names = tuple(f for _, f, _, _ in string.Formatter().parse(self.pattern) if f)
+        self.names = names
+        signature = inspect.signature(self.render)
+        for name in names:
+            if name not in signature.parameters:
+                raise ViewError(f"view {self.pattern!r}: {self.render.__name__}() has no parameter {name!r}")
+        for topic in self.topics:
+            for _, f, _, _ in string.Formatter().parse(topic):
+                if f and f not in names:
+                    raise ViewError(f"view {self.pattern!r}: topic {topic!r} uses {{{f}}}, not in the key")
+        fields: dict[str, Any] = {}
+        for name in names:
+            param = signature.parameters[name]
+            annotation = str if param.annotation is inspect.Parameter.empty else param.annotation
+            default = ... if param.default is inspect.Parameter.empty else param.default
+            fields[name] = (annotation, default)
+        self._params = create_model(f"{self.render.__name__}_params", **fields) if names else None
+        regex = "".join(
+            re.escape(text) + (f"(?P<{name}>[^/]+)" if name else "")
+            for text, name, _, _ in string.Formatter().parse(self.pattern)
+        )
+        self._match = re.compile(regex + r"\Z")
+
+    def validate(self, raw: dict[str, Any]) -> dict[str, Any]:
+        """Typed parameters from strings (a URL) or values (Python), or `ViewError` saying why."""
+        if self._params is None:
+            return {}
+        try:
+            return self._params(**raw).model_dump()
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            raise ViewError(f"view {self.pattern!r}: {problems}") from None
+
+    def key(self, params: dict[str, Any]) -> str:
+        return self.pattern.format(**params)
+
+    def topics_for(self, params: dict[str, Any]) -> frozenset[str]:
+        return frozenset(t.format(**params) for t in self.topics)
+
+    def html(self, db: Db, params: dict[str, Any]) -> str:
+        """Render one instance; its root element must carry an id."""
+        out = self.render(db, **params)
+        html = out if isinstance(out, str) else (out.__html__() if hasattr(out, "__html__") else None)
+        if html is None:
+            raise ViewError(f"view {self.key(params)!r} returned {type(out).__name__}, not HTML")
+        if root_id(html) is None:
+            raise ViewError(
+                f"view {self.key(params)!r}: its root element has no id, so Datastar cannot patch it"
+            )
+        return str(html)
+
+
+class Views:
+    """The registry behind `@lith.view`."""
+
+    def __init__(self) -> None:
+        self._views: dict[str, View] = {}
+
+    def register(self, pattern: str, topics: set[str] | frozenset[str] | tuple[str, ...] = ()) -> Callable[[Render], Render]:
+        def decorator(fn: Render) -> Render:
+            if pattern in self._views:
+                raise ViewError(f"view {pattern!r} is registered twice")
+            self._views[pattern] = View(pattern, frozenset(topics), fn)
+            return fn
+
+        return decorator
+
+    def resolve(self, key: str, params: dict[str, Any] | None = None) -> tuple[View, dict[str, Any]]:
+        """Find the view of an instance key (`"board/3"`) or of a pattern plus parameters."""
+        view = self._views.get(key)
+        if view is not None and (params is not None or not view.names):
+            return view, view.validate(params or {})
+        for view in self._views.values():
+            match = view._match.match(key)
+            if match:
+                return view, view.validate(match.groupdict())
+        raise ViewError(f"no view matches {key!r}")
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._views.values())
+
+
+# -- fragments ----------------------------------------------------------------------------
+
+P = ParamSpec("P")
+
+
+def fragment(maxsize: int = 4096) -> Callable[[Callable[P, Any]], Callable[P, Markup]]:
+    """Cache a component's HTML by its arguments, so a board re-renders only changed cards.
+
+    ```python
+    @fragment()
+    def card(row: sqlite3.Row) -> Element: ...   # a Row hashes by its values
+    ```
+
+    The arguments are the cache key, so pass what the HTML depends on (the row, a version), all
+    hashable. The result is `Markup`: htpy inserts it as is, byte for byte what the element
+    would have rendered (a plain `str` result is escaped, as htpy would). Cached HTML lives as long as the process; `maxsize` bounds it.
+    """
+
+    def decorator(fn: Callable[P, Any]) -> Callable[P, Markup]:
+        @functools.lru_cache(maxsize=maxsize)
+        def cached(*args: Hashable, **kwargs: Hashable) -> Markup:
+            return escape(fn(*args, **kwargs))  # type: ignore[arg-type]
+
+        functools.update_wrapper(cached, fn)
+        return cached  # type: ignore[return-value]
+
+    return decorator

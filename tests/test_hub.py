@@ -1,0 +1,220 @@
+"""The hub in process, through virtual tabs: real SQLite, real writer, ticks on demand."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import weakref
+from pathlib import Path
+
+import htpy as h
+import pytest
+import sqlalchemy as sa
+
+from fastapi_lith import Command, Db, Lith, Tx, ViewError
+from fastapi_lith.testing import Tabs
+
+SCHEMA = """
+CREATE TABLE counter (id INTEGER PRIMARY KEY, count INTEGER NOT NULL);
+INSERT INTO counter VALUES (1, 0), (2, 0);
+CREATE TABLE outcome (tab TEXT PRIMARY KEY, message TEXT NOT NULL);
+"""
+counter = sa.table("counter", sa.column("id"), sa.column("count"))
+ADD = counter.update().where(counter.c.id == sa.bindparam("cid")).values(count=counter.c.count + sa.bindparam("n"))
+COUNT = sa.select(counter.c.count).where(counter.c.id == sa.bindparam("cid"))
+
+
+class Add(Command):
+    n: int = 1
+    board: int = 1
+    tab: str | None = None
+
+    def apply(self, tx: Tx) -> None:
+        tx.execute(ADD, {"cid": self.board, "n": self.n})
+        tx.touch(f"board:{self.board}")
+        if self.tab:
+            tx.execute("INSERT OR REPLACE INTO outcome VALUES (?, ?)", (self.tab, f"added {self.n}"))
+            tx.touch(f"tab:{self.tab}")
+
+
+class Note(Command):
+    def apply(self, tx: Tx) -> None:
+        tx.touch("elsewhere")
+
+
+def make_lith(tmp_path: Path) -> tuple[Lith, dict[str, int]]:
+    (tmp_path / "migrations").mkdir()
+    (tmp_path / "migrations" / "0001_init.sql").write_text(SCHEMA)
+    lith = Lith(tmp_path / "app.db", migrations=tmp_path / "migrations")
+    renders: dict[str, int] = {}
+
+    @lith.view("board/{board_id}", topics={"board:{board_id}"})
+    def board(db: Db, board_id: int) -> h.Element:
+        renders[f"board/{board_id}"] = renders.get(f"board/{board_id}", 0) + 1
+        return h.p(id=f"board-{board_id}")[db.scalar(COUNT, {"cid": board_id})]
+
+    @lith.view("outcome/{tab}", topics={"tab:{tab}"})
+    def outcome(db: Db, tab: str) -> h.Element:
+        row = db.first("SELECT message FROM outcome WHERE tab = ?", (tab,))
+        return h.output(id="outcome")[row["message"] if row else ""]
+
+    @lith.view("quiet", topics={"quiet"})
+    def quiet(db: Db) -> h.Element:
+        renders["quiet"] = renders.get("quiet", 0) + 1
+        return h.div(id="quiet")["nothing happens here"]
+
+    return lith, renders
+
+
+async def test_many_commits_in_one_tick_render_once(tmp_path: Path) -> None:
+    lith, renders = make_lith(tmp_path)
+    async with Tabs(lith) as tabs:
+        a, b = await tabs.open("board/1", "quiet"), await tabs.open("board/1")
+        assert a.html("board/1") == '<p id="board-1">0</p>'
+        assert renders == {"board/1": 1, "quiet": 1}  # opened once, rendered once for both tabs
+        await asyncio.gather(*(tabs.do(Add()) for _ in range(100)))
+        assert await tabs.tick() == 1
+        assert renders == {"board/1": 2, "quiet": 1}  # the untouched view did not render
+        assert a.html("board/1") == b.html("board/1") == '<p id="board-1">100</p>'
+        assert await tabs.tick() == 0
+        await tabs.do(Note())
+        assert await tabs.tick() == 0
+
+
+async def test_parameterised_instances_are_independent(tmp_path: Path) -> None:
+    lith, renders = make_lith(tmp_path)
+    async with Tabs(lith) as tabs:
+        one, two = await tabs.open("board/1"), await tabs.open("board/2")
+        await tabs.do(Add(board=1, n=5))
+        await tabs.tick()
+        assert renders == {"board/1": 2, "board/2": 1}
+        assert one.html("board/1") == '<p id="board-1">5</p>'
+        assert [f.key for f in two.read()] == []
+
+
+async def test_per_tab_views_reach_only_their_tab(tmp_path: Path) -> None:
+    lith, _ = make_lith(tmp_path)
+    async with Tabs(lith) as tabs:
+        alice = await tabs.open("board/1", "outcome/{tab}")
+        bob = await tabs.open("board/1", "outcome/{tab}")
+        await alice.do(Add(n=3, tab=alice.id))
+        await tabs.tick()
+        assert alice.html("outcome/{tab}") == '<output id="outcome">added 3</output>'
+        assert bob.html("outcome/{tab}") == '<output id="outcome"></output>'
+        assert [f.key for f in bob.received[2:]] == ["board/1"]  # bob got the board, not alice's outcome
+        with pytest.raises(ViewError, match="another tab"):
+            await tabs.open(f"outcome/{alice.id}", tab="mallory")
+
+
+async def test_slow_stream_gets_newest_frame_and_does_not_slow_a_fast_one(tmp_path: Path) -> None:
+    lith, renders = make_lith(tmp_path)
+    async with Tabs(lith) as tabs:
+        fast, slow = await tabs.open("board/1"), await tabs.open("board/1")
+        seen_by_slow = []
+        for tick in range(1, 41):  # the view changes every tick; the slow tab reads every tenth
+            await tabs.do(Add())
+            assert await tabs.tick() == 1  # the fast tab keeps the view rendering each tick
+            assert fast.html("board/1") == f'<p id="board-1">{tick}</p>'
+            if tick % 10 == 0:
+                seen_by_slow.append([f.html for f in slow.read()])
+        assert seen_by_slow == [[f'<p id="board-1">{t}</p>'] for t in (10, 20, 30, 40)]
+        assert slow.stream.skipped == 36 and fast.stream.skipped == 0
+        assert lith.hub.counters.skipped == 36
+
+
+async def test_when_every_watcher_stalls_the_instance_stops_rendering(tmp_path: Path) -> None:
+    lith, renders = make_lith(tmp_path)
+    async with Tabs(lith) as tabs:
+        a, b = await tabs.open("board/1"), await tabs.open("board/1")
+        await tabs.do(Add())
+        assert await tabs.tick() == 1  # both now hold an unsent frame
+        for _ in range(5):
+            await tabs.do(Add())
+            assert await tabs.tick() == 0
+        assert renders["board/1"] == 2
+        assert [f.html for f in b.read()] == ['<p id="board-1">1</p>']  # the one it held
+        assert await tabs.tick() == 1  # b caught up: the instance renders the newest state
+        assert b.html("board/1") == '<p id="board-1">6</p>'
+        assert a.html("board/1") == '<p id="board-1">6</p>'  # a's held frame was replaced
+
+
+async def test_render_errors_are_contained(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    lith, _ = make_lith(tmp_path)
+    broken = {"now": False}
+
+    @lith.view("fragile/{board_id}", topics={"board:{board_id}"})
+    def fragile(db: Db, board_id: int) -> h.Element:
+        if broken["now"]:
+            raise RuntimeError("kaput")
+        return h.p(id="fragile")[db.scalar(COUNT, {"cid": board_id})]
+
+    @lith.view("anonymous", topics={"board:1"})
+    def anonymous(db: Db) -> h.Element:
+        return h.p["no id"]
+
+    async with Tabs(lith) as tabs:
+        tab = await tabs.open("fragile/1", "board/1")
+        with pytest.raises(ViewError, match="no id"):
+            await lith.render("anonymous")
+        broken["now"] = True
+        await tabs.do(Add())
+        with caplog.at_level(logging.ERROR, logger="fastapi_lith.hub"):
+            await tabs.tick()
+        assert "fragile/1" in caplog.text and "kaput" in caplog.text
+        assert lith.hub.counters.render_errors == 1
+        assert tab.html("fragile/1") == '<p id="fragile">0</p>'  # the last good frame stays
+        assert tab.html("board/1") == '<p id="board-1">1</p>'  # other views go on
+        broken["now"] = False
+        await tabs.do(Add())
+        await tabs.tick()
+        assert tab.html("fragile/1") == '<p id="fragile">2</p>'
+
+
+async def test_bad_keys_are_refused_before_subscribing(tmp_path: Path) -> None:
+    lith, _ = make_lith(tmp_path)
+    async with Tabs(lith) as tabs:
+        with pytest.raises(ViewError, match="no view matches"):
+            await tabs.open("board/1", "nope")
+        with pytest.raises(ViewError, match="board_id"):
+            await tabs.open("board/abc")
+        assert lith.hub.instances == {}
+
+
+async def test_dropped_instances_free_their_memory(tmp_path: Path) -> None:
+    lith, _ = make_lith(tmp_path)
+    async with Tabs(lith) as tabs:
+        tabs_open = [await tabs.open("board/1", "board/2", "outcome/{tab}") for _ in range(50)]
+        frame_ref = weakref.ref(lith.hub.instances["board/1"].frame)
+        instance_ref = weakref.ref(lith.hub.instances["board/1"])
+        assert len(lith.hub.instances) == 52
+        for tab in tabs_open:
+            tab.read()
+            tab.close()
+        del tab, tabs_open
+        gc.collect()
+        assert lith.hub.instances == {} and lith.hub._by_topic == {}
+        assert instance_ref() is None and frame_ref() is None
+
+
+async def test_first_paint_renders_the_same_view(tmp_path: Path) -> None:
+    lith, _ = make_lith(tmp_path)
+    async with Tabs(lith) as tabs:
+        await tabs.do(Add(board=2, n=7))
+        assert await lith.render("board/{board_id}", board_id=2) == '<p id="board-2">7</p>'
+        assert await lith.render("board/2") == (await tabs.open("board/2")).html("board/2")
+
+
+async def test_ticks_on_a_timer(tmp_path: Path) -> None:
+    lith, _ = make_lith(tmp_path)
+    from fastapi_lith.streams import Stream
+
+    async with lith.lifespan():
+        stream = Stream("t1")
+        await lith.hub.open(stream, ["board/1"])
+        assert [f.html for f in await stream.next()] == ['<p id="board-1">0</p>']
+        await lith.writer.do(Add(n=4))
+        frames = await asyncio.wait_for(stream.next(), 2)
+        assert [f.html for f in frames] == ['<p id="board-1">4</p>']
+        assert frames[0].event.startswith(b"event: datastar-patch-elements\n")
+        lith.hub.close(stream)

@@ -1,0 +1,126 @@
+"""View keys, parameters, root ids and the fragment cache."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import htpy as h
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fastapi_lith import Db, Lith, ViewError, fragment
+from fastapi_lith.statements import StatementCache
+from fastapi_lith.views import Views, root_id
+
+
+def test_keys_parameters_and_topics() -> None:
+    views = Views()
+
+    @views.register("board/{board_id}/lane/{lane}", topics={"board:{board_id}", "lanes"})
+    def lane(db: Db, board_id: int, lane: str) -> str:
+        return ""
+
+    view, params = views.resolve("board/7/lane/todo")
+    assert params == {"board_id": 7, "lane": "todo"}
+    assert view.key(params) == "board/7/lane/todo"
+    assert view.topics_for(params) == {"board:7", "lanes"}
+    assert views.resolve("board/{board_id}/lane/{lane}", {"board_id": "3", "lane": "x"})[1] == {
+        "board_id": 3,
+        "lane": "x",
+    }
+    with pytest.raises(ViewError, match="board_id"):
+        views.resolve("board/seven/lane/todo")
+    with pytest.raises(ViewError, match="no view matches"):
+        views.resolve("board/7")
+
+
+def test_registration_errors() -> None:
+    views = Views()
+    with pytest.raises(ViewError, match="no parameter 'board_id'"):
+        views.register("board/{board_id}")(lambda db: "")
+    with pytest.raises(ViewError, match="uses {tab}"):
+        views.register("board/{board_id}", topics={"tab:{tab}"})(lambda db, board_id: "")
+    views.register("x")(lambda db: "")
+    with pytest.raises(ViewError, match="twice"):
+        views.register("x")(lambda db: "")
+
+
+@pytest.mark.parametrize(
+    ("html", "expected"),
+    [
+        ('<div id="a">x</div>', "a"),
+        ("  <section class='c' id='b-1'>", "b-1"),
+        ('<my-el data-x="1" id=c>', "c"),
+        ('<div data-id="no">', None),
+        ("text <div id=x>", None),
+        ('<div><p id="inner">', None),
+    ],
+)
+def test_root_id(html: str, expected: str | None) -> None:
+    assert root_id(html) == expected
+
+
+def test_lith_view_decorator_keeps_the_function() -> None:
+    lith = Lith(":memory:")
+
+    @lith.view("hello")
+    def hello(db: Db) -> h.Element:
+        return h.p(id="hello")["hi"]
+
+    assert str(hello(None)) == '<p id="hello">hi</p>'  # type: ignore[arg-type]
+
+
+# -- fragments: cached card HTML equals the uncached render, whatever the board went through --
+
+def card_element(row: sqlite3.Row) -> h.Element:
+    return h.article(id=f"card-{row['id']}", class_="card", data_lane=row["lane"])[
+        h.h3[row["title"]], h.p[row["body"]], h.small[f"#{row['position']}"]
+    ]
+
+
+cached_card = fragment(maxsize=64)(card_element)
+
+
+def board(db: Db, card: object) -> str:
+    lanes = db.all("SELECT DISTINCT lane FROM cards ORDER BY lane")
+    return str(
+        h.main(id="board")[
+            (
+                h.section(id=f"lane-{lane['lane']}")[
+                    h.h2[lane["lane"]],
+                    [card(r) for r in db.all("SELECT * FROM cards WHERE lane = ? ORDER BY position, id", (lane["lane"],))],
+                ]
+                for lane in lanes
+            )
+        ]
+    )
+
+
+text = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=20)
+change = st.one_of(
+    st.tuples(st.just("add"), text, text, st.sampled_from(["todo", "doing", "done"])),
+    st.tuples(st.just("rename"), st.integers(0, 30), text),
+    st.tuples(st.just("move"), st.integers(0, 30), st.sampled_from(["todo", "doing", "done"]), st.integers(0, 9)),
+    st.tuples(st.just("delete"), st.integers(0, 30)),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(change, min_size=1, max_size=40))
+def test_fragment_cache_output_equals_uncached(changes: list[tuple]) -> None:
+    conn = sqlite3.connect(":memory:")
+    conn.row_factory = sqlite3.Row
+    conn.execute("CREATE TABLE cards (id INTEGER PRIMARY KEY, lane TEXT, title TEXT, body TEXT, position INTEGER)")
+    db = Db(conn, StatementCache())
+    for step in changes:
+        ids = [r[0] for r in conn.execute("SELECT id FROM cards ORDER BY id")]
+        if step[0] == "add":
+            conn.execute("INSERT INTO cards (title, body, lane, position) VALUES (?, ?, ?, 0)", step[1:])
+        elif ids and step[0] == "rename":
+            conn.execute("UPDATE cards SET title = ? WHERE id = ?", (step[2], ids[step[1] % len(ids)]))
+        elif ids and step[0] == "move":
+            conn.execute("UPDATE cards SET lane = ?, position = ? WHERE id = ?", (step[2], step[3], ids[step[1] % len(ids)]))
+        elif ids and step[0] == "delete":
+            conn.execute("DELETE FROM cards WHERE id = ?", (ids[step[1] % len(ids)],))
+        assert board(db, cached_card) == board(db, card_element)
