@@ -2,27 +2,35 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
+import anyio
 import htpy as h
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException
 from fastapi.exceptions import RequestValidationError
 from markupsafe import Markup
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, Response
+from datastar_py.sse import ServerSentEventGenerator
+from sse_starlette import EventSourceResponse
+from starlette.responses import HTMLResponse, PlainTextResponse, Response
 
-from . import db
+from . import db, encoders
 from .hub import Hub
-from .views import Render, Views
+from .streams import TAB_ID, Encoder, Frame, Stream, body
+from .views import Render, ViewError, Views
 from .writer import Writer
 
 log = logging.getLogger("fastapi_lith")
+
+DATASTAR_CDN = "https://cdn.jsdelivr.net/gh/starfederation/datastar@1.0.1/bundles/datastar.js"
 
 
 class Lith:
@@ -53,6 +61,13 @@ class Lith:
         error_id: str = "lith-error",
         prefix: str = "/lith",
         tick: float = 0.05,
+        keepalive: float = 15.0,
+        hibernate_after: float = 30.0,
+        send_timeout: float = 10.0,
+        zstd_window_log: int = 19,
+        brotli_quality: int = 4,
+        gzip_level: int = 6,
+        datastar_url: str = DATASTAR_CDN,
     ) -> None:
         self.path = Path(path)
         self.error_id = error_id
@@ -68,7 +83,18 @@ class Lith:
             max_body=max_body,
         )
         self._reader_count = readers
+        self.keepalive = keepalive
+        self.hibernate_after = hibernate_after
+        self.send_timeout = send_timeout
+        self.encoder_settings = {
+            "zstd": {"window_log": zstd_window_log},
+            "br": {"quality": brotli_quality},
+            "gzip": {"level": gzip_level},
+        }
+        self.prefix = prefix
+        self.datastar_url = datastar_url
         self.router = APIRouter(prefix=prefix, include_in_schema=False)
+        self.router.add_api_route("/stream", self._stream_endpoint(), methods=["GET"])
         self._hub: Hub | None = None
         self._engine: AsyncEngine | None = None
 
@@ -87,6 +113,77 @@ class Lith:
         if self._hub is None:
             raise RuntimeError("the app is not running: use lith.lifespan")
         return self._hub
+
+    def connect(self, *keys: str, tab: str) -> str:
+        """The `data-init` expression that opens a tab's stream of `keys` (`{tab}` is filled in).
+
+        `retry: 'always'` reconnects when the stream ends (a deploy) and, with no retry limit,
+        whenever the network comes back.
+        """
+        if not TAB_ID.fullmatch(tab):
+            raise ValueError(f"bad tab id {tab!r}")
+        views = ",".join(quote(k.format(tab=tab), safe="/{}") for k in keys)
+        url = f"{self.prefix}/stream?views={views}&tab={tab}"
+        return f"@get('{url}', {{retry: 'always', retryMaxCount: Infinity}})"
+
+    def encoder(self, accept_encoding: str | None = Header(None)) -> Encoder:
+        """`Depends(lith.encoder)`: the stream's compressor, from `Accept-Encoding`.
+
+        zstd, else brotli, else gzip, else identity, honouring q-values. Override it to force
+        or forbid one: `app.dependency_overrides[lith.encoder] = lambda: GzipEncoder()`.
+        """
+        name = encoders.negotiate(accept_encoding)
+        if name is None:
+            raise HTTPException(406, "no acceptable Content-Encoding (zstd, br, gzip, identity)")
+        return encoders.make_encoder(name, **self.encoder_settings.get(name, {}))
+
+    def _stream_endpoint(self) -> Callable[..., Any]:
+        async def stream(request: Request, encoder: Encoder = Depends(self.encoder)) -> Response:
+            """`GET {prefix}/stream?views=counter,outcome/{tab}&tab=…`: one SSE response per tab."""
+            return await self.open_stream(request, encoder)
+
+        return stream
+
+    async def open_stream(self, request: Request, encoder: Encoder) -> Response:
+        """Validate the views and the tab id (400 with a plain message), then stream."""
+        tab = request.query_params.get("tab", "")
+        if not TAB_ID.fullmatch(tab):
+            return PlainTextResponse("tab must be 1 to 64 letters, digits, '-' or '_'", 400)
+        keys = [k for v in request.query_params.getlist("views") for k in v.split(",") if k]
+        if not keys:
+            return PlainTextResponse("views is required: ?views=key1,key2&tab=…", 400)
+        stream = Stream(tab)
+        try:
+            await self.hub.open(stream, keys)
+        except ViewError as exc:
+            return PlainTextResponse(str(exc), 400)
+        shutdown = anyio.Event()
+        headers = {"Vary": "Accept-Encoding"}
+        if encoder.name:
+            headers["Content-Encoding"] = encoder.name
+        return EventSourceResponse(
+            self._body(stream, encoder, shutdown),
+            headers=headers,
+            ping=0,  # a raw ping would corrupt a compressed body: keep-alives go through the encoder
+            send_timeout=self.send_timeout,
+            shutdown_event=shutdown,
+            shutdown_grace_period=1.0,
+        )
+
+    async def _body(self, stream: Stream, encoder: Encoder, shutdown: anyio.Event) -> AsyncIterator[bytes]:
+        # Server shutdown (sse-starlette sees uvicorn's signal) ends the body cleanly, so the
+        # page's `retry: 'always'` reconnects to the next process.
+        watcher = asyncio.ensure_future(shutdown.wait())
+        watcher.add_done_callback(lambda _: stream.end())
+        try:
+            async for chunk in body(
+                stream, encoder, keepalive=self.keepalive, hibernate_after=self.hibernate_after
+            ):
+                yield chunk
+        finally:
+            watcher.cancel()
+            if self._hub is not None:
+                self._hub.close(stream)
 
     async def render(self, key: str, **params: Any) -> Markup:
         """A view's HTML for a page's first paint: the page and its stream share one function."""
@@ -128,20 +225,37 @@ class Lith:
     def _install_error_handler(self, app: FastAPI) -> None:
         """Answer a command's validation failure with an HTML fragment, not FastAPI's JSON.
 
-        Other routes keep the app's own handler. The lifespan runs after Starlette has built its
-        middleware stack, so the stack is dropped and rebuilt on the next request.
+        Datastar ignores the body of a non-200 response, so the fragment also goes to the
+        acting tab's stream, named by the command's `tab` signal; its `op` signal, if any,
+        comes back as `done`, so a button pending on `$op != $done` stops. Other routes keep
+        the app's own handler. The lifespan runs after Starlette built its middleware stack,
+        so the stack is dropped and rebuilt on the next request.
         """
         fallback = app.exception_handlers.get(RequestValidationError)
 
         async def handler(request: Request, exc: Exception) -> Response:
             if isinstance(exc, RequestValidationError) and is_command_request(request, self.writer):
-                return HTMLResponse(validation_fragment(exc, self.error_id), status_code=422)
+                html = validation_fragment(exc, self.error_id)
+                self._push_error(exc.body, html)
+                return HTMLResponse(html, status_code=422)
             if fallback is None:
                 raise exc
             return await fallback(request, exc)  # type: ignore[misc]
 
         app.add_exception_handler(RequestValidationError, handler)
         app.middleware_stack = None
+
+    def _push_error(self, body: Any, html: str) -> None:
+        if self._hub is None or not isinstance(body, dict):
+            return
+        tab = body.get("tab")
+        if not isinstance(tab, str) or not TAB_ID.fullmatch(tab):
+            return
+        event = ServerSentEventGenerator.patch_elements(html)
+        op = body.get("op")
+        if isinstance(op, int):
+            event += ServerSentEventGenerator.patch_signals({"done": op})
+        self._hub.push(tab, Frame(self.error_id, html, str(event).encode()))
 
 
 def read_only_engine(path: Path) -> AsyncEngine:

@@ -80,6 +80,7 @@ class Hub:
         self.interval = tick
         self.counters = Counters()
         self.instances: dict[str, Instance] = {}
+        self.streams: set[Stream] = set()
         self._by_topic: dict[str, set[Instance]] = {}
         self._dirty: set[Instance] = set()
         self._wake = asyncio.Event()
@@ -92,6 +93,9 @@ class Hub:
         self._task = asyncio.create_task(self._run(), name="lith-hub")
 
     async def stop(self) -> None:
+        """Stop ticking and end every stream, so each response finishes its body."""
+        for stream in list(self.streams):
+            stream.end()
         if self._task is not None:
             self._task.cancel()
             try:
@@ -147,6 +151,7 @@ class Hub:
             resolved.append((view.key(params), view, params))
         stream._hub = self
         stream.keys = tuple(dict.fromkeys(key for key, _, _ in resolved))
+        self.streams.add(stream)
         fresh: list[Instance] = []  # no frame yet: rendering offers it to every watcher
         for key, view, params in resolved:
             instance = self.instances.get(key)
@@ -182,6 +187,15 @@ class Hub:
                             del self._by_topic[topic]
         stream._hub = None
         stream.keys = ()
+        self.streams.discard(stream)
+
+    def push(self, tab: str, frame: Frame) -> int:
+        """Offer a frame outside any view to every stream of one tab (a rejected command's
+        error); returns how many streams got it."""
+        streams = [s for s in self.streams if s.tab == tab]
+        for stream in streams:
+            stream.offer(frame)
+        return len(streams)
 
     # -- the tick ----------------------------------------------------------------------------
 

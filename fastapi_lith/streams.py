@@ -1,13 +1,15 @@
 """Streams: one per tab, holding only the newest frame of each view it watches.
 
 A slow tab skips frames instead of queueing them, so it costs the hub nothing and shows the
-newest state when it catches up. The hub offers frames; the tab's HTTP response takes them.
+newest state when it catches up. The hub offers frames; the tab's SSE response (`body`) takes
+them, compresses them against everything the stream sent before, and flushes each at once.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+import re
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -33,6 +35,7 @@ class Stream:
         self.keys: tuple[str, ...] = ()
         self.skipped = 0
         self.taken = 0
+        self.ended = False
         self._pending: dict[str, Frame] = {}
         self._ready = asyncio.Event()
         self._hub: Watcher | None = None
@@ -62,9 +65,76 @@ class Stream:
             self._hub.caught_up(frames.keys())
         return list(frames.values())
 
-    async def next(self) -> list[Frame]:
-        """Wait for at least one frame, then take them all."""
-        while not self._pending:
-            self._ready.clear()
-            await self._ready.wait()
+    async def next(self, timeout: float | None = None) -> list[Frame]:
+        """Wait for at least one frame, then take them all; [] on timeout or once ended."""
+        try:
+            async with asyncio.timeout(timeout):
+                while not self._pending and not self.ended:
+                    self._ready.clear()
+                    await self._ready.wait()
+        except TimeoutError:
+            return []
         return self.take()
+
+    def end(self) -> None:
+        """Make the response finish its body and return (server shutdown)."""
+        self.ended = True
+        self._ready.set()
+
+
+# Tab ids come from the page; they name per-tab views and travel in URLs and commands.
+TAB_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+KEEPALIVE = b": keep-alive\n\n"
+
+
+class Encoder(Protocol):
+    name: str | None
+    can_hibernate: bool
+    needs_restart: bool
+
+    def encode(self, data: bytes) -> bytes: ...
+    def hibernate(self) -> bytes: ...
+    def close(self) -> bytes: ...
+
+
+async def body(
+    stream: Stream,
+    encoder: Encoder,
+    *,
+    keepalive: float = 15.0,
+    hibernate_after: float = 30.0,
+) -> AsyncIterator[bytes]:
+    """The compressed SSE body of one tab: frames as they come, keep-alives, a clean end.
+
+    A zstd stream idle for `hibernate_after` seconds ends its zstd frame and frees its
+    compressor; the next event opens a new frame (browsers decode several in one body). A
+    keep-alive goes through the encoder like any event, so the body stays one valid stream.
+    """
+    loop = asyncio.get_running_loop()
+    last_event = last_write = loop.time()
+    hibernating = False
+    while not stream.ended:
+        now = loop.time()
+        wake = last_write + keepalive
+        if encoder.can_hibernate and not hibernating:
+            wake = min(wake, last_event + hibernate_after)
+        frames = await stream.next(timeout=max(0.0, wake - now))
+        now = loop.time()
+        if frames:
+            yield encoder.encode(b"".join(f.event for f in frames))
+            last_event = last_write = now
+            hibernating = False
+            if encoder.needs_restart:  # a frame outgrew the brotli window: reconnect afresh
+                break
+        elif stream.ended:
+            break
+        elif encoder.can_hibernate and not hibernating and now >= last_event + hibernate_after:
+            yield encoder.hibernate()
+            hibernating = True
+        elif now >= last_write + keepalive:
+            out = encoder.encode(KEEPALIVE)
+            if hibernating:  # one small frame, then free the compressor again
+                out += encoder.hibernate()
+            yield out
+            last_write = now
+    yield encoder.close()
