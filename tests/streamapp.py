@@ -1,0 +1,120 @@
+"""A board of 200 cards (about 142 KB of HTML) served for the stream tests.
+
+Settings come from the environment so each test starts the server it needs:
+STREAM_DB, STREAM_KEEPALIVE, STREAM_HIBERNATE, STREAM_ENCODING (force one encoder).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import tempfile
+from pathlib import Path
+
+import htpy as h
+import sqlalchemy as sa
+from fastapi import Depends, FastAPI
+from fastapi.responses import HTMLResponse
+
+from fastapi_lith import Command, Db, Lith, Tx, Writer, fragment
+from fastapi_lith.encoders import make_encoder
+
+LOREM = (
+    "Collect the numbers from every region, check them against last quarter, note what moved and "
+    "why, ask finance about the two outliers, draft a summary for the leads, agree on next steps "
+    "with the owners, update the roadmap page, and close the loop with support about the tickets "
+    "that customers raised during the launch week; keep the tone short and concrete, link each "
+    "claim to its source, and flag anything that still needs a decision before the review meeting "
+    "on Thursday so nobody is surprised by it. "
+)
+MIGRATION = f"""
+CREATE TABLE cards (id INTEGER PRIMARY KEY, lane INTEGER NOT NULL, position INTEGER NOT NULL,
+                    title TEXT NOT NULL, body TEXT NOT NULL);
+WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 200)
+INSERT INTO cards SELECT i, i % 4, i / 4, 'Card ' || i || ': ' || substr('{LOREM}', 1 + i % 50, 30 + i % 30),
+       'Details for card ' || i || '. ' || substr('{LOREM}{LOREM}', 1 + (i * 37) % 400, 520) FROM n;
+"""
+
+folder = Path(tempfile.mkdtemp(prefix="lith-streamapp-"))
+(folder / "0001_cards.sql").write_text(MIGRATION)
+lith = Lith(
+    os.environ.get("STREAM_DB", str(folder / "board.db")),
+    migrations=folder,
+    keepalive=float(os.environ.get("STREAM_KEEPALIVE", "15")),
+    hibernate_after=float(os.environ.get("STREAM_HIBERNATE", "30")),
+    same_origin_only=False,
+)
+
+cards = sa.table("cards", sa.column("id"), sa.column("lane"), sa.column("position"), sa.column("title"))
+MOVE = cards.update().where(cards.c.id == sa.bindparam("card")).values(lane=sa.bindparam("to"))
+RENAME = cards.update().where(cards.c.id == sa.bindparam("card")).values(title=sa.bindparam("title"))
+ALL = "SELECT * FROM cards ORDER BY lane, position, id"
+
+
+class Move(Command):
+    card: int
+    to: int
+
+    def apply(self, tx: Tx) -> None:
+        tx.execute(MOVE, {"card": self.card, "to": self.to})
+        tx.touch("board")
+
+
+class Rename(Command):
+    card: int
+    title: str
+
+    def apply(self, tx: Tx) -> None:
+        tx.execute(RENAME, {"card": self.card, "title": self.title})
+        tx.touch("board")
+
+
+@fragment()
+def card(row: sqlite3.Row) -> h.Element:
+    return h.article(id=f"card-{row['id']}", class_="card")[h.h3[row["title"]], h.p[row["body"]]]
+
+
+@lith.view("board", topics={"board"})
+def board(db: Db) -> h.Element:
+    rows = db.all(ALL)
+    return h.main(id="board")[
+        (h.section(id=f"lane-{lane}")[h.h2[f"Lane {lane}"], [card(r) for r in rows if r["lane"] == lane]] for lane in range(4))
+    ]
+
+
+app = FastAPI(lifespan=lith.lifespan)
+app.include_router(lith.router)
+if "STREAM_ENCODING" in os.environ:
+    app.dependency_overrides[lith.encoder] = lambda: make_encoder(os.environ["STREAM_ENCODING"])
+
+
+@app.post("/move", status_code=204)
+async def move(cmd: Move, writer: Writer = Depends(lith.writer)) -> None:
+    await writer.do(cmd)
+
+
+@app.post("/rename", status_code=204)
+async def rename(cmd: Rename, writer: Writer = Depends(lith.writer)) -> None:
+    await writer.do(cmd)
+
+
+@app.get("/stats")
+async def stats() -> dict[str, int]:
+    return {"streams": len(lith.hub.streams), "instances": len(lith.hub.instances), "rss_kib": rss_kib()}
+
+
+@app.get("/", response_class=HTMLResponse)
+async def page() -> str:
+    return str(
+        h.html[
+            h.head[h.script(type="module", src=lith.datastar_url)],
+            h.body(data_init=lith.connect("board", tab="page"))[await lith.render("board")],
+        ]
+    )
+
+
+def rss_kib() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0

@@ -1,0 +1,261 @@
+"""Streams over a real uvicorn: each encoding decodes event by event, costs, hibernation, ends."""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import brotli
+import httpx
+import pytest
+import zstandard
+
+from browser import Server
+
+TESTS = Path(__file__).resolve().parent
+
+
+class Decoder:
+    """Decode a compressed SSE body incrementally, as a browser does."""
+
+    def __init__(self, encoding: str) -> None:
+        self.encoding = encoding
+        self.frames_ended = 0  # zstd frames that ended (hibernation, close)
+        self._new()
+
+    def _new(self) -> None:
+        if self.encoding == "zstd":
+            self._obj: Any = zstandard.ZstdDecompressor().decompressobj()
+        elif self.encoding == "br":
+            self._obj = brotli.Decompressor()
+        elif self.encoding == "gzip":
+            self._obj = zlib.decompressobj(31)
+
+    def feed(self, data: bytes) -> bytes:
+        if self.encoding == "identity":
+            return data
+        if self.encoding == "br":
+            out = self._obj.process(data)
+            while more := self._obj.process(b""):  # brotli may hold back part of a flushed block
+                out += more
+            return out
+        if self.encoding == "gzip":
+            return self._obj.decompress(data)
+        out = b""
+        while data:
+            out += self._obj.decompress(data)
+            if not self._obj.eof:
+                break
+            self.frames_ended += 1
+            data = self._obj.unused_data
+            self._new()
+        return out
+
+
+class Reader:
+    """One open stream: events as they decode, and the raw bytes each one cost."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.response = response
+        self.decoder = Decoder(response.headers.get("content-encoding", "identity"))
+        self._raw = response.iter_raw()
+        self._text = ""
+        self.raw_bytes = 0
+
+    def next_event(self) -> tuple[str, int]:
+        """The next whole event and the compressed bytes read since the previous one."""
+        start = self.raw_bytes
+        while "\n\n" not in self._text:
+            chunk = next(self._raw)
+            self.raw_bytes += len(chunk)
+            self._text += self.decoder.feed(chunk).decode()
+        event, self._text = self._text.split("\n\n", 1)
+        return event, self.raw_bytes - start
+
+    def rest(self) -> bytes:
+        """Everything until the server ends the body."""
+        out = b""
+        for chunk in self._raw:
+            self.raw_bytes += len(chunk)
+            out += self.decoder.feed(chunk)
+        return out
+
+
+def open_stream(server: Server, encoding: str, query: str = "views=board&tab=t1") -> Iterator[Reader]:
+    headers = {"Accept-Encoding": encoding}
+    with httpx.stream("GET", f"{server.url}/lith/stream?{query}", headers=headers, timeout=10) as response:
+        assert response.status_code == 200, response.read()
+        yield Reader(response)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    db = tmp_path_factory.mktemp("streams") / "board.db"
+    server = Server("streamapp:app", cwd=TESTS, env={"STREAM_DB": str(db)})
+    server.start()
+    yield server
+    server.close()
+
+
+def rename(server: Server, card: int, title: str) -> None:
+    assert httpx.post(f"{server.url}/rename", json={"card": card, "title": title}).status_code == 204
+
+
+ENCODINGS = ["identity", "gzip", "br", "zstd"]
+
+
+def test_each_encoding_decodes_event_by_event_into_the_same_events(server: Server) -> None:
+    readers, contexts = {}, []
+    for encoding in ENCODINGS:
+        context = open_stream(server, encoding)
+        contexts.append(context)
+        readers[encoding] = next(context)
+        headers = readers[encoding].response.headers
+        assert headers.get("content-encoding") == (None if encoding == "identity" else encoding)
+        assert headers["vary"] == "Accept-Encoding"
+        assert headers["content-type"].startswith("text/event-stream")
+    first = {e: r.next_event()[0] for e, r in readers.items()}
+    assert len(set(first.values())) == 1
+    assert first["identity"].startswith("event: datastar-patch-elements\ndata: elements <main id=\"board\">")
+    assert 130_000 < len(first["identity"]) < 160_000
+    for i in range(5):
+        rename(server, 7 + i, f"Renamed {i}")
+        events = {e: r.next_event()[0] for e, r in readers.items()}
+        assert len(set(events.values())) == 1, "every encoding decodes to the identity event"
+        assert f"Renamed {i}" in events["identity"]
+    for context in contexts:
+        context.close()
+
+
+@pytest.mark.parametrize(("encoding", "limit"), [("zstd", 2_000), ("br", 200), ("gzip", 10_000)])
+def test_one_card_change_after_the_first_frame_is_small(server: Server, encoding: str, limit: int) -> None:
+    context = open_stream(server, encoding, f"views=board&tab={encoding}")
+    reader = next(context)
+    first, _ = reader.next_event()
+    sizes = []
+    for i in range(4):
+        rename(server, 100 + i, f"{encoding} change {i}")
+        event, cost = reader.next_event()
+        assert f"{encoding} change {i}" in event
+        sizes.append(cost)
+    context.close()
+    assert len(first) > 130_000
+    assert max(sizes) < limit, sizes
+
+
+def test_bad_query_parameters_get_400(server: Server) -> None:
+    for query, message in [
+        ("views=board", "tab"),
+        ("views=board&tab=has space", "tab"),
+        ("views=board&tab=" + "x" * 65, "tab"),
+        ("tab=t1", "views"),
+        ("views=nope&tab=t1", "no view matches"),
+    ]:
+        response = httpx.get(f"{server.url}/lith/stream?{query}")
+        assert response.status_code == 400, query
+        assert response.headers["content-type"].startswith("text/plain")
+        assert message in response.text
+
+
+def test_disconnects_free_their_streams(server: Server) -> None:
+    def stats() -> dict[str, int]:
+        return httpx.get(f"{server.url}/stats").json()
+
+    with httpx.Client(timeout=10) as client:
+        for i in range(50):  # warm up allocators before measuring memory
+            with client.stream("GET", f"{server.url}/lith/stream?views=board&tab=w{i}", headers={"Accept-Encoding": "zstd"}) as r:
+                next(r.iter_raw())
+        before = stats()
+        for i in range(1000):
+            with client.stream("GET", f"{server.url}/lith/stream?views=board&tab=c{i}", headers={"Accept-Encoding": "zstd"}) as r:
+                next(r.iter_raw())
+    deadline = time.monotonic() + 5
+    while (after := stats())["streams"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert after["streams"] == 0 and after["instances"] == 0
+    assert after["rss_kib"] - before["rss_kib"] < 20 * 1024, (before, after)
+
+
+@pytest.fixture
+def quick_server(server_factory: Any, tmp_path: Path) -> Server:
+    return server_factory(
+        "streamapp:app",
+        cwd=TESTS,
+        env={"STREAM_DB": str(tmp_path / "b.db"), "STREAM_HIBERNATE": "0.3", "STREAM_KEEPALIVE": "0.2"},
+    )
+
+
+def test_hibernated_zstd_stream_resumes_and_keepalives_decode(quick_server: Server) -> None:
+    context = open_stream(quick_server, "zstd")
+    reader = next(context)
+    reader.next_event()
+    assert reader.next_event()[0] == ": keep-alive"
+    deadline = time.monotonic() + 5
+    while reader.decoder.frames_ended == 0:  # the idle stream ended its zstd frame
+        assert time.monotonic() < deadline
+        assert reader.next_event()[0] == ": keep-alive"
+    rename(quick_server, 3, "after hibernation")
+    while "after hibernation" not in (event := reader.next_event()[0]):
+        assert event == ": keep-alive"
+    assert reader.decoder.frames_ended >= 1
+    context.close()
+
+
+def test_shutdown_ends_streams_cleanly_within_a_second(server_factory: Any, tmp_path: Path) -> None:
+    server = server_factory("streamapp:app", cwd=TESTS, env={"STREAM_DB": str(tmp_path / "b.db")})
+    context = open_stream(server, "zstd")
+    reader = next(context)
+    reader.next_event()
+    started = time.monotonic()
+    server.proc.send_signal(15)  # SIGTERM, as a deploy does
+    rest = reader.rest()  # returns when the server ends the body
+    assert time.monotonic() - started < 1.0
+    assert rest == b""
+    assert reader.decoder.frames_ended == 1  # the zstd frame was closed, not cut off
+    assert server.proc.wait(5) in (0, -15)  # uvicorn re-raises SIGTERM after a clean shutdown
+    context.close()
+
+
+# -- in Debian's Chromium: the page morphs each frame, whatever the encoding ---------------
+
+@pytest.mark.parametrize("encoding", ["zstd", "br", "gzip"])
+def test_page_morphs_frames_in_chromium(server_factory: Any, new_page: Any, tmp_path: Path, encoding: str) -> None:
+    from playwright.sync_api import expect
+
+    env = {"STREAM_DB": str(tmp_path / "b.db")}
+    if encoding != "zstd":  # Chromium offers br only over HTTPS, except to localhost: force it
+        env["STREAM_ENCODING"] = encoding
+    server = server_factory("streamapp:app", cwd=TESTS, env=env)
+    page = new_page()
+    encodings: list[str] = []
+    page.on("response", lambda r: "/lith/stream" in r.url and encodings.append(r.headers.get("content-encoding", "")))
+    page.goto(server.url)
+    expect(page.locator("#card-5 h3")).to_have_text(card_title(server, 5))
+    for i in range(3):
+        rename(server, 5, f"Morphed by {encoding} {i}")
+        expect(page.locator("#card-5 h3")).to_have_text(f"Morphed by {encoding} {i}", timeout=5_000)
+    assert encodings == [encoding]
+
+
+def test_hibernated_zstd_stream_keeps_updating_the_page(server_factory: Any, new_page: Any, tmp_path: Path) -> None:
+    from playwright.sync_api import expect
+
+    server = server_factory(
+        "streamapp:app", cwd=TESTS, env={"STREAM_DB": str(tmp_path / "b.db"), "STREAM_HIBERNATE": "0.2"}
+    )
+    page = new_page()
+    page.goto(server.url)
+    expect(page.locator("#card-9")).to_be_attached()
+    for i in range(3):
+        page.wait_for_timeout(500)  # idle past the hibernation delay: the zstd frame ends
+        rename(server, 9, f"Awake {i}")
+        expect(page.locator("#card-9 h3")).to_have_text(f"Awake {i}", timeout=5_000)
+
+
+def card_title(server: Server, card: int) -> str:
+    page = httpx.get(server.url).text
+    start = page.index(f'<article id="card-{card}" class="card"><h3>') + len(f'<article id="card-{card}" class="card"><h3>')
+    return page[start : page.index("</h3>", start)]
