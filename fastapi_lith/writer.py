@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from fastapi import HTTPException
 from pydantic import BaseModel
 from starlette.requests import Request
 
@@ -170,8 +171,6 @@ class Writer:
         `Datastar-Request: true` as well makes a plain HTML form on another site useless.
         Non-browser clients and tests turn this off with `Lith(..., same_origin_only=False)`.
         """
-        from fastapi import HTTPException
-
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body:
             raise HTTPException(413, f"request body over {self.max_body} bytes")

@@ -1,7 +1,7 @@
 """A board of 200 cards (about 142 KB of HTML) served for the stream tests.
 
 Settings come from the environment so each test starts the server it needs:
-STREAM_DB, STREAM_KEEPALIVE, STREAM_HIBERNATE, STREAM_ENCODING (force one encoder).
+STREAM_DB, STREAM_KEEPALIVE, STREAM_HIBERNATE, STREAM_SEND_TIMEOUT, STREAM_ENCODING (force one).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ lith = Lith(
     migrations=folder,
     keepalive=float(os.environ.get("STREAM_KEEPALIVE", "15")),
     hibernate_after=float(os.environ.get("STREAM_HIBERNATE", "30")),
+    send_timeout=float(os.environ.get("STREAM_SEND_TIMEOUT", "10")),
     same_origin_only=False,
 )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import time
 import zlib
 from collections.abc import Iterator
@@ -201,6 +202,29 @@ def test_hibernated_zstd_stream_resumes_and_keepalives_decode(quick_server: Serv
     while "after hibernation" not in (event := reader.next_event()[0]):
         assert event == ": keep-alive"
     assert reader.decoder.frames_ended >= 1
+    context.close()
+
+
+def test_a_client_that_stops_reading_is_ended_alone(server_factory: Any, tmp_path: Path) -> None:
+    server = server_factory(
+        "streamapp:app", cwd=TESTS, env={"STREAM_DB": str(tmp_path / "b.db"), "STREAM_SEND_TIMEOUT": "0.5"}
+    )
+    stuck = socket.create_connection(("127.0.0.1", server.port))
+    stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stuck.sendall(b"GET /lith/stream?views=board&tab=stuck HTTP/1.1\r\nHost: x\r\n\r\n")  # never reads
+    context = open_stream(server, "identity", "views=board&tab=healthy")
+    healthy = next(context)
+    healthy.next_event()
+    deadline = time.monotonic() + 20
+    i = 0
+    while httpx.get(f"{server.url}/stats").json()["streams"] > 1:
+        assert time.monotonic() < deadline, "the stuck stream was never ended"
+        rename(server, 11, f"tick {i}")  # full frames of 142 KB fill the stuck socket
+        assert f"tick {i}" in healthy.next_event()[0]  # the healthy tab is not held up
+        i += 1
+    rename(server, 11, "after")
+    assert "after" in healthy.next_event()[0]
+    stuck.close()
     context.close()
 
 
