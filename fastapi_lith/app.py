@@ -86,6 +86,8 @@ class Lith:
         self.keepalive = keepalive
         self.hibernate_after = hibernate_after
         self.send_timeout = send_timeout
+        if not 10 <= zstd_window_log <= 23:  # browsers refuse a zstd window over 8 MiB
+            raise ValueError(f"zstd_window_log must be 10 to 23, not {zstd_window_log}")
         self.encoder_settings = {
             "zstd": {"window_log": zstd_window_log},
             "br": {"quality": brotli_quality},

@@ -165,6 +165,7 @@ class Hub:
         for key in stream.keys:
             frame = self.instances[key].frame
             if frame is not None:
+                self.counters.frames += 1
                 stream.offer(frame)
         if fresh:
             await self._render(fresh)

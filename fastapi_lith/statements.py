@@ -117,7 +117,9 @@ class StatementCache:
         if variants is None:
             if len(self._entries) >= self.size:
                 del self._entries[next(iter(self._entries))]
-            if keys and compile_statement(stmt).sql == compiled.sql:
+            # Only INSERT and UPDATE can name columns by their parameters; other statements
+            # skip the second compile that proves the parameters did not change the SQL.
+            if keys and (not stmt.is_dml or compile_statement(stmt).sql == compiled.sql):
                 self._entries[stmt] = compiled
                 return compiled
             variants = self._entries[stmt] = {}

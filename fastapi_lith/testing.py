@@ -3,7 +3,7 @@
 ```python
 async with Tabs(lith) as tabs:
     alice, bob = await tabs.open("counter"), await tabs.open("counter", "outcome/{tab}")
-    await alice.do(Add(n=2))
+    await alice.do(Add(n=2, tab=alice.id))
     await tabs.tick()                    # render what changed, as the timer would
     assert ">2<" in bob.html("counter")  # every tab sees every other tab's command
 ```

@@ -1,0 +1,370 @@
+"""Per-stream compressors for SSE bodies, and `Accept-Encoding` negotiation.
+
+A stream sends the same view again and again with a small change, so each encoder keeps one
+compression window for the whole response: a frame that repeats the previous one costs a few
+bytes. Every event is flushed, so the browser decodes it the moment it arrives.
+
+One encoder belongs to one stream. It is not thread-safe, but its calls may run in a worker
+thread: zstandard, brotli and zlib all release the GIL while they compress.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import brotli
+import zstandard
+
+__all__ = [
+    "ENCODINGS",
+    "BrotliEncoder",
+    "Encoder",
+    "GzipEncoder",
+    "IdentityEncoder",
+    "ZstdEncoder",
+    "make_encoder",
+    "negotiate",
+]
+
+# Server preference, best first: zstd is the cheapest per frame and the only one that hibernates.
+ENCODINGS: tuple[str, ...] = ("zstd", "br", "gzip", "identity")
+
+
+class Encoder:
+    """Compresses one stream's events into one response body.
+
+    `encode` returns bytes that decode to exactly the event given, at once; `close` ends the
+    body so the client sees a clean end of stream rather than a truncated one.
+    """
+
+    name: str | None = None  # the `Content-Encoding` value; None for identity
+    can_hibernate: bool = False
+    needs_restart: bool = False  # brotli: a frame outgrew the window, see BrotliEncoder
+
+    def encode(self, event: bytes) -> bytes:
+        raise NotImplementedError
+
+    def close(self) -> bytes:
+        return b""
+
+    def hibernate(self) -> bytes:
+        """Free the compressor of an idle stream; only zstd can, the others return b""."""
+        return b""
+
+    def memory_size(self) -> int:
+        """Approximate bytes the encoder keeps resident once its window has filled."""
+        return 0
+
+
+class IdentityEncoder(Encoder):
+    """No compression: events pass through untouched."""
+
+    def encode(self, event: bytes) -> bytes:
+        return event
+
+
+class ZstdEncoder(Encoder):
+    """zstd with one window over the whole stream and a flushed block per event.
+
+    `hibernate` ends the current zstd frame and frees the compressor: the next event starts a
+    new frame in the same body, which browsers decode (they do not for brotli). The new frame
+    starts with an empty window, so its first event costs about what a fresh stream's does.
+
+    `level`, `window_log` and `hash_log` pick zstd's parameters; any other field of
+    `zstandard.ZstdCompressionParameters` (chain_log, strategy, ...) can be given by name.
+    """
+
+    name = "zstd"
+    can_hibernate = True
+    # Browsers refuse a window over 8 MiB.
+    MAX_WINDOW_LOG: ClassVar[int] = 23
+
+    def __init__(
+        self, level: int = 1, window_log: int = 19, hash_log: int | None = 14, **params: int
+    ) -> None:
+        if not zstandard.WINDOWLOG_MIN <= window_log <= self.MAX_WINDOW_LOG:
+            raise ValueError(
+                f"window_log must be in {zstandard.WINDOWLOG_MIN}..{self.MAX_WINDOW_LOG}"
+            )
+        # Level 1 is the fastest level that still entropy-codes literals: levels -1 to -5 saved
+        # at most 15% CPU for 6-34% more bytes per frame and 8-41% larger first frames. Its
+        # fast strategy keeps one table, 4 * 2**hash_log bytes: 14 is level 1's own choice,
+        # and neither 13 nor 16 changed the bytes on a 142 KB board (bench/RESULTS.md).
+        # None leaves zstd's choice for the level.
+        if hash_log is not None:
+            params["hash_log"] = hash_log
+        self.params = zstandard.ZstdCompressionParameters.from_level(
+            level, window_log=window_log, **params
+        )
+        self._stream: Any = None  # a ZstdCompressionObj while a frame is open
+        self._sent = False
+        self._closed = False
+
+    @classmethod
+    def low_memory(cls) -> ZstdEncoder:
+        """About 0.4 MiB per stream instead of 0.7: for pages whose frames stay under ~64 KB.
+
+        The window holds a quarter of the default, so keep a frame under a quarter of the
+        window (64 KB) for repeats to cost a few bytes; a 142 KB board costs kilobytes here.
+        """
+        return cls(level=1, window_log=18, hash_log=13)
+
+    @classmethod
+    def dense(cls) -> ZstdEncoder:
+        """A sixth of the bytes per frame for three to four times the CPU: for slow links.
+
+        The fast strategy does not index the positions inside a long match, so once the frame
+        where a card first appeared leaves the window its text is found no more, and a moved
+        card costs kilobytes. The binary-tree strategy indexes every position, at the same
+        window and memory (bench/RESULTS.md).
+        """
+        return cls(
+            level=1,
+            window_log=19,
+            strategy=zstandard.STRATEGY_BTLAZY2,
+            hash_log=13,
+            chain_log=14,
+            search_log=1,
+            min_match=6,
+        )
+
+    @property
+    def hibernating(self) -> bool:
+        return self._stream is None
+
+    def encode(self, event: bytes) -> bytes:
+        if self._closed:
+            raise RuntimeError("encoder is closed")
+        if self._stream is None:
+            self._stream = zstandard.ZstdCompressor(compression_params=self.params).compressobj()
+        self._sent = True
+        stream = self._stream
+        out: bytes = stream.compress(event) + stream.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
+        return out
+
+    def hibernate(self) -> bytes:
+        if self._stream is None:
+            return b""
+        tail: bytes = self._stream.flush(zstandard.COMPRESSOBJ_FLUSH_FINISH)
+        self._stream = None
+        return tail
+
+    def close(self) -> bytes:
+        if self._closed:
+            return b""
+        if self._sent:
+            tail = self.hibernate()
+        else:
+            # An empty frame, so even a stream that sent nothing has a valid zstd body.
+            tail = zstandard.ZstdCompressor(compression_params=self.params).compress(b"")
+        self._closed = True
+        return tail
+
+    def memory_size(self) -> int:
+        if self._stream is None:
+            return 0
+        p = self.params
+        # zstd buffers a window plus a block of input (128 KiB) to keep its history.
+        window = 1 << p.window_log
+        size = window + min(window, 128 * 1024) + 4 * (1 << p.hash_log)
+        if p.strategy != zstandard.STRATEGY_FAST:
+            size += 4 * (1 << p.chain_log)
+        return size
+
+
+def _brotli_lgwin(size: int) -> int:
+    """The smallest window that holds `size` bytes plus a sixteenth, within brotli's 16..24."""
+    return min(max(16, (size + size // 16 - 1).bit_length()), 24)
+
+
+# Resident bytes per stream besides the window, by quality (qualities between share the
+# figure below them): RSS measured with brotli 1.2 at lgwin 18, less the window. Qualities 0
+# and 1 keep no window of their own.
+_BROTLI_TABLES = {
+    0: 160_000,
+    2: 560_000,
+    4: 880_000,
+    5: 1_680_000,
+    6: 2_950_000,
+    9: 13_600_000,
+    10: 4_100_000,
+}
+
+
+class BrotliEncoder(Encoder):
+    """brotli with one window for the whole stream and a flush per event.
+
+    brotli cannot grow its window mid-stream, and Chromium ignores a second brotli stream in
+    the same body, so the compressor is created on the first event with a window sized from it
+    (or from `size_hint`, if larger): the smallest power of two holding it plus a sixteenth.
+    A later event too large for that window is still encoded correctly, only compressed worse,
+    and sets `needs_restart`: the stream should end its response after sending it, so Datastar
+    reconnects and the new stream sizes its window from the larger frame. Pass the largest
+    frame a stream expects as `size_hint` (or encode the first frames in one call), or a stream
+    that starts with a small event would restart on every reconnect.
+
+    Each event is fed in pieces of `flush_every` bytes with a flush after each. Pieces larger
+    than brotli's input block (16 KiB up to quality 3, 64 KiB from 4) let a card moved on a
+    142 KB board cost kilobytes instead of about a hundred bytes; smaller ones cost more bytes
+    (bench/RESULTS.md). None picks the block size for the quality; 0 disables the flushes.
+    """
+
+    name = "br"
+
+    def __init__(
+        self, quality: int = 4, flush_every: int | None = None, size_hint: int = 0
+    ) -> None:
+        if not 0 <= quality <= 11:
+            raise ValueError("quality must be in 0..11")
+        self.quality = quality
+        self.flush_every = (
+            (16 * 1024 if quality <= 3 else 64 * 1024) if flush_every is None else flush_every
+        )
+        self.size_hint = size_hint
+        self.lgwin: int | None = None  # set by the first event
+        self.needs_restart = False
+        self._compressor: Any = None
+        self._closed = False
+
+    def encode(self, event: bytes) -> bytes:
+        if self._closed:
+            raise RuntimeError("encoder is closed")
+        if self._compressor is None:
+            self.lgwin = _brotli_lgwin(max(len(event), self.size_hint))
+            self._compressor = brotli.Compressor(quality=self.quality, lgwin=self.lgwin)
+        elif _brotli_lgwin(len(event)) > (self.lgwin or 24):
+            self.needs_restart = True
+        compressor = self._compressor
+        step = self.flush_every
+        if not step or len(event) <= step:
+            out: bytes = compressor.process(event) + compressor.flush()
+            return out
+        view = memoryview(event)
+        parts = []
+        for start in range(0, len(event), step):
+            parts.append(compressor.process(view[start : start + step]))
+            parts.append(compressor.flush())
+        return b"".join(parts)
+
+    def close(self) -> bytes:
+        if self._closed:
+            return b""
+        self._closed = True
+        if self._compressor is None:
+            # An empty brotli stream, so even a stream that sent nothing has a valid body.
+            empty: bytes = brotli.Compressor(quality=self.quality, lgwin=16).finish()
+            return empty
+        tail: bytes = self._compressor.finish()
+        self._compressor = None
+        return tail
+
+    def memory_size(self) -> int:
+        if self._compressor is None or self.lgwin is None:
+            return 0
+        tables = _BROTLI_TABLES[max(q for q in _BROTLI_TABLES if q <= self.quality)]
+        return tables if self.quality <= 1 else tables + (1 << self.lgwin)
+
+
+class GzipEncoder(Encoder):
+    """gzip with a sync flush per event; its 32 KiB window rarely reaches the last frame."""
+
+    name = "gzip"
+
+    def __init__(self, level: int = 6) -> None:
+        self.level = level
+        self._compressor: Any = zlib.compressobj(level, zlib.DEFLATED, 31)
+        self._closed = False
+
+    def encode(self, event: bytes) -> bytes:
+        if self._closed:
+            raise RuntimeError("encoder is closed")
+        out: bytes = self._compressor.compress(event) + self._compressor.flush(zlib.Z_SYNC_FLUSH)
+        return out
+
+    def close(self) -> bytes:
+        if self._closed:
+            return b""
+        self._closed = True
+        tail: bytes = self._compressor.flush(zlib.Z_FINISH)
+        return tail
+
+    def memory_size(self) -> int:
+        if self._closed:
+            return 0
+        # zlib's documented figure for deflate: (1 << (windowBits + 2)) + (1 << (memLevel + 9)).
+        return (1 << 17) + (1 << 17)
+
+
+_ENCODERS: dict[str, type[Encoder]] = {
+    "zstd": ZstdEncoder,
+    "br": BrotliEncoder,
+    "gzip": GzipEncoder,
+    "identity": IdentityEncoder,
+}
+
+
+def make_encoder(name: str, **settings: Any) -> Encoder:
+    """The encoder for a negotiated name, e.g. `make_encoder("br", quality=5)`."""
+    try:
+        cls = _ENCODERS[name]
+    except KeyError:
+        raise ValueError(f"unknown encoding {name!r}, expected one of {ENCODINGS}") from None
+    return cls(**settings)
+
+
+def _parse_accept_encoding(header: str) -> dict[str, float]:
+    """Codings to their q-value; entries with a malformed q are dropped, as if absent."""
+    qvalues: dict[str, float] = {}
+    for entry in header.split(","):
+        coding, *params = entry.split(";")
+        coding = coding.strip().lower()
+        if not coding:
+            continue
+        q = 1.0
+        for param in params:
+            key, _, value = param.partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    q = float(value.strip())
+                except ValueError:
+                    q = math.nan
+        if not 0.0 <= q <= 1.0:  # also false for nan
+            continue
+        if coding == "x-gzip":  # RFC 9110 treats it as gzip
+            coding = "gzip"
+        qvalues.setdefault(coding, q)
+    return qvalues
+
+
+def negotiate(
+    accept_encoding: str | None, available: Sequence[str] = ENCODINGS
+) -> str | None:
+    """The coding to answer with, or None when nothing offered is acceptable (answer 406).
+
+    The client's q-values rank first; among equal ones `available`'s order decides (zstd,
+    br, gzip, identity). `*` stands for every coding not named. identity is acceptable unless
+    refused (`identity;q=0`, or `*;q=0` without naming identity), and when neither named nor
+    covered by `*` it ranks after every coding the client named. No header, or an empty one,
+    means identity.
+    """
+    if accept_encoding is None or not accept_encoding.strip():
+        return "identity" if "identity" in available else None
+    qvalues = _parse_accept_encoding(accept_encoding)
+    star = qvalues.get("*")
+    best: str | None = None
+    best_q = 0.0
+    for coding in available:
+        if coding in qvalues:
+            q = qvalues[coding]
+        elif star is not None:
+            q = star
+        elif coding == "identity":
+            q = 0.001  # the lowest q there is: acceptable, but only when nothing else is
+        else:
+            continue
+        if q > best_q:
+            best, best_q = coding, q
+    return best
