@@ -66,7 +66,8 @@ def card_html(card: dict[str, Any]) -> str:
         if lane != card["lane"]
     )
     return (
-        f'<article id="card-{cid}" class="card card-{card["lane"]}" data-version="{card["version"]}">'
+        f'<article id="card-{cid}" class="card card-{card["lane"]}" '
+        f'data-version="{card["version"]}">'
         f'<header class="card-header"><h3 class="card-title">{escape(card["title"])}</h3>'
         f'<span class="card-points">{card["points"]}</span></header>'
         f'<p class="card-description">{escape(card["description"])}</p>'

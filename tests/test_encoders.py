@@ -1,0 +1,418 @@
+"""Encoders: every event decodes at once, bodies end cleanly, repeats cost little, negotiation."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import statistics
+import sys
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+import brotli
+import pytest
+import zstandard
+from datastar_py.sse import ServerSentEventGenerator as SSE
+
+from fastapi_lith.encoders import (
+    BrotliEncoder,
+    Encoder,
+    GzipEncoder,
+    IdentityEncoder,
+    ZstdEncoder,
+    make_encoder,
+    negotiate,
+)
+
+sys.path.append(str(Path(__file__).resolve().parent.parent / "bench"))
+from board import board_html, change_card, make_cards  # noqa: E402
+
+
+# --------------------------------------------------------------------------- decoders
+
+
+class ZstdDecoder:
+    """What a browser does: decode as bytes arrive, frame after frame in one body."""
+
+    def __init__(self) -> None:
+        self._d = zstandard.ZstdDecompressor().decompressobj()
+        self.frames_ended = 0
+
+    def feed(self, data: bytes) -> bytes:
+        out = []
+        while data:
+            out.append(self._d.decompress(data))
+            if not self._d.eof:
+                break
+            self.frames_ended += 1
+            data = self._d.unused_data
+            self._d = zstandard.ZstdDecompressor().decompressobj()
+        return b"".join(out)
+
+    @property
+    def clean_end(self) -> bool:
+        return self.frames_ended > 0 and not self._d.unused_data
+
+
+class BrotliDecoder:
+    def __init__(self) -> None:
+        self._d = brotli.Decompressor()
+
+    def feed(self, data: bytes) -> bytes:
+        out = [self._d.process(data)]
+        while not self._d.is_finished():  # process() can hold back part of a flushed frame
+            more = self._d.process(b"")
+            if not more:
+                break
+            out.append(more)
+        return b"".join(out)
+
+    @property
+    def clean_end(self) -> bool:
+        return bool(self._d.is_finished())
+
+
+class GzipDecoder:
+    def __init__(self) -> None:
+        self._d = zlib.decompressobj(31)
+
+    def feed(self, data: bytes) -> bytes:
+        return self._d.decompress(data)
+
+    @property
+    def clean_end(self) -> bool:
+        return self._d.eof and not self._d.unused_data
+
+
+class IdentityDecoder:
+    clean_end = True
+
+    def feed(self, data: bytes) -> bytes:
+        return data
+
+
+def decode_body(name: str | None, body: bytes) -> bytes:
+    """The whole body in one go, as a client that buffers would read it."""
+    if name == "zstd":
+        reader = zstandard.ZstdDecompressor().stream_reader(
+            io.BytesIO(body), read_across_frames=True
+        )
+        return reader.read()
+    if name == "br":
+        return brotli.decompress(body)  # type: ignore[no-any-return]
+    if name == "gzip":
+        return gzip.decompress(body)
+    return body
+
+
+Decoder = ZstdDecoder | BrotliDecoder | GzipDecoder | IdentityDecoder
+DECODERS: dict[str | None, Callable[[], Decoder]] = {
+    "zstd": ZstdDecoder,
+    "br": BrotliDecoder,
+    "gzip": GzipDecoder,
+    None: IdentityDecoder,
+}
+
+ENCODERS: dict[str, Callable[[], Encoder]] = {
+    "zstd": ZstdEncoder,
+    "zstd low_memory": ZstdEncoder.low_memory,
+    "zstd dense": ZstdEncoder.dense,
+    "br": BrotliEncoder,
+    "br q3": lambda: BrotliEncoder(quality=3),
+    "br no flushes": lambda: BrotliEncoder(flush_every=0),
+    "gzip": GzipEncoder,
+    "identity": IdentityEncoder,
+}
+
+
+# --------------------------------------------------------------------------- events
+
+
+def board_frames(n: int) -> list[bytes]:
+    """Datastar events of the 142 KB kanban board, one card changed from one to the next."""
+    cards = make_cards()
+    frames = []
+    for step in range(n):
+        frames.append(SSE.patch_elements(board_html(cards)).encode())
+        cards = change_card(cards, step)
+    return frames
+
+
+def varied_events() -> list[bytes]:
+    cards = make_cards(30, seed=5)
+    events = [
+        SSE.patch_elements('<p id="counter">0</p>'),
+        SSE.patch_elements(board_html(cards)),
+        SSE.patch_elements('<p id="counter">1</p>'),
+        SSE.patch_signals({"draft": "héllo ✓ 日本", "count": 3}),
+        SSE.patch_elements(board_html(change_card(cards, 1))),
+        SSE.remove_elements("#card-3"),
+        SSE.patch_elements('<div id="toast" class="ok">Saved — ✓</div>', event_id="7"),
+    ]
+    encoded = [e.encode() for e in events]
+    encoded.insert(3, b": keep-alive\n\n")
+    # Larger than brotli's 64 KiB flush step and zstd's 128 KiB block, twice over.
+    encoded.append(board_frames(1)[0] + SSE.patch_elements('<p id="counter">2</p>').encode())
+    return encoded
+
+
+def sse_event_of_size(size: int) -> bytes:
+    head = b"event: datastar-patch-elements\ndata: elements <div id=\"pad\">"
+    tail = b"</div>\n\n"
+    return head + b"x" * (size - len(head) - len(tail)) + tail
+
+
+# --------------------------------------------------------------------------- every encoder
+
+
+@pytest.mark.parametrize("kind", list(ENCODERS))
+def test_each_event_decodes_as_soon_as_it_is_encoded(kind: str) -> None:
+    encoder = ENCODERS[kind]()
+    decoder = DECODERS[encoder.name]()
+    body = []
+    for event in varied_events():
+        chunk = encoder.encode(event)
+        body.append(chunk)
+        assert decoder.feed(chunk) == event
+    tail = encoder.close()
+    body.append(tail)
+    assert decoder.feed(tail) == b""
+    assert decoder.clean_end
+    assert decode_body(encoder.name, b"".join(body)) == b"".join(varied_events())
+
+
+@pytest.mark.parametrize("kind", list(ENCODERS))
+def test_a_stream_that_sent_nothing_still_has_a_valid_body(kind: str) -> None:
+    encoder = ENCODERS[kind]()
+    body = encoder.close()
+    decoder = DECODERS[encoder.name]()
+    assert decoder.feed(body) == b""
+    assert decoder.clean_end
+    assert encoder.close() == b""  # closing twice adds nothing
+
+
+@pytest.mark.parametrize("kind", list(ENCODERS))
+def test_encoding_after_close_fails_loudly(kind: str) -> None:
+    encoder = ENCODERS[kind]()
+    encoder.encode(b"data: x\n\n")
+    encoder.close()
+    if kind == "identity":
+        return  # nothing to end: identity has no state
+    with pytest.raises(RuntimeError):
+        encoder.encode(b"data: y\n\n")
+
+
+@pytest.mark.parametrize(
+    ("name", "content_encoding"),
+    [("zstd", "zstd"), ("br", "br"), ("gzip", "gzip"), ("identity", None)],
+)
+def test_make_encoder_gives_the_encoder_for_a_negotiated_name(
+    name: str, content_encoding: str | None
+) -> None:
+    assert make_encoder(name).name == content_encoding
+    with pytest.raises(ValueError, match="unknown encoding"):
+        make_encoder("deflate")
+
+
+def test_make_encoder_passes_settings() -> None:
+    encoder = make_encoder("br", quality=5, size_hint=200_000)
+    assert isinstance(encoder, BrotliEncoder)
+    assert encoder.quality == 5
+    assert isinstance(make_encoder("gzip", level=1), GzipEncoder)
+
+
+# --------------------------------------------------------------------------- size on the board
+
+
+@pytest.fixture(scope="module")
+def frames() -> list[bytes]:
+    frames = board_frames(40)
+    assert all(135_000 <= len(f) <= 150_000 for f in frames)  # the 142 KB board
+    return frames
+
+
+def sizes_after_first(encoder: Encoder, frames: list[bytes]) -> list[int]:
+    sizes = [len(encoder.encode(f)) for f in frames]
+    encoder.close()
+    return sizes[1:]
+
+
+def test_zstd_one_card_changed_costs_under_2000_bytes(frames: list[bytes]) -> None:
+    assert statistics.median(sizes_after_first(ZstdEncoder(window_log=19), frames)) < 2_000
+
+
+def test_zstd_dense_sends_a_third_of_the_bytes_or_less(frames: list[bytes]) -> None:
+    default = sum(sizes_after_first(ZstdEncoder(), frames))
+    dense = sizes_after_first(ZstdEncoder.dense(), frames)
+    assert sum(dense) * 3 < default
+    assert statistics.median(dense) < 200
+
+
+def test_brotli_one_card_changed_costs_under_200_bytes(frames: list[bytes]) -> None:
+    assert max(sizes_after_first(BrotliEncoder(), frames)) < 200
+
+
+def test_gzip_one_card_changed_costs_under_10_kb(frames: list[bytes]) -> None:
+    assert max(sizes_after_first(GzipEncoder(), frames)) < 10 * 1024
+
+
+def test_zstd_window_stays_within_what_browsers_accept(frames: list[bytes]) -> None:
+    body = ZstdEncoder().encode(frames[0])
+    assert zstandard.get_frame_parameters(body).window_size == 2**19
+    low = ZstdEncoder.low_memory().encode(frames[0])
+    assert zstandard.get_frame_parameters(low).window_size == 2**18
+    ZstdEncoder(window_log=23)
+    with pytest.raises(ValueError):
+        ZstdEncoder(window_log=24)  # browsers refuse a window over 8 MiB
+
+
+# --------------------------------------------------------------------------- hibernation
+
+
+def test_zstd_hibernation_ends_the_frame_frees_memory_and_the_stream_goes_on(
+    frames: list[bytes],
+) -> None:
+    encoder = ZstdEncoder()
+    decoder = ZstdDecoder()
+    assert encoder.can_hibernate
+    assert encoder.hibernate() == b""  # nothing to end before the first event
+    sent = frames[:3] + [b": keep-alive\n\n"] + frames[3:5]
+    body = []
+
+    for event in sent[:3]:
+        body.append(chunk := encoder.encode(event))
+        assert decoder.feed(chunk) == event
+    live = encoder.memory_size()
+    assert 0 < live <= 0.8 * 1024 * 1024
+
+    body.append(tail := encoder.hibernate())
+    assert decoder.feed(tail) == b""
+    assert decoder.frames_ended == 1
+    assert encoder.hibernating and encoder.memory_size() == 0
+    assert encoder.hibernate() == b""  # twice is harmless
+
+    for event in sent[3:]:
+        body.append(chunk := encoder.encode(event))
+        assert decoder.feed(chunk) == event  # a new frame, decoded at once
+    assert not encoder.hibernating and encoder.memory_size() == live
+
+    body.append(tail := encoder.close())
+    assert decoder.feed(tail) == b""
+    assert decoder.frames_ended == 2 and decoder.clean_end
+    assert decode_body("zstd", b"".join(body)) == b"".join(sent)
+
+
+def test_a_hibernated_zstd_stream_closes_cleanly(frames: list[bytes]) -> None:
+    encoder = ZstdEncoder()
+    body = encoder.encode(frames[0]) + encoder.hibernate() + encoder.close()
+    assert decode_body("zstd", body) == frames[0]
+
+
+@pytest.mark.parametrize("kind", ["br", "gzip", "identity"])
+def test_other_encoders_never_hibernate(kind: str) -> None:
+    encoder = ENCODERS[kind]()
+    decoder = DECODERS[encoder.name]()
+    assert not encoder.can_hibernate
+    first = encoder.encode(b"data: one\n\n")
+    assert encoder.hibernate() == b""
+    second = encoder.encode(b"data: two\n\n")
+    assert decoder.feed(first + second + encoder.close()) == b"data: one\n\ndata: two\n\n"
+    assert decoder.clean_end
+
+
+# --------------------------------------------------------------------------- brotli's window
+
+
+@pytest.mark.parametrize(
+    ("first", "lgwin"),
+    [(100, 16), (61_681, 16), (61_682, 17), (100_000, 17), (123_362, 17), (123_363, 18),
+     (150_000, 18), (20_000_000, 24)],
+)
+def test_brotli_window_is_sized_from_the_first_event(first: int, lgwin: int) -> None:
+    # the smallest power of two holding the event plus a sixteenth, in 16..24
+    encoder = BrotliEncoder()
+    assert encoder.lgwin is None and encoder.memory_size() == 0  # nothing allocated yet
+    event = sse_event_of_size(first)
+    out = encoder.encode(event)
+    assert encoder.lgwin == lgwin
+    assert encoder.memory_size() > 0
+    if first < 1_000_000:
+        assert BrotliDecoder().feed(out) == event
+
+
+def test_brotli_asks_for_a_restart_after_a_frame_larger_than_its_window() -> None:
+    encoder = BrotliEncoder()
+    decoder = BrotliDecoder()
+    first, same, larger = (sse_event_of_size(n) for n in (100_000, 123_000, 200_000))
+    assert decoder.feed(encoder.encode(first)) == first
+    assert decoder.feed(encoder.encode(same)) == same
+    assert not encoder.needs_restart
+    assert decoder.feed(encoder.encode(larger)) == larger  # still correct, only larger
+    assert encoder.needs_restart
+    assert encoder.lgwin == 17  # the window cannot grow mid-stream
+    assert decoder.feed(encoder.close()) == b""
+    assert decoder.clean_end
+
+
+def test_brotli_size_hint_avoids_a_restart_when_the_first_event_is_small(
+    frames: list[bytes],
+) -> None:
+    encoder = BrotliEncoder(size_hint=len(frames[0]))
+    encoder.encode(SSE.patch_elements('<p id="counter">0</p>').encode())
+    encoder.encode(frames[0])
+    assert encoder.lgwin == 18
+    assert not encoder.needs_restart
+
+
+def test_brotli_at_the_largest_window_never_asks_for_a_restart() -> None:
+    encoder = BrotliEncoder(quality=1, flush_every=0)
+    encoder.encode(sse_event_of_size(16_000_000))
+    encoder.encode(sse_event_of_size(17_000_000))  # a new stream could not do better
+    assert encoder.lgwin == 24
+    assert not encoder.needs_restart
+
+
+# --------------------------------------------------------------------------- negotiation
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        (None, "identity"),
+        ("", "identity"),
+        ("   ", "identity"),
+        ("gzip, deflate, br, zstd", "zstd"),  # Chromium to localhost
+        ("gzip, deflate, br", "br"),
+        ("gzip, deflate", "gzip"),
+        ("deflate", "identity"),
+        ("x-gzip", "gzip"),
+        (" ZSTD ;Q=0.5 ,Br ; q=0.5", "zstd"),  # case and whitespace
+        ("gzip;q=0.5, br;q=0.5", "br"),  # a tie: our order decides
+        ("br;q=1.0, gzip;q=0.8, zstd;q=0.5", "br"),  # the client's q-values rank first
+        ("zstd;q=0, br", "br"),
+        ("zstd;q=0, br;q=0, gzip;q=0", "identity"),
+        ("gzip;q=0.001", "gzip"),  # named codings rank above an identity nobody named
+        ("identity;q=0", None),
+        ("identity;q=0, gzip", "gzip"),
+        ("identity;q=0.5, gzip;q=0.4", "identity"),
+        ("*", "zstd"),
+        ("*;q=0", None),
+        ("*;q=0, identity", "identity"),
+        ("*;q=0, gzip", "gzip"),
+        ("br;q=0.8, *;q=0.1", "br"),
+        ("gzip;q=abc", "identity"),  # a malformed entry is ignored
+        ("gzip;q=2", "identity"),
+        (",,gzip;level=1,", "gzip"),  # empty entries and other parameters
+    ],
+)
+def test_negotiate(header: str | None, expected: str | None) -> None:
+    assert negotiate(header) == expected
+
+
+def test_negotiate_among_what_the_app_offers() -> None:
+    offered = ("gzip", "identity")
+    assert negotiate("gzip, deflate, br, zstd", offered) == "gzip"
+    assert negotiate("zstd, br", offered) == "identity"
+    assert negotiate("zstd, br, identity;q=0", offered) is None
+    assert negotiate("", ("zstd",)) is None
