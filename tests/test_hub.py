@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import sqlite3
 import weakref
 from pathlib import Path
 
@@ -218,3 +219,14 @@ async def test_ticks_on_a_timer(tmp_path: Path) -> None:
         assert [f.html for f in frames] == ['<p id="board-1">4</p>']
         assert frames[0].event.startswith(b"event: datastar-patch-elements\n")
         lith.hub.close(stream)
+
+
+async def test_async_read_connection_for_handlers_is_read_only(tmp_path: Path) -> None:
+    lith, _ = make_lith(tmp_path)
+    async with lith.lifespan():
+        async for conn in lith.db():
+            assert (await conn.execute(sa.text("SELECT count FROM counter WHERE id = 1"))).scalar() == 0
+            with pytest.raises(sa.exc.OperationalError, match="readonly|query_only|attempt to write"):
+                await conn.execute(sa.text("UPDATE counter SET count = 5"))
+    with sqlite3.connect(tmp_path / "app.db") as conn:
+        assert conn.execute("SELECT count FROM counter WHERE id = 1").fetchone() == (0,)
