@@ -283,3 +283,22 @@ def card_title(server: Server, card: int) -> str:
     page = httpx.get(server.url).text
     start = page.index(f'<article id="card-{card}" class="card"><h3>') + len(f'<article id="card-{card}" class="card"><h3>')
     return page[start : page.index("</h3>", start)]
+
+
+def test_page_reconnects_after_a_deploy_and_after_a_dropped_connection(
+    server_factory: Any, new_page: Any, tmp_path: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    server = server_factory("streamapp:app", cwd=TESTS, env={"STREAM_DB": str(tmp_path / "b.db")})
+    page = new_page()
+    page.goto(server.url)
+    expect(page.locator("#card-4")).to_be_attached()
+    server.restart()  # a deploy: SIGTERM ends the stream cleanly, a new process takes over
+    rename(server, 4, "after deploy")
+    expect(page.locator("#card-4 h3")).to_have_text("after deploy", timeout=10_000)
+    server.proc.kill()  # the connection drops without a clean end
+    server.proc.wait()
+    server.start()
+    rename(server, 4, "after drop")
+    expect(page.locator("#card-4 h3")).to_have_text("after drop", timeout=15_000)
