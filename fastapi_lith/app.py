@@ -126,7 +126,9 @@ class Lith:
             raise ValueError(f"bad tab id {tab!r}")
         views = ",".join(quote(k.format(tab=tab), safe="/{}") for k in keys)
         url = f"{self.prefix}/stream?views={views}&tab={tab}"
-        return f"@get('{url}', {{retry: 'always', retryMaxCount: Infinity}})"
+        # The stream needs no signals: without the filter every reconnect would carry the
+        # page's form drafts in its query string.
+        return f"@get('{url}', {{retry: 'always', retryMaxCount: Infinity, filterSignals: {{include: /^$/}}}})"
 
     def encoder(self, accept_encoding: str | None = Header(None)) -> Encoder:
         """`Depends(lith.encoder)`: the stream's compressor, from `Accept-Encoding`.

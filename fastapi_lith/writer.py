@@ -272,9 +272,17 @@ class Writer:
 
 
 def cross_site_reason(request: Request) -> str | None:
-    """Why a command request is refused as cross-site, or None when it is same-origin."""
+    """Why a command request is refused, or None: it must be same-origin and from Datastar."""
     if request.headers.get("datastar-request") != "true":
         return "command requests must come from Datastar (Datastar-Request: true)"
+    return same_origin_reason(request)
+
+
+def same_origin_reason(request: Request) -> str | None:
+    """Why a request is refused as cross-site, or None when it is same-origin.
+
+    Routes that cannot carry `Datastar-Request` (a `navigator.sendBeacon`) check this alone.
+    """
     site = request.headers.get("sec-fetch-site")
     if site is not None:
         return None if site == "same-origin" else f"cross-site request refused (Sec-Fetch-Site: {site})"

@@ -1,0 +1,118 @@
+"""Tables and statements, built once at import.
+
+The writer and the readers compile each statement once and keep the prepared statement, so
+nothing here is rebuilt per request. Bind parameter names differ from column names on purpose:
+SQLAlchemy reserves a column's own name for the VALUES/SET clause of an insert or update.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+board = sa.table("board", sa.column("id"), sa.column("title"))
+lane = sa.table("lane", sa.column("id"), sa.column("board_id"), sa.column("title"), sa.column("position"))
+card = sa.table(
+    "card",
+    sa.column("id"),
+    sa.column("lane_id"),
+    sa.column("title"),
+    sa.column("description"),
+    sa.column("position"),
+)
+outcome = sa.table(
+    "outcome", sa.column("tab"), sa.column("op"), sa.column("message"), sa.column("ok"), sa.column("at")
+)
+presence = sa.table(
+    "presence", sa.column("board_id"), sa.column("viewer"), sa.column("name"), sa.column("seen_at")
+)
+
+# -- boards ------------------------------------------------------------------------------------
+
+FIRST_BOARD = sa.select(sa.func.min(board.c.id))
+BOARD_TITLE = sa.select(board.c.title).where(board.c.id == sa.bindparam("board_id"))
+INSERT_BOARD = board.insert().values(title=sa.bindparam("new_title"))
+
+# -- lanes -------------------------------------------------------------------------------------
+
+LANES = (
+    sa.select(lane.c.id, lane.c.title)
+    .where(lane.c.board_id == sa.bindparam("board_id"))
+    .order_by(lane.c.position, lane.c.id)
+)
+LANE = sa.select(lane.c.id, lane.c.board_id, lane.c.title).where(lane.c.id == sa.bindparam("lane_id"))
+NEXT_LANE_POSITION = sa.select(sa.func.coalesce(sa.func.max(lane.c.position), -1) + 1).where(
+    lane.c.board_id == sa.bindparam("board_id")
+)
+INSERT_LANE = lane.insert().values(
+    board_id=sa.bindparam("on_board"), title=sa.bindparam("new_title"), position=sa.bindparam("new_position")
+)
+RENAME_LANE = lane.update().where(lane.c.id == sa.bindparam("lane_id")).values(title=sa.bindparam("new_title"))
+DELETE_LANE = lane.delete().where(lane.c.id == sa.bindparam("lane_id"))  # its cards cascade
+
+# -- cards -------------------------------------------------------------------------------------
+
+# Everything a card's HTML depends on, and nothing else (not its stored position, which a move
+# renumbers): the row is the key of the card's cached fragment.
+BOARD_CARDS = (
+    sa.select(card.c.id, card.c.lane_id, card.c.title, card.c.description)
+    .select_from(card.join(lane, lane.c.id == card.c.lane_id))
+    .where(lane.c.board_id == sa.bindparam("board_id"))
+    .order_by(card.c.lane_id, card.c.position, card.c.id)
+)
+CARD = (
+    sa.select(card.c.id, card.c.lane_id, card.c.title, lane.c.board_id)
+    .select_from(card.join(lane, lane.c.id == card.c.lane_id))
+    .where(card.c.id == sa.bindparam("card_id"))
+)
+LANE_CARD_IDS = (
+    sa.select(card.c.id).where(card.c.lane_id == sa.bindparam("lane_id")).order_by(card.c.position, card.c.id)
+)
+NEXT_CARD_POSITION = sa.select(sa.func.coalesce(sa.func.max(card.c.position), -1) + 1).where(
+    card.c.lane_id == sa.bindparam("lane_id")
+)
+INSERT_CARD = card.insert().values(
+    lane_id=sa.bindparam("to_lane"),
+    title=sa.bindparam("new_title"),
+    description=sa.bindparam("new_description"),
+    position=sa.bindparam("new_position"),
+)
+EDIT_CARD = (
+    card.update()
+    .where(card.c.id == sa.bindparam("card_id"))
+    .values(title=sa.bindparam("new_title"), description=sa.bindparam("new_description"))
+)
+PLACE_CARD = (
+    card.update()
+    .where(card.c.id == sa.bindparam("card_id"))
+    .values(lane_id=sa.bindparam("to_lane"), position=sa.bindparam("new_position"))
+)
+DELETE_CARD = card.delete().where(card.c.id == sa.bindparam("card_id"))
+
+# -- per-tab outcomes --------------------------------------------------------------------------
+
+RECORD_OUTCOME = (
+    "INSERT OR REPLACE INTO outcome (tab, op, message, ok, at) VALUES (:tab, :op, :message, :ok, :at)"
+)
+LAST_OUTCOME = sa.select(outcome.c.op, outcome.c.message, outcome.c.ok).where(outcome.c.tab == sa.bindparam("tab"))
+FORGET_OUTCOMES = outcome.delete().where(outcome.c.at < sa.bindparam("before"))
+
+# -- presence ----------------------------------------------------------------------------------
+
+SEEN = (
+    "INSERT INTO presence (board_id, viewer, name, seen_at) VALUES (:board_id, :viewer, :name, :seen_at)"
+    " ON CONFLICT (board_id, viewer) DO UPDATE SET name = excluded.name, seen_at = excluded.seen_at"
+)
+LEAVING = (
+    presence.update()
+    .where(presence.c.board_id == sa.bindparam("on_board"), presence.c.viewer == sa.bindparam("for_viewer"))
+    .values(seen_at=sa.func.min(presence.c.seen_at, sa.bindparam("expire_at")))
+)
+EXPIRE = presence.delete().where(
+    presence.c.board_id == sa.bindparam("board_id"), presence.c.seen_at < sa.bindparam("before")
+)
+EXPIRE_ALL = presence.delete().where(presence.c.seen_at < sa.bindparam("before"))
+VIEWERS = (
+    sa.select(presence.c.viewer, presence.c.name)
+    .where(presence.c.board_id == sa.bindparam("board_id"), presence.c.seen_at >= sa.bindparam("since"))
+    .order_by(presence.c.name, presence.c.viewer)  # stable: a heartbeat alone changes no HTML
+)
