@@ -215,6 +215,7 @@ class Lith:
         self._engine = read_only_engine(self.path)
         if ticks:
             hub.start()
+
         try:
             yield
         finally:

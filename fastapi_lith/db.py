@@ -18,7 +18,7 @@ from typing import Any, Literal, TypeVar
 
 from sqlalchemy.sql import ClauseElement
 
-from .statements import Params, StatementCache
+from .statements import Params, Statement, StatementCache
 
 T = TypeVar("T")
 Synchronous = Literal["OFF", "NORMAL", "FULL", "EXTRA"]
@@ -67,14 +67,15 @@ class Db:
     with `:name` or `?` parameters. Rows are `sqlite3.Row`: index them or use column names.
     """
 
-    __slots__ = ("conn", "_cursor", "_bind")
+    __slots__ = ("conn", "_cursor", "_cache", "_compiled")
 
     def __init__(self, conn: sqlite3.Connection, cache: StatementCache) -> None:
         self.conn = conn
         # One cursor for every statement: a new cursor per statement costs more than the
         # statement itself (about 1.2 µs against 1 µs for a one-row UPDATE).
         self._cursor = conn.cursor()
-        self._bind = cache.bind
+        self._cache = cache
+        self._compiled = cache.compiled
 
     def execute(self, stmt: ClauseElement | str, params: Params | Sequence[Any] = None) -> sqlite3.Cursor:
         """Run one statement; the cursor gives `rowcount`, `lastrowid` and the rows.
@@ -83,7 +84,11 @@ class Db:
         """
         if stmt.__class__ is str:
             return self._cursor.execute(stmt, params or ())  # type: ignore[arg-type]
-        sql, values = self._bind(stmt, params)  # type: ignore[arg-type]
+        entry = self._compiled.get(stmt)  # the common case, one lookup: see StatementCache.bind
+        if entry.__class__ is Statement:
+            sql, values = entry.bind(params)  # type: ignore[union-attr, arg-type]
+        else:
+            sql, values = self._cache.bind(stmt, params)  # type: ignore[arg-type]
         return self._cursor.execute(sql, values)
 
     def executemany(self, stmt: ClauseElement | str, rows: Iterable[Mapping[str, Any]]) -> int:

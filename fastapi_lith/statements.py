@@ -93,11 +93,11 @@ class StatementCache:
     def __init__(self, size: int = 512, *, enabled: bool = True) -> None:
         self.size = size
         self.enabled = enabled
-        self._entries: dict[ClauseElement, Statement | dict[tuple[str, ...], Statement]] = {}
+        self.compiled: dict[ClauseElement, Statement | dict[tuple[str, ...], Statement]] = {}
         self.misses = 0
 
     def bind(self, stmt: ClauseElement, params: Params) -> tuple[str, Sequence[Any]]:
-        entry = self._entries.get(stmt)
+        entry = self.compiled.get(stmt)
         if entry.__class__ is Statement:
             return entry.bind(params)  # type: ignore[union-attr]
         keys = tuple(params) if params else ()
@@ -115,16 +115,16 @@ class StatementCache:
             return compiled
         self.misses += 1
         if variants is None:
-            if len(self._entries) >= self.size:
-                del self._entries[next(iter(self._entries))]
+            if len(self.compiled) >= self.size:
+                del self.compiled[next(iter(self.compiled))]
             # Only INSERT and UPDATE can name columns by their parameters; other statements
             # skip the second compile that proves the parameters did not change the SQL.
             if keys and (not stmt.is_dml or compile_statement(stmt).sql == compiled.sql):
-                self._entries[stmt] = compiled
+                self.compiled[stmt] = compiled
                 return compiled
-            variants = self._entries[stmt] = {}
+            variants = self.compiled[stmt] = {}
         variants[keys] = compiled
         return compiled
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self.compiled)
