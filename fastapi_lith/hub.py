@@ -37,6 +37,7 @@ class Instance:
     watchers: set[Stream] = field(default_factory=set)
     frame: Frame | None = None
     dirty: bool = False
+    rendering: bool = False  # one render at a time, so an older result never lands last
 
     def render(self, db: Db) -> Frame | Exception:
         """Render on a reader thread; the Datastar event is built here, once for all watchers."""
@@ -160,7 +161,9 @@ class Hub:
                 for topic in instance.topics:
                     self._by_topic.setdefault(topic, set()).add(instance)
             instance.watchers.add(stream)
-            if instance.frame is None and instance not in fresh:
+            # Rendering already (another tab opened it a moment ago): its frame reaches this
+            # stream too, as a watcher, when that render lands.
+            if instance.frame is None and not instance.rendering and instance not in fresh:
                 fresh.append(instance)
         for key in stream.keys:
             frame = self.instances[key].frame
@@ -203,7 +206,10 @@ class Hub:
     async def tick(self) -> int:
         """Render each dirty instance that some watcher can take, once; returns how many."""
         started = time.perf_counter()
-        ready = [i for i in self._dirty if any(not s.holds(i.key) for s in i.watchers)]
+        ready = [
+            i for i in self._dirty
+            if not i.rendering and any(not s.holds(i.key) for s in i.watchers)
+        ]
         self.counters.ticks += 1
         if ready:
             for instance in ready:
@@ -215,7 +221,15 @@ class Hub:
 
     async def _render(self, instances: list[Instance]) -> None:
         """Render in one read transaction, so every frame of a tick shows one state."""
-        results = await self.readers.run(lambda db: [i.render(db) for i in instances])
+        for instance in instances:
+            instance.rendering = True
+        try:
+            results = await self.readers.run(lambda db: [i.render(db) for i in instances])
+        finally:
+            for instance in instances:
+                instance.rendering = False
+                if instance.dirty:  # a commit landed meanwhile: the next tick renders it
+                    self._wake.set()
         counters = self.counters
         for instance, result in zip(instances, results):
             counters.renders += 1

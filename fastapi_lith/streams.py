@@ -67,13 +67,14 @@ class Stream:
 
     async def next(self, timeout: float | None = None) -> list[Frame]:
         """Wait for at least one frame, then take them all; [] on timeout or once ended."""
-        try:
-            async with asyncio.timeout(timeout):
-                while not self._pending and not self.ended:
-                    self._ready.clear()
-                    await self._ready.wait()
-        except TimeoutError:
-            return []
+        if not self._pending and not self.ended:  # only a wait needs the timeout's machinery
+            try:
+                async with asyncio.timeout(timeout):
+                    while not self._pending and not self.ended:
+                        self._ready.clear()
+                        await self._ready.wait()
+            except TimeoutError:
+                return []
         return self.take()
 
     def end(self) -> None:

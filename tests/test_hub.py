@@ -6,6 +6,7 @@ import asyncio
 import gc
 import logging
 import sqlite3
+import time
 import weakref
 from pathlib import Path
 
@@ -230,3 +231,26 @@ async def test_async_read_connection_for_handlers_is_read_only(tmp_path: Path) -
                 await conn.execute(sa.text("UPDATE counter SET count = 5"))
     with sqlite3.connect(tmp_path / "app.db") as conn:
         assert conn.execute("SELECT count FROM counter WHERE id = 1").fetchone() == (0,)
+
+
+async def test_a_slow_first_render_never_lands_after_a_newer_one(tmp_path: Path) -> None:
+    lith, _ = make_lith(tmp_path)
+    first = {"slow": True}
+
+    @lith.view("slow/{board_id}", topics={"board:{board_id}"})
+    def slow(db: Db, board_id: int) -> h.Element:
+        count = db.scalar(COUNT, {"cid": board_id})
+        if first.pop("slow", False):
+            time.sleep(0.3)  # the first render reads 0, then takes its time
+        return h.p(id="slow")[count]
+
+    async with Tabs(lith) as tabs:
+        opening = asyncio.ensure_future(tabs.open("slow/1"))
+        await asyncio.sleep(0.05)
+        await tabs.do(Add())  # lands while the first render is still running
+        await tabs.tick()  # must not render the instance a second time at once
+        tab = await opening
+        while await tabs.tick():
+            pass
+        assert tab.html("slow/1") == '<p id="slow">1</p>'
+        assert lith.hub.instances["slow/1"].frame.html == '<p id="slow">1</p>'
