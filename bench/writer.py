@@ -230,10 +230,7 @@ async def _ours(path: Path, sync: str, producers: int, cache: bool, warmup: floa
     batch_seconds = list(writer.commit_seconds)[-(b1 - b0):] if b1 > b0 else []
     phase.running = False
     await asyncio.gather(*tasks)
-    await writer.close()
-    pool = getattr(writer, "_thread", None)
-    if pool is not None:  # the bench makes many writers: free each one's thread
-        pool.shutdown(wait=True)
+    await writer.close()  # also ends the writer's thread: the bench makes many writers
     if not loop_only:
         check_total(path, c1)
     n, elapsed = c1 - c0, t1 - t0
@@ -258,7 +255,7 @@ async def _ours(path: Path, sync: str, producers: int, cache: bool, warmup: floa
 
 
 def writer_thread_clock(writer: Writer) -> int | None:
-    """The CPU clock of the writer's thread (a `lith-writer` thread of its executor)."""
+    """The CPU clock of the writer's thread (its one `lith-writer` thread)."""
     pool = getattr(writer, "_thread", None)
     threads = list(getattr(pool, "_threads", ()) or ())
     if not threads:

@@ -15,7 +15,6 @@ import sqlite3
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +95,7 @@ class Writer:
         self._wake = asyncio.Event()
         self._subscribers: list[Subscriber] = []
         self._conn: sqlite3.Connection | None = None
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lith-writer")
+        self._thread: db.Workers | None = None
         self._task: asyncio.Task[None] | None = None
         self._closing = True
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -111,7 +110,12 @@ class Writer:
     async def start(self) -> None:
         """Open the write connection on the writer thread, migrate, start taking commands."""
         self._loop = asyncio.get_running_loop()
-        await self._loop.run_in_executor(self._thread, self._open)
+        self._thread = db.Workers(1, "lith-writer")
+        try:
+            await self._thread.run(self._open)
+        except BaseException:
+            self._thread.close()
+            raise
         self._wake = asyncio.Event()
         self._closing = False
         self._task = asyncio.create_task(self._run(), name="lith-writer")
@@ -143,7 +147,9 @@ class Writer:
         self._wake.set()
         await self._task
         self._task = None
-        await asyncio.get_running_loop().run_in_executor(self._thread, self._close_conn)
+        assert self._thread is not None
+        await self._thread.run(self._close_conn)
+        self._thread.close()
 
     def _close_conn(self) -> None:
         if self._conn is not None:
@@ -190,8 +196,8 @@ class Writer:
     # -- the writer task and thread ----------------------------------------------------------
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        queue, size = self._queue, self.batch_size
+        queue, size, thread = self._queue, self.batch_size, self._thread
+        assert thread is not None
         while True:
             if not queue:
                 if self._closing:
@@ -210,7 +216,7 @@ class Writer:
                 continue
             started = time.perf_counter()
             try:
-                results, errors, topics = await loop.run_in_executor(self._thread, self._apply, batch)
+                results, errors, topics = await thread.run(self._apply, batch)
             except BaseException as exc:  # the COMMIT itself failed: nothing in the batch landed
                 log.exception("batch of %d commands failed to commit", len(batch))
                 for fut in futures:
