@@ -197,7 +197,10 @@ def template_files() -> list[tuple[str, Traversable]]:
             elif child.name.endswith(".tmpl"):
                 out.append((rel, child))
 
-    walk(resources.files("fastapi_lith") / "template", "")
+    root = resources.files("fastapi_lith") / "template"
+    if not root.is_dir():
+        raise ProjectError("the project template is missing from this installation of fastapi-lith")
+    walk(root, "")
     return out
 
 

@@ -23,6 +23,7 @@ from sse_starlette import EventSourceResponse
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
 
 from . import db, encoders
+from .backup import Backups
 from .hub import Hub
 from .streams import TAB_ID, Encoder, Frame, Stream, body
 from .views import Render, ViewError, Views
@@ -68,6 +69,9 @@ class Lith:
         brotli_quality: int = 4,
         gzip_level: int = 6,
         datastar_url: str = DATASTAR_CDN,
+        backup_folder: str | Path | None = None,
+        backup_every: float = 3600.0,
+        backup_keep: int = 24,
     ) -> None:
         self.path = Path(path)
         self.error_id = error_id
@@ -95,6 +99,12 @@ class Lith:
         }
         self.prefix = prefix
         self.datastar_url = datastar_url
+        # A consistent copy of the database every `backup_every` s, the newest `backup_keep` kept.
+        self.backups = (
+            Backups(self.path, backup_folder, every=backup_every, keep=backup_keep)
+            if backup_folder is not None
+            else None
+        )
         self.router = APIRouter(prefix=prefix, include_in_schema=False)
         self.router.add_api_route("/stream", self._stream_endpoint(), methods=["GET"])
         self._hub: Hub | None = None
@@ -215,10 +225,13 @@ class Lith:
         self._engine = read_only_engine(self.path)
         if ticks:
             hub.start()
-
+        if self.backups is not None:
+            await self.backups.start()  # after the writer: the database exists and is migrated
         try:
             yield
         finally:
+            if self.backups is not None:
+                await self.backups.stop()  # a copy in progress finishes first
             await hub.stop()
             await self.writer.close()
             unsubscribe()

@@ -31,6 +31,7 @@ import os
 import re
 import sqlite3
 import struct
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -95,10 +96,12 @@ class BackupInfo:
     seconds: float  # the whole copy: snapshot, check, fsync, checksum
     snapshot_seconds: float  # how long the read transaction on the live database lasted
     method: Method
+    checked: bool = True  # quick_check passed (False: not run)
 
     def summary(self) -> str:
+        check = "quick_check ok" if self.checked else "not checked"
         return (
-            f"{self.path}: {_mb(self.size)}, version {self.version}, quick_check ok, "
+            f"{self.path}: {_mb(self.size)}, version {self.version}, {check}, "
             f"{self.method} in {self.seconds:.2f} s (snapshot held {self.snapshot_seconds:.2f} s)"
         )
 
@@ -159,6 +162,7 @@ def backup(
         seconds=time.perf_counter() - started,
         snapshot_seconds=snapshot,
         method=method,
+        checked=check,
     )
 
 
@@ -374,7 +378,7 @@ def restore(backup_path: str | Path, db_path: str | Path, *, keep_replaced: bool
         _fsync(tmp)
         replaced = None
         if target.exists() and keep_replaced:
-            replaced = target.with_name(f"{target.name}.replaced-{stamp()}")
+            replaced = _unique(target.with_name(f"{target.name}.replaced-{stamp()}"))
             try:
                 os.link(target, replaced)
             except OSError:
@@ -434,10 +438,14 @@ def _lock_holder(path: Path, start: int, length: int) -> tuple[bool, int | None]
     except FileNotFoundError:
         return False, None
     try:
-        cmd = getattr(fcntl, "F_OFD_GETLK", fcntl.F_GETLK)
-        fmt = "hhqqi"  # struct flock on Linux: l_type, l_whence, l_start, l_len, l_pid
-        query = struct.pack(fmt, fcntl.F_WRLCK, os.SEEK_SET, start, length, 0)
-        kind, _, _, _, pid = struct.unpack(fmt, fcntl.fcntl(fd, cmd, query))
+        if sys.platform == "darwin":  # struct flock: l_start, l_len, l_pid, l_type, l_whence
+            query = struct.pack("qqihh", start, length, 0, fcntl.F_WRLCK, os.SEEK_SET)
+            _, _, pid, kind, _ = struct.unpack("qqihh", fcntl.fcntl(fd, fcntl.F_GETLK, query))
+        else:  # Linux: l_type, l_whence, l_start, l_len, l_pid
+            # An OFD query also sees the locks of this process's own connections.
+            cmd = getattr(fcntl, "F_OFD_GETLK", fcntl.F_GETLK)
+            query = struct.pack("hhqqi", fcntl.F_WRLCK, os.SEEK_SET, start, length, 0)
+            kind, _, _, _, pid = struct.unpack("hhqqi", fcntl.fcntl(fd, cmd, query))
     finally:
         os.close(fd)
     if kind == fcntl.F_UNLCK:
@@ -543,6 +551,7 @@ class Backups:
         self._task: asyncio.Task[None] | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._inflight: Future[BackupInfo] | None = None
+        self._started_at: float | None = None  # when this process last started a copy
 
     def copies(self) -> list[Path]:
         """The timed copies in the folder, oldest first."""
@@ -552,17 +561,20 @@ class Backups:
         return [p for _, p in sorted(named)]
 
     def next_due(self, now: float | None = None) -> float:
-        """The time (`time.time()`) the next copy is due."""
+        """The time (`time.time()`) the next copy is due: `every` after the newest copy."""
         now = time.time() if now is None else now
         copies = self.copies()
         if not copies:
             return now
         newest = self._pattern.match(copies[-1].name).group(1)  # type: ignore[union-attr]
         taken = datetime.strptime(newest, STAMP_FORMAT).replace(tzinfo=timezone.utc).timestamp()
+        if self._started_at is not None:  # names keep whole seconds; this process knows better
+            taken = max(taken, self._started_at)
         return min(taken + self.every, now + self.every)
 
     def take_now(self) -> BackupInfo:
         """Take one copy and prune, blocking (the timer runs this on its thread)."""
+        self._started_at = time.time()
         self.folder.mkdir(parents=True, exist_ok=True)
         info = backup(self.path, self.folder / copy_name(self.path), method=self.method)
         self.last = info
@@ -648,14 +660,39 @@ class Backups:
 
 @contextmanager
 def _open_ro(path: Path) -> Iterator[sqlite3.Connection]:
-    """A read-only connection (`?mode=ro`): it can neither write nor create the file."""
-    uri = "file:" + quote(str(Path(path).resolve())) + "?mode=ro"
+    """A read-only connection (`?mode=ro`): it can neither write nor create the file.
+
+    A WAL-mode file with no `-wal` beside it (a plain copy of a stopped app's database) opens
+    `immutable`, or SQLite would create `-wal` and `-shm` files beside it to read it.
+    """
+    path = Path(path).resolve()
+    uri = "file:" + quote(str(path)) + "?mode=ro"
+    if not Path(f"{path}-wal").exists() and _is_wal_file(path):
+        uri += "&immutable=1"
     conn = sqlite3.connect(uri, uri=True, isolation_level=None)
     try:
         conn.execute(f"PRAGMA busy_timeout = {db.BUSY_TIMEOUT_MS}")
         yield conn
     finally:
         conn.close()
+
+
+def _is_wal_file(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            header = f.read(20)
+    except OSError:
+        return False
+    return header.startswith(b"SQLite format 3\0") and header[18:20] == b"\x02\x02"
+
+
+def _unique(path: Path) -> Path:
+    """`path`, or `path-2`, `path-3`...: the first name that is free."""
+    n, candidate = 1, path
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}-{n}")
+    return candidate
 
 
 def _temp_beside(target: Path, what: str) -> Path:

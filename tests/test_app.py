@@ -87,3 +87,20 @@ def test_page_first_paint_comes_from_the_views(counter: tuple[Any, Path]) -> Non
     page = httpx.get(f"{server.url}/").text
     assert f'<p id="counter" class="count">{count(db)}</p>' in page
     assert "/lith/stream?views=counter,outcome/" in page
+
+
+async def test_lith_keeps_the_newest_timed_backups(tmp_path: Path) -> None:
+    import asyncio
+
+    from fastapi_lith import Lith
+    from fastapi_lith.backup import verify
+
+    (tmp_path / "migrations").mkdir()
+    (tmp_path / "migrations" / "0001_init.sql").write_text("CREATE TABLE t (id INTEGER PRIMARY KEY);")
+    lith = Lith(tmp_path / "app.db", migrations=tmp_path / "migrations",
+                backup_folder=tmp_path / "backups", backup_every=1, backup_keep=2)
+    async with lith.lifespan():
+        await asyncio.sleep(3.5)  # copies at start-up, then every second
+    copies = sorted((tmp_path / "backups").glob("*.db"))
+    assert len(copies) == 2
+    assert all(verify(c).ok for c in copies)

@@ -1,0 +1,180 @@
+#!/usr/bin/env bash
+# Deploy a release of a fastapi-lith app, and roll back when it is not healthy.
+#
+#   deploy/deploy.sh [options] SOURCE
+#
+# 1. installs SOURCE (a wheel, an sdist, a project folder) into a new folder under
+#    releases/, with a venv of its own;
+# 2. takes a copy of the database first, when DB is set;
+# 3. points `current` at the new release and restarts the service;
+# 4. asks HEALTH_URL until it answers 200, for at most HEALTH_TIMEOUT seconds;
+# 5. if it never does: points `current` back at the previous release, restarts again,
+#    checks that one, and exits 1. A failed install changes nothing and exits 1.
+#
+# Layout (ROOT is /srv/lith/NAME unless set):
+#   ROOT/releases/20261129T214501Z/   one release: its files and its .venv
+#   ROOT/current -> releases/...      what the service runs (see lith@.service)
+#   ROOT/env                          the service's environment (APP, PORT, APP_DB, ...)
+#   ROOT/data/                        the database and its copies: never touched by this script
+#
+# Options (each also read from the environment variable named after it):
+#   --name NAME         NAME            the app: the instance in lith@NAME (required unless
+#                                       RESTART_CMD and ROOT are both set)
+#   --root DIR          ROOT            /srv/lith/NAME
+#   --releases DIR      RELEASES_DIR    ROOT/releases
+#   --health-url URL    HEALTH_URL      http://127.0.0.1:PORT/health (PORT from ROOT/env, else 8000)
+#   --timeout SECONDS   HEALTH_TIMEOUT  30
+#   --keep N            KEEP_RELEASES   5 (older releases are deleted; current and previous stay)
+#   --db PATH           DB              the database to copy before switching (optional)
+# and, from the environment only (run with `bash -c`, with RELEASE, SOURCE, ROOT, NAME exported):
+#   INSTALL_CMD   python3 -m venv "$RELEASE/.venv" && "$RELEASE/.venv/bin/pip" install --quiet "$SOURCE"
+#   RESTART_CMD   systemctl restart "lith@$NAME"
+#   LITH_PYTHON   the Python with fastapi_lith for the copy: ROOT/current/.venv/bin/python
+#   BACKUP_DIR    where the copy goes: DB's folder/backups
+#
+# Exit status: 0 deployed; 1 not deployed, the previous release serves (or nothing changed);
+# 2 not deployed and no healthy release to go back to (the previous one fails its check too,
+# or this was the first); 64 bad usage.
+#
+# A release whose migrations ran cannot simply be rolled back: the previous release refuses
+# a database newer than its own migrations, so its health check fails too (exit 2). Then
+# either fix forward, or stop the service and restore the copy taken in step 2
+# (python -m fastapi_lith restore COPY DB), losing what was written since.
+set -euo pipefail
+
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 64; }
+die() { echo "deploy: $1" >&2; exit "${2:-1}"; }
+say() { echo "deploy: $*"; }
+
+SOURCE=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --name) NAME="$2"; shift 2 ;;
+        --root) ROOT="$2"; shift 2 ;;
+        --releases) RELEASES_DIR="$2"; shift 2 ;;
+        --health-url) HEALTH_URL="$2"; shift 2 ;;
+        --timeout) HEALTH_TIMEOUT="$2"; shift 2 ;;
+        --keep) KEEP_RELEASES="$2"; shift 2 ;;
+        --db) DB="$2"; shift 2 ;;
+        -h|--help) usage ;;
+        -*) echo "deploy: unknown option $1" >&2; usage ;;
+        *) [ -z "$SOURCE" ] || usage; SOURCE="$1"; shift ;;
+    esac
+done
+[ -n "$SOURCE" ] || usage
+
+NAME="${NAME:-}"
+if [ -z "$NAME" ] && { [ -z "${ROOT:-}" ] || [ -z "${RESTART_CMD:-}" ]; }; then
+    die "--name is required (or set both ROOT and RESTART_CMD)" 64
+fi
+ROOT="${ROOT:-/srv/lith/$NAME}"
+RELEASES_DIR="${RELEASES_DIR:-$ROOT/releases}"
+CURRENT="$ROOT/current"
+if [ -z "${HEALTH_URL:-}" ]; then
+    PORT="$( (grep -E '^PORT=' "$ROOT/env" 2>/dev/null || true) | tail -n 1 | cut -d= -f2- | tr -d "\"' ")"
+    HEALTH_URL="http://127.0.0.1:${PORT:-8000}/health"
+fi
+HEALTH_TIMEOUT="${HEALTH_TIMEOUT:-30}"
+KEEP_RELEASES="${KEEP_RELEASES:-5}"
+INSTALL_CMD="${INSTALL_CMD:-python3 -m venv \"\$RELEASE/.venv\" && \"\$RELEASE/.venv/bin/pip\" install --quiet \"\$SOURCE\"}"
+RESTART_CMD="${RESTART_CMD:-systemctl restart \"lith@\$NAME\"}"
+DB="${DB:-}"
+case "$SOURCE" in /*) ;; *) [ -e "$SOURCE" ] && SOURCE="$(cd "$(dirname "$SOURCE")" && pwd)/$(basename "$SOURCE")" ;; esac
+export NAME ROOT SOURCE
+
+healthy() {  # healthy URL SECONDS: true once URL answers 200 within SECONDS
+    local url="$1" deadline=$((SECONDS + $2))
+    while [ "$SECONDS" -lt "$deadline" ]; do
+        if command -v curl >/dev/null 2>&1; then
+            code="$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "$url" || true)"
+        else
+            code="$(python3 -c 'import sys, urllib.request
+try: print(urllib.request.urlopen(sys.argv[1], timeout=2).status)
+except Exception as e: print(getattr(e, "code", 0))' "$url")"
+        fi
+        [ "$code" = "200" ] && return 0
+        sleep 0.25
+    done
+    return 1
+}
+
+restart() {
+    say "restarting: $RESTART_CMD"
+    bash -c "$RESTART_CMD"
+}
+
+# -- 1. install the new release into a folder of its own
+mkdir -p "$RELEASES_DIR"
+RELEASES_DIR="$(cd "$RELEASES_DIR" && pwd)"
+id="$(date -u +%Y%m%dT%H%M%SZ)"
+n=1
+while [ -e "$RELEASES_DIR/$id" ] || [ -e "$RELEASES_DIR/$id.failed" ]; do
+    n=$((n + 1)); id="$(date -u +%Y%m%dT%H%M%SZ)-$n"
+done
+RELEASE="$RELEASES_DIR/$id"
+export RELEASE
+mkdir "$RELEASE"
+say "installing $SOURCE into $RELEASE"
+if ! bash -c "$INSTALL_CMD"; then
+    rm -rf "$RELEASE"
+    die "install failed; nothing changed"
+fi
+
+previous=""
+if [ -L "$CURRENT" ]; then
+    previous="$(readlink -f "$CURRENT" || true)"
+fi
+
+# -- 2. a copy of the database from before this release touched it
+if [ -n "$DB" ] && [ -f "$DB" ]; then
+    backup_dir="${BACKUP_DIR:-$(dirname "$DB")/backups}"
+    lith_python="${LITH_PYTHON:-}"
+    if [ -z "$lith_python" ]; then
+        lith_python="$CURRENT/.venv/bin/python"
+        [ -x "$lith_python" ] || lith_python="$RELEASE/.venv/bin/python"
+    fi
+    copy="$backup_dir/$(basename "$DB" .db)-before-$id.db"
+    say "copying $DB to $copy"
+    mkdir -p "$backup_dir"
+    "$lith_python" -m fastapi_lith backup "$DB" "$copy" || die "could not copy the database; nothing changed"
+fi
+
+switch_to() {  # atomically point `current` at a release
+    ln -sfn "$1" "$CURRENT.new"
+    mv -T "$CURRENT.new" "$CURRENT"
+}
+
+# -- 3. switch and restart
+switch_to "$RELEASE"
+say "current -> $RELEASE"
+restart || true
+
+# -- 4. health
+if healthy "$HEALTH_URL" "$HEALTH_TIMEOUT"; then
+    say "healthy: $HEALTH_URL answers 200; deployed $id"
+    # keep the newest KEEP_RELEASES releases, and always current and previous
+    ls -1 "$RELEASES_DIR" | sort | head -n "-$KEEP_RELEASES" | while read -r old; do
+        path="$RELEASES_DIR/$old"
+        [ "$path" = "$RELEASE" ] || [ "$path" = "$previous" ] || rm -rf "$path"
+    done
+    if [ -n "$DB" ] && [ -d "${backup_dir:-/nonexistent}" ]; then
+        { ls -1 "$backup_dir" | grep -E -- "-before-.*\.db$" || true; } | sort | head -n "-$KEEP_RELEASES" | while read -r old; do
+            rm -f "$backup_dir/$old" "$backup_dir/$old.sha256"
+        done
+    fi
+    exit 0
+fi
+
+# -- 5. roll back
+say "UNHEALTHY: $HEALTH_URL gave no 200 within $HEALTH_TIMEOUT s"
+if [ -z "$previous" ] || [ ! -d "$previous" ]; then
+    die "no previous release to roll back to: $id stays current, unhealthy; fix it and deploy again" 2
+fi
+switch_to "$previous"
+mv "$RELEASE" "$RELEASE.failed"
+say "rolled back: current -> $previous (the failed release is kept as $RELEASE.failed)"
+restart || true
+if healthy "$HEALTH_URL" "$HEALTH_TIMEOUT"; then
+    die "deploy of $id failed; the previous release serves again" 1
+fi
+die "deploy of $id failed and the previous release is not healthy either (did the new release migrate the database? see the top of this script)" 2
