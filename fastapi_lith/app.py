@@ -140,11 +140,12 @@ class Lith:
         # page's form drafts in its query string.
         return f"@get('{url}', {{retry: 'always', retryMaxCount: Infinity, filterSignals: {{include: /^$/}}}})"
 
-    def encoder(self, accept_encoding: str | None = Header(None)) -> Encoder:
+    async def encoder(self, accept_encoding: str | None = Header(None)) -> Encoder:
         """`Depends(lith.encoder)`: the stream's compressor, from `Accept-Encoding`.
 
         zstd, else brotli, else gzip, else identity, honouring q-values. Override it to force
         or forbid one: `app.dependency_overrides[lith.encoder] = lambda: GzipEncoder()`.
+        Async, so FastAPI calls it on the loop instead of a thread pool.
         """
         name = encoders.negotiate(accept_encoding)
         if name is None:

@@ -38,6 +38,7 @@ class Instance:
     frame: Frame | None = None
     dirty: bool = False
     rendering: bool = False  # one render at a time, so an older result never lands last
+    rendered: asyncio.Event = field(default_factory=asyncio.Event)  # a first render was tried
 
     def render(self, db: Db) -> Frame | Exception:
         """Render on a reader thread; the Datastar event is built here, once for all watchers."""
@@ -165,13 +166,20 @@ class Hub:
             # stream too, as a watcher, when that render lands.
             if instance.frame is None and not instance.rendering and instance not in fresh:
                 fresh.append(instance)
+        waiting: list[Instance] = []
         for key in stream.keys:
-            frame = self.instances[key].frame
-            if frame is not None:
+            instance = self.instances[key]
+            if instance.frame is not None:
                 self.counters.frames += 1
-                stream.offer(frame)
+                stream.offer(instance.frame)
+            elif instance not in fresh:
+                waiting.append(instance)
         if fresh:
             await self._render(fresh)
+        # Return only once every view has its first frame: the stream's first write then holds
+        # them all, and a brotli window sized from it fits the largest.
+        for instance in waiting:
+            await instance.rendered.wait()
 
     def close(self, stream: Stream) -> None:
         """Stop watching; instances nobody watches any more are dropped with their frames."""
@@ -228,6 +236,7 @@ class Hub:
         finally:
             for instance in instances:
                 instance.rendering = False
+                instance.rendered.set()
                 if instance.dirty:  # a commit landed meanwhile: the next tick renders it
                     self._wake.set()
         counters = self.counters

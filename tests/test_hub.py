@@ -254,3 +254,34 @@ async def test_a_slow_first_render_never_lands_after_a_newer_one(tmp_path: Path)
             pass
         assert tab.html("slow/1") == '<p id="slow">1</p>'
         assert lith.hub.instances["slow/1"].frame.html == '<p id="slow">1</p>'
+
+
+async def test_open_returns_with_every_first_frame_even_when_another_tab_renders_it(tmp_path: Path) -> None:
+    lith, _ = make_lith(tmp_path)
+
+    @lith.view("big/{board_id}", topics={"board:{board_id}"})
+    def big(db: Db, board_id: int) -> h.Element:
+        time.sleep(0.2)
+        return h.div(id="big")["x" * 100_000]
+
+    async with Tabs(lith) as tabs:
+        first = asyncio.ensure_future(tabs.open("big/1"))
+        await asyncio.sleep(0.05)  # the first tab's render of big/1 is under way
+        second = await tabs.open("outcome/{tab}", "big/1")
+        # Both frames were there when open returned, so the stream's first write holds both.
+        assert [f.key for f in second.received] == [f"outcome/{second.id}", "big/1"]
+        await first
+
+
+async def test_executemany_with_a_core_statement(tmp_path: Path) -> None:
+    lith, _ = make_lith(tmp_path)
+
+    class Fill(Command):
+        def apply(self, tx: Tx) -> int:
+            insert = sa.table("outcome", sa.column("tab"), sa.column("message")).insert()
+            return tx.executemany(insert, [{"tab": f"t{i}", "message": str(i)} for i in range(50)])
+
+    async with Tabs(lith) as tabs:
+        assert await tabs.do(Fill()) == 50
+    with sqlite3.connect(tmp_path / "app.db") as conn:
+        assert conn.execute("SELECT count(*) FROM outcome").fetchone() == (50,)
