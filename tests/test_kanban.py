@@ -248,3 +248,24 @@ def test_seeded_board_is_about_142_kb(tmp_path: Path) -> None:
     info = card_item.cache_info()
     assert (info.misses, info.hits) == (201, 199)  # one changed card, rendered once more
     conn.close()
+
+
+def test_moving_a_card_keeps_every_other_card_cached(tmp_path: Path) -> None:
+    from examples.kanban.seed import seed
+    from examples.kanban.views import board_view, card_item
+    from fastapi_lith import Db
+    from fastapi_lith.db import connect
+    from fastapi_lith.statements import StatementCache
+
+    board_id = seed(tmp_path / "bench.db", cards=200)
+    conn = connect(tmp_path / "bench.db")
+    db = Db(conn, StatementCache())
+    card_item.cache_clear()
+    str(board_view(db, board_id))
+    top = conn.execute("SELECT id, lane_id FROM card ORDER BY lane_id, position LIMIT 1").fetchone()
+    other_lane = conn.execute("SELECT id FROM lane WHERE id != ? LIMIT 1", (top[1],)).fetchone()[0]
+    conn.execute("UPDATE card SET lane_id = ?, position = -1 WHERE id = ?", (other_lane, top[0]))
+    str(board_view(db, board_id))
+    info = card_item.cache_info()
+    assert (info.misses, info.hits) == (201, 199)  # only the moved card rendered again
+    conn.close()

@@ -9,11 +9,14 @@ const kanban = {
     if (!button) return null;
     const card = button.closest(".card");
     const lane = button.closest(".lane");
-    const [toLane, position] = (button.value || ",").split(",").map(Number);
+    const [toLane, where] = (button.value || ",").split(",");
+    // The card's place is read from the page, so its cached HTML need not carry it.
+    const index = card ? [...card.parentElement.children].indexOf(card) : 0;
+    const position = where === "up" ? Math.max(0, index - 1) : where === "down" ? index + 1 : index;
     return {
       name: button.name,
       card: card ? Number(card.id.slice(5)) : 0,
-      lane: toLane || Number(lane.id.slice(5)),
+      lane: Number(toLane) || Number(lane.id.slice(5)),
       position,
       title: (card || lane).querySelector(card ? ".card-title" : ".lane-title").textContent,
       description: card?.querySelector(".card-desc")?.textContent ?? "",

@@ -90,14 +90,13 @@ def cards_by_lane(rows: list[sqlite3.Row]) -> defaultdict[int, list[sqlite3.Row]
 def lane_column(lane: sqlite3.Row, cards: list[sqlite3.Row], left: int | None, right: int | None) -> h.Element:
     """One lane: its header, and the list of its cards that also takes dropped ones."""
     lane_id = lane["id"]
-    last = len(cards) - 1
     return h.section(f"#lane-{lane_id}.lane", aria_labelledby=f"lane-{lane_id}-title")[
         h.header(".lane-head")[
             h.h2(".lane-title", id=f"lane-{lane_id}-title")[lane["title"]],
             h.span(".count", title=f"{len(cards)} cards")[str(len(cards))],
             h.button(".icon.ghost", name="rename", aria_label=f"Edit lane {lane['title']}")["✎"],
         ],
-        h.ol(".cards")[(card_item(card, i, i == last, left, right) for i, card in enumerate(cards))],
+        h.ol(".cards")[(card_item(card, left, right) for card in cards)],
     ]
 
 
@@ -105,8 +104,10 @@ def lane_column(lane: sqlite3.Row, cards: list[sqlite3.Row], left: int | None, r
 
 
 @fragment()
-def card_item(row: sqlite3.Row, index: int, last: bool, left: int | None, right: int | None) -> h.Element:
-    """One card, cached by its row and its place: an unchanged card is never rendered twice."""
+def card_item(row: sqlite3.Row, left: int | None, right: int | None) -> h.Element:
+    """One card, cached by its row and its neighbour lanes: an unchanged card is never rendered
+    twice, wherever it moves. Its place in the lane is read from the page when a button is
+    pressed, so cards below a moved one keep their cached HTML."""
     card_id, lane_id = row["id"], row["lane_id"]
     return h.li(
         f"#card-{card_id}.card",
@@ -116,21 +117,25 @@ def card_item(row: sqlite3.Row, index: int, last: bool, left: int | None, right:
         h.h3(".card-title")[row["title"]],
         row["description"] and h.p(".card-desc")[row["description"]],
         h.div(".card-actions")[
-            move_button("left", "←", left, index),
-            move_button("up", "↑", lane_id if index > 0 else None, index - 1),
-            move_button("down", "↓", None if last else lane_id, index + 1),
-            move_button("right", "→", right, index),
+            move_button("left", "←", left, "same"),
+            move_button("up", "↑", lane_id, "up"),
+            move_button("down", "↓", lane_id, "down"),
+            move_button("right", "→", right, "same"),
             h.button(".icon.edit", name="edit", aria_label="Edit")["✎"],
             h.button(".icon.remove", name="delete", aria_label="Delete")["✕"],
         ],
     ]
 
 
-def move_button(direction: str, symbol: str, lane_id: int | None, position: int) -> h.Element:
-    """A keyboard path for a move: to `position` in `lane_id`, disabled where there is no room."""
+def move_button(direction: str, symbol: str, lane_id: int | None, where: str) -> h.Element:
+    """A keyboard path for a move: to lane `lane_id`, one place up or down or the same place.
+
+    Up on the first card and down on the last are dimmed by CSS and do nothing on the server."""
     if lane_id is None:
         return h.button(".icon", aria_label=f"Move {direction}", disabled=True)[symbol]
-    return h.button(".icon", name="move", value=f"{lane_id},{position}", aria_label=f"Move {direction}")[symbol]
+    return h.button(
+        ".icon", name="move", value=f"{lane_id},{where}", data_dir=direction, aria_label=f"Move {direction}"
+    )[symbol]
 
 
 # -- the lane picker of the new-card form ------------------------------------------------------
