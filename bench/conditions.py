@@ -213,8 +213,7 @@ def conditions(
         "cores": f"{os.cpu_count()} logical, {usable} usable",
         "memory": memory(),
         "os": f"{platform.system()} {platform.release()}",
-        "python": f"{platform.python_implementation()} {platform.python_version()} "
-        f"({sys.executable})",
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
         "sqlite": f"{sqlite3.sqlite_version} (module sqlite3, threadsafety {sqlite3.threadsafety})",
         "load average": load_average(),
         "event loop": loop,
@@ -225,7 +224,7 @@ def conditions(
     if sources:
         found["sources"] = f"{', '.join(sources)} sha256 {source_digest(*sources)}"
     if tmpdir is not None:
-        found["temp dir"] = f"{tmpdir} on {filesystem(tmpdir)}"
+        found["temp dir"] = f"on {filesystem(tmpdir)}"  # where, not which path: results name none
     found.update(extra)
     return {k: v for k, v in found.items() if v is not None}
 
@@ -253,3 +252,12 @@ def print_conditions(**kwargs: Any) -> dict[str, Any]:
 
 if __name__ == "__main__":
     print_conditions(loop="asyncio")
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The nearest-rank percentile `q` (0–100) of `values`; nan when empty."""
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    k = min(len(values) - 1, max(0, round(q / 100 * (len(values) - 1))))
+    return values[k]

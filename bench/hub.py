@@ -83,33 +83,7 @@ from fastapi_lith import Command, Db, Lith, Stream, Tx, fragment  # noqa: E402
 from fastapi_lith.statements import StatementCache  # noqa: E402
 from fastapi_lith.views import root_id  # noqa: E402
 
-try:
-    from conditions import load_average, one_line, print_conditions  # noqa: E402
-except ImportError:  # pragma: no cover - conditions.py is another engineer's file
-    import datetime as _dt
-    import platform
-
-    def load_average() -> str:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-    def print_conditions(**extra: Any) -> dict[str, Any]:
-        found = {
-            "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-            "machine": platform.processor() or platform.machine(),
-            "cores": os.cpu_count(),
-            "python": sys.version.split()[0],
-            "sqlite": sqlite3.sqlite_version,
-            "load average": load_average(),
-            **extra,
-        }
-        print("Conditions")
-        for k, v in found.items():
-            print(f"  {k}: {v}")
-        print(flush=True)
-        return found
-
-    def one_line(found: dict[str, Any]) -> str:
-        return "; ".join(f"{k}: {v}" for k, v in found.items())
+from conditions import load_average, one_line, percentile, print_conditions  # noqa: E402
 
 try:
     import uvloop
@@ -345,14 +319,6 @@ class Phase:
     def __init__(self) -> None:
         self.running = True
         self.measuring = False
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    values = sorted(values)
-    k = min(len(values) - 1, max(0, round(q / 100 * (len(values) - 1))))
-    return values[k]
 
 
 def thread_clocks() -> dict[str, int]:
@@ -1022,7 +988,7 @@ def main_profile(args: argparse.Namespace) -> str:
         head = (f"**{mode}** — py-spy `record -r {args.rate} -f raw --threads{' --gil' if mode == 'gil' else ''}` "
                 f"attached for {int(args.profile_seconds)} s to one NORMAL run ({args.loop}; that run: "
                 f"{f(result.get('cores', float('nan')), 3)} cores, {f(result.get('ticks_per_s', float('nan')))} ticks/s, "
-                f"commit p50 {f(result.get('commit_p50', float('nan')), 3)} ms); {PROFILE_MODES[mode][1]}. Raw: `{raw}`\n")
+                f"commit p50 {f(result.get('commit_p50', float('nan')), 3)} ms); {PROFILE_MODES[mode][1]}.\n")
         print("\n" + head + "\n" + text, flush=True)
         parts.append(head + "\n" + text)
     return "\n\n".join(parts)

@@ -59,7 +59,9 @@ sys.path[:0] = [str(ROOT), str(HERE)]
 import sqlalchemy as sa  # noqa: E402
 from pydantic import Field  # noqa: E402
 
-from conditions import OtherLoad, load_average, one_line, print_conditions, wait_for_quiet  # noqa: E402
+from conditions import (  # noqa: E402
+    OtherLoad, load_average, one_line, percentile, print_conditions, wait_for_quiet,
+)
 from fastapi_lith import Command, Tx, Writer  # noqa: E402
 from fastapi_lith.statements import compile_statement  # noqa: E402
 
@@ -143,14 +145,6 @@ class Phase:
         self.running = True
         self.measuring = False
         self.done = 0
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    values = sorted(values)
-    k = min(len(values) - 1, max(0, round(q / 100 * (len(values) - 1))))
-    return values[k]
 
 
 def fresh_db(tmp: Path, name: str, *, migrations: bool) -> Path:
