@@ -17,7 +17,6 @@ import os
 import platform
 import sqlite3
 import subprocess
-import sys
 from collections.abc import Iterable
 from importlib import metadata
 from pathlib import Path

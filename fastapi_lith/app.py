@@ -12,14 +12,14 @@ from urllib.parse import quote
 
 import anyio
 import htpy as h
+from datastar_py.sse import ServerSentEventGenerator
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException
 from fastapi.exceptions import RequestValidationError
 from markupsafe import Markup
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
-from starlette.requests import Request
-from datastar_py.sse import ServerSentEventGenerator
 from sse_starlette import EventSourceResponse
+from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
 
 from . import db, encoders

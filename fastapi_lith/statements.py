@@ -9,8 +9,8 @@ module level: the cache is keyed by the statement object.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
 import operator
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy.dialects import sqlite
