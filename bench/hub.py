@@ -529,7 +529,7 @@ async def run_scenario(sc: Scenario, tmp: Path, seconds: float, warmup: float, *
         result["settled_s"] = float("nan")
         for _ in range(200):  # up to 10 s for the last commits to render and be taken
             await asyncio.sleep(lith.tick)
-            if board1 is None or (not in_tick[0] and not board1.dirty and not any(s.holds("board/1") for s in keepers)):
+            if board1 is None or (not in_tick[0] and board1 not in hub.dirty and not any(s.holds("board/1") for s in keepers)):
                 result["settled_s"] = time.perf_counter() - settle
                 break
         cached = await hub.render("board/1")

@@ -12,7 +12,6 @@ from urllib.parse import quote
 
 import anyio
 import htpy as h
-from datastar_py.sse import ServerSentEventGenerator
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException
 from fastapi.exceptions import RequestValidationError
 from markupsafe import Markup
@@ -24,8 +23,9 @@ from starlette.responses import HTMLResponse, PlainTextResponse, Response
 
 from . import db, encoders
 from .backup import Backups
+from .encoders import Encoder
 from .hub import Hub
-from .streams import TAB_ID, Encoder, Frame, Stream, body
+from .streams import TAB_ID, Frame, Stream, body
 from .views import Render, ViewError, Views
 from .writer import Writer
 
@@ -270,11 +270,9 @@ class Lith:
         tab = body.get("tab")
         if not isinstance(tab, str) or not TAB_ID.fullmatch(tab):
             return
-        event = ServerSentEventGenerator.patch_elements(html)
         op = body.get("op")
-        if isinstance(op, int):
-            event += ServerSentEventGenerator.patch_signals({"done": op})
-        self._hub.push(tab, Frame(self.error_id, html, str(event).encode()))
+        signals = {"done": op} if isinstance(op, int) else None
+        self._hub.push(tab, Frame.patch(self.error_id, html, signals))
 
 
 def read_only_engine(path: Path) -> AsyncEngine:

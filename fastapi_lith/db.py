@@ -84,11 +84,10 @@ class Db:
         """
         if stmt.__class__ is str:
             return self._cursor.execute(stmt, params or ())  # type: ignore[arg-type]
-        entry = self._compiled.get(stmt)  # the common case, one lookup: see StatementCache.bind
-        if entry.__class__ is Statement:
-            sql, values = entry.bind(params)  # type: ignore[union-attr, arg-type]
-        else:
-            sql, values = self._cache.bind(stmt, params)  # type: ignore[arg-type]
+        entry = self._compiled.get(stmt)  # the common case in one lookup, without a call
+        if entry.__class__ is not Statement:
+            entry = self._cache.statement(stmt, params)  # type: ignore[arg-type]
+        sql, values = entry.bind(params)  # type: ignore[union-attr, arg-type]
         return self._cursor.execute(sql, values)
 
     def executemany(self, stmt: ClauseElement | str, rows: Iterable[Mapping[str, Any]]) -> int:
@@ -98,13 +97,11 @@ class Db:
         rows = list(rows)
         if not rows:
             return 0
-        self._cache.bind(stmt, rows[0])  # compiled for the first row's keys, like execute
-        entry = self._compiled.get(stmt)
-        if entry.__class__ is Statement and not entry._slow:  # type: ignore[union-attr]
-            # One prepared statement for every row: 23% less than a loop of execute for 50 rows.
-            sql = entry.sql  # type: ignore[union-attr]
-            return self._cursor.executemany(sql, [entry.bind(row)[1] for row in rows]).rowcount  # type: ignore[union-attr]
-        return sum(self.execute(stmt, row).rowcount for row in rows)
+        entry = self._cache.statement(stmt, rows[0])  # the rows share their keys, as in DB-API
+        if entry.slow:  # expanding IN and the like: the SQL may differ from row to row
+            return sum(self.execute(stmt, row).rowcount for row in rows)
+        # One prepared statement for every row: 23% less than a loop of execute for 50 rows.
+        return self._cursor.executemany(entry.sql, [entry.bind(row)[1] for row in rows]).rowcount
 
     def all(self, stmt: ClauseElement | str, params: Params | Sequence[Any] = None) -> list[sqlite3.Row]:
         return self.execute(stmt, params).fetchall()

@@ -42,6 +42,7 @@ class Encoder:
 
     name: str | None = None  # the `Content-Encoding` value; None for identity
     can_hibernate: bool = False
+    hibernating: bool = False  # zstd: no compressor held (idle, or nothing sent yet)
     needs_restart: bool = False  # brotli: a frame outgrew the window, see BrotliEncoder
 
     def encode(self, event: bytes) -> bytes:

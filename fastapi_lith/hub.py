@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 from statistics import quantiles
 from typing import Any
 
-from datastar_py.sse import ServerSentEventGenerator
-
 from .db import Db, Readers
 from .streams import Frame, Stream
 from .views import View, ViewError, Views
@@ -36,7 +34,6 @@ class Instance:
     topics: frozenset[str]
     watchers: set[Stream] = field(default_factory=set)
     frame: Frame | None = None
-    dirty: bool = False
     rendering: bool = False  # one render at a time, so an older result never lands last
     rendered: asyncio.Event = field(default_factory=asyncio.Event)  # a first render was tried
 
@@ -48,8 +45,7 @@ class Instance:
             return exc
         if self.frame is not None and self.frame.html == html:
             return self.frame
-        event = str(ServerSentEventGenerator.patch_elements(html)).encode()
-        return Frame(self.key, html, event)
+        return Frame.patch(self.key, html)
 
 
 @dataclass
@@ -84,7 +80,7 @@ class Hub:
         self.instances: dict[str, Instance] = {}
         self.streams: set[Stream] = set()
         self._by_topic: dict[str, set[Instance]] = {}
-        self._dirty: set[Instance] = set()
+        self.dirty: set[Instance] = set()  # changed since their last render
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -124,10 +120,8 @@ class Hub:
         """The writer's commit subscriber: mark every instance on these topics dirty."""
         by_topic = self._by_topic
         for topic in topics:
-            for instance in by_topic.get(topic, ()):
-                instance.dirty = True
-                self._dirty.add(instance)
-        if self._dirty:
+            self.dirty.update(by_topic.get(topic, ()))
+        if self.dirty:
             self._wake.set()
 
     def caught_up(self, keys: Iterable[str]) -> None:
@@ -135,7 +129,7 @@ class Hub:
         instances = self.instances
         for key in keys:
             instance = instances.get(key)
-            if instance is not None and instance.dirty:
+            if instance is not None and instance in self.dirty:
                 self._wake.set()
                 return
 
@@ -190,7 +184,7 @@ class Hub:
             instance.watchers.discard(stream)
             if not instance.watchers:
                 del self.instances[key]
-                self._dirty.discard(instance)
+                self.dirty.discard(instance)
                 for topic in instance.topics:
                     peers = self._by_topic.get(topic)
                     if peers is not None:
@@ -215,14 +209,12 @@ class Hub:
         """Render each dirty instance that some watcher can take, once; returns how many."""
         started = time.perf_counter()
         ready = [
-            i for i in self._dirty
+            i for i in self.dirty
             if not i.rendering and any(not s.holds(i.key) for s in i.watchers)
         ]
         self.counters.ticks += 1
         if ready:
-            for instance in ready:
-                instance.dirty = False  # a commit during the render marks it dirty again
-                self._dirty.discard(instance)
+            self.dirty.difference_update(ready)  # a commit during the render marks it again
             await self._render(ready)
         self.counters.tick_seconds.append(time.perf_counter() - started)
         return len(ready)
@@ -237,7 +229,7 @@ class Hub:
             for instance in instances:
                 instance.rendering = False
                 instance.rendered.set()
-                if instance.dirty:  # a commit landed meanwhile: the next tick renders it
+                if instance in self.dirty:  # a commit landed meanwhile: the next tick renders it
                     self._wake.set()
         counters = self.counters
         for instance, result in zip(instances, results):

@@ -25,7 +25,7 @@ Params = Mapping[str, Any] | None
 class Statement:
     """One compiled statement: its SQL text and how to turn a parameter dict into a tuple."""
 
-    __slots__ = ("compiled", "sql", "_names", "_defaults", "_get", "_slow")
+    __slots__ = ("compiled", "sql", "_names", "_defaults", "_get", "slow")
 
     def __init__(self, compiled: SQLCompiler) -> None:
         self.compiled = compiled
@@ -43,7 +43,7 @@ class Statement:
         )
         # Type processors (dates, booleans, JSON), callables and expanding IN need SQLAlchemy's
         # own parameter code, which costs about 1 µs more per call; plain columns do not.
-        self._slow = bool(
+        self.slow = bool(
             compiled._bind_processors
             or compiled.post_compile_params
             or compiled.literal_execute_params
@@ -52,7 +52,7 @@ class Statement:
 
     def bind(self, params: Params) -> tuple[str, Sequence[Any]]:
         """The SQL text and positional parameters for one execution."""
-        if self._slow:
+        if self.slow:
             return self._bind_slow(params or {})
         if self._defaults:
             params = {**self._defaults, **params} if params else self._defaults
@@ -96,16 +96,20 @@ class StatementCache:
         self.compiled: dict[ClauseElement, Statement | dict[tuple[str, ...], Statement]] = {}
         self.misses = 0
 
-    def bind(self, stmt: ClauseElement, params: Params) -> tuple[str, Sequence[Any]]:
+    def statement(self, stmt: ClauseElement, params: Params) -> Statement:
+        """The compiled form of `stmt` for these parameter names, compiling it on a miss."""
         entry = self.compiled.get(stmt)
         if entry.__class__ is Statement:
-            return entry.bind(params)  # type: ignore[union-attr]
+            return entry  # type: ignore[return-value]
         keys = tuple(params) if params else ()
         if entry is not None:
             variant = entry.get(keys)  # type: ignore[union-attr]
             if variant is not None:
-                return variant.bind(params)
-        return self._compile(stmt, keys, entry).bind(params)
+                return variant  # type: ignore[no-any-return]
+        return self._compile(stmt, keys, entry)
+
+    def bind(self, stmt: ClauseElement, params: Params) -> tuple[str, Sequence[Any]]:
+        return self.statement(stmt, params).bind(params)
 
     def _compile(
         self, stmt: ClauseElement, keys: tuple[str, ...], variants: Any

@@ -11,7 +11,11 @@ import asyncio
 import re
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
+
+from datastar_py.sse import ServerSentEventGenerator
+
+from .encoders import Encoder
 
 
 @dataclass(frozen=True, slots=True, weakref_slot=True)
@@ -21,6 +25,14 @@ class Frame:
     key: str
     html: str
     event: bytes
+
+    @classmethod
+    def patch(cls, key: str, html: str, signals: dict[str, Any] | None = None) -> Frame:
+        """A `datastar-patch-elements` event of `html`, then a signals patch if any."""
+        event = ServerSentEventGenerator.patch_elements(html)
+        if signals:
+            event += ServerSentEventGenerator.patch_signals(signals)
+        return cls(key, html, str(event).encode())
 
 
 class Watcher(Protocol):
@@ -88,16 +100,6 @@ TAB_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 KEEPALIVE = b": keep-alive\n\n"
 
 
-class Encoder(Protocol):
-    name: str | None
-    can_hibernate: bool
-    needs_restart: bool
-
-    def encode(self, data: bytes) -> bytes: ...
-    def hibernate(self) -> bytes: ...
-    def close(self) -> bytes: ...
-
-
 async def body(
     stream: Stream,
     encoder: Encoder,
@@ -113,29 +115,25 @@ async def body(
     """
     loop = asyncio.get_running_loop()
     last_event = last_write = loop.time()
-    hibernating = False
     while not stream.ended:
-        now = loop.time()
+        can_hibernate = encoder.can_hibernate and not encoder.hibernating
         wake = last_write + keepalive
-        if encoder.can_hibernate and not hibernating:
+        if can_hibernate:
             wake = min(wake, last_event + hibernate_after)
-        frames = await stream.next(timeout=max(0.0, wake - now))
+        frames = await stream.next(timeout=max(0.0, wake - loop.time()))
         now = loop.time()
         if frames:
             yield encoder.encode(b"".join(f.event for f in frames))
             last_event = last_write = now
-            hibernating = False
             if encoder.needs_restart:  # a frame outgrew the brotli window: reconnect afresh
                 break
         elif stream.ended:
             break
-        elif encoder.can_hibernate and not hibernating and now >= last_event + hibernate_after:
+        elif can_hibernate and now >= last_event + hibernate_after:
             yield encoder.hibernate()
-            hibernating = True
         elif now >= last_write + keepalive:
+            asleep = encoder.hibernating
             out = encoder.encode(KEEPALIVE)
-            if hibernating:  # one small frame, then free the compressor again
-                out += encoder.hibernate()
-            yield out
+            yield out + encoder.hibernate() if asleep else out  # asleep: free it again at once
             last_write = now
     yield encoder.close()

@@ -131,9 +131,6 @@ class Views:
                 return view, view.validate(match.groupdict())
         raise ViewError(f"no view matches {key!r}")
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
-        return iter(self._views.values())
-
 
 # -- fragments ----------------------------------------------------------------------------
 
@@ -150,7 +147,8 @@ def fragment(maxsize: int = 4096) -> Callable[[Callable[P, Any]], Callable[P, Ma
 
     The arguments are the cache key, so pass what the HTML depends on (the row, a version), all
     hashable. The result is `Markup`: htpy inserts it as is, byte for byte what the element
-    would have rendered (a plain `str` result is escaped, as htpy would). Cached HTML lives as long as the process; `maxsize` bounds it.
+    would have rendered (a plain `str` result is escaped, as htpy would). Cached HTML lives as
+    long as the process; `maxsize` bounds it.
     """
 
     def decorator(fn: Callable[P, Any]) -> Callable[P, Markup]:

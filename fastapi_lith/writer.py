@@ -116,7 +116,7 @@ class Writer:
         except BaseException:
             self._thread.close()
             raise
-        self._wake = asyncio.Event()
+        self._wake = asyncio.Event()  # bound to this loop: a Lith may start again on another
         self._closing = False
         self._task = asyncio.create_task(self._run(), name="lith-writer")
         # Start-up leaves ~80k long-lived objects (fastapi, SQLAlchemy, pydantic): frozen, the

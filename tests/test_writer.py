@@ -256,3 +256,17 @@ def test_kill_9_never_loses_an_acknowledged_command(tmp_path: Path, migrations: 
         missing = [v for v in acked if v not in stored]
         assert missing == [], f"{len(missing)} acknowledged commands lost"
         assert rows(db, "PRAGMA integrity_check") == [("ok",)]
+
+
+def test_a_writer_starts_again_on_another_event_loop(tmp_path: Path, migrations: Path) -> None:
+    writer = Writer(tmp_path / "app.db", migrations=migrations)
+
+    async def session() -> int:
+        await writer.start()
+        try:
+            return await writer.do(Add())
+        finally:
+            await writer.close()
+
+    assert asyncio.run(session()) == 1  # as a module-level Lith does across tests
+    assert asyncio.run(asyncio.wait_for(session(), 5)) == 2
