@@ -13,13 +13,17 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
+from playwright.sync_api import expect
 
-from browser import free_port
+from browser import Server, free_port, port_answers, route_datastar, wait_for_datastar
 from fastapi_lith.backup import verify
 
 REPO = Path(__file__).resolve().parent.parent
@@ -256,3 +260,95 @@ def test_the_caddyfile_is_valid_and_leaves_the_streams_alone() -> None:
     assert encode["match"] == [{"not": [{"path": ["/lith/stream*"]}]}]
     proxy = next(r for r in routes if r["handle"][0]["handler"] == "reverse_proxy")["handle"][0]
     assert proxy["flush_interval"] == -1 and proxy["upstreams"] == [{"dial": "127.0.0.1:8000"}]
+
+
+# -- six windows: HTTP/1.1 runs out of connections, Caddy's HTTP/2 does not ----------------------
+
+CADDY_TEST_CONFIG = """{{
+	admin off
+	skip_install_trust
+	local_certs
+	http_port {http_port}
+	https_port {https_port}
+	storage file_system {storage}
+}}
+import {caddyfile}
+"""
+SAME_ORIGIN = {"Datastar-Request": "true", "Sec-Fetch-Site": "same-origin"}
+
+
+@pytest.fixture
+def caddy(tmp_path: Path) -> Iterator[Callable[[int], str]]:
+    """`caddy(upstream_port) -> https URL`: deploy/Caddyfile run as is, in front of a local port.
+
+    The global options around it only keep the test to itself: free ports, its own certificate
+    store, no admin endpoint, no change to the system's trusted certificates.
+    """
+    if shutil.which("caddy") is None:
+        pytest.skip("caddy is not installed (apt-get install caddy)")
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(upstream: int) -> str:
+        https_port = free_port()
+        config = tmp_path / "Caddyfile"
+        config.write_text(CADDY_TEST_CONFIG.format(
+            http_port=free_port(), https_port=https_port, storage=tmp_path / "caddy-data",
+            caddyfile=DEPLOY / "Caddyfile",
+        ))  # fmt: skip
+        env = {**os.environ, "LITH_DOMAIN": "127.0.0.1", "LITH_PORT": str(upstream), "HOME": str(tmp_path),
+               "XDG_DATA_HOME": str(tmp_path / "xdg"), "XDG_CONFIG_HOME": str(tmp_path / "xdg")}  # fmt: skip
+        log = open(tmp_path / "caddy.log", "wb")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(["caddy", "run", "--config", str(config), "--adapter", "caddyfile"],
+                                env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        procs.append(proc)
+        deadline = time.monotonic() + 20
+        while not port_answers("127.0.0.1", https_port):
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "caddy.log").read_text()
+            time.sleep(0.05)
+        return f"https://127.0.0.1:{https_port}"
+
+    yield start
+    for proc in procs:
+        proc.terminate()
+        proc.wait(10)
+
+
+def open_counters(context: Any, url: str, count: int) -> list[Any]:
+    pages = []
+    for _ in range(count):
+        page = context.new_page()
+        page.goto(url + "/")
+        wait_for_datastar(page)
+        pages.append(page)
+    return pages
+
+
+def test_over_http1_six_windows_freeze_the_seventh_behind_caddy_http2_they_do_not(
+    browser: Any, datastar_js: Path, server_factory: Callable[..., Server], caddy: Callable[[int], str],
+    tmp_path: Path,
+) -> None:
+    server = server_factory("examples.counter.app:app", cwd=REPO, env={"COUNTER_DB": str(tmp_path / "c.db")})
+    add = {"n": 1, "tab": "outside", "op": 1}
+
+    # Straight to uvicorn, HTTP/1.1: six windows of one browser hold its six connections.
+    plain = browser.new_context()
+    route_datastar(plain, datastar_js)
+    windows = open_counters(plain, server.url, 6)
+    assert httpx.post(server.url + "/add", json=add, headers=SAME_ORIGIN).status_code == 204
+    for page in windows:  # every stream is open: each window got the frame
+        expect(page.locator("#counter")).to_have_text("1", timeout=10_000)
+    seventh = plain.new_page()
+    with pytest.raises(PlaywrightTimeout):  # waits for a connection that never frees up
+        seventh.goto(server.url + "/", timeout=3_000)
+    plain.close()
+
+    # The same app behind deploy/Caddyfile: HTTP/2, one connection carries every window.
+    url = caddy(server.port)
+    tls = browser.new_context(ignore_https_errors=True)  # Caddy's own local certificate
+    route_datastar(tls, datastar_js)
+    windows = open_counters(tls, url, 8)
+    assert windows[0].evaluate("performance.getEntriesByType('navigation')[0].nextHopProtocol") == "h2"
+    windows[0].get_by_role("button", name="Add").click()  # a POST from the first window lands
+    for page in windows:
+        expect(page.locator("#counter")).to_have_text("2", timeout=10_000)
+    tls.close()

@@ -1,0 +1,64 @@
+import secrets
+from pathlib import Path
+
+import htpy as h
+import sqlalchemy as sa
+from fastapi import Depends, FastAPI
+from fastapi.responses import HTMLResponse
+from pydantic import Field
+
+from fastapi_lith import Command, Db, Lith, Tx, Writer
+
+# The database is opened in the working directory; migrations are found beside this file.
+lith = Lith("counter.db", migrations=Path(__file__).parent / "migrations")
+
+# Statements are built once, at import.
+counter = sa.table("counter", sa.column("id"), sa.column("count"))
+ADD = counter.update().where(counter.c.id == 1).values(count=counter.c.count + sa.bindparam("n"))
+COUNT = sa.select(counter.c.count).where(counter.c.id == 1)
+
+
+# --8<-- [start:command]
+class Add(Command):                       # a change, validated by Pydantic
+    n: int = Field(1, ge=1, le=100)
+
+    def apply(self, tx: Tx) -> int:       # runs on the writer, in its own savepoint
+        tx.execute(ADD, {"n": self.n})
+        tx.touch("counter")               # views on this topic render in the next tick
+        return tx.scalar(COUNT)           # what `await writer.do(cmd)` returns
+# --8<-- [end:command]
+
+
+@lith.view("counter", topics={"counter"}) # a view: HTML from the database
+def counter_view(db: Db) -> h.Element:
+    return h.p("#counter")[db.scalar(COUNT)]
+
+
+app = FastAPI(lifespan=lith.lifespan)     # migrates, starts the writer, the readers, the hub
+app.include_router(lith.router)           # GET /lith/stream, out of OpenAPI
+
+
+# --8<-- [start:route]
+@app.post("/add", status_code=204, include_in_schema=False)
+async def add(cmd: Add, writer: Writer = Depends(lith.writer)) -> None:
+    await writer.do(cmd)                  # returns once the batch holding it has committed
+# --8<-- [end:route]
+
+
+SHOW_NOTICE = "document.getElementById('no-datastar').hidden = false"
+
+
+@app.get("/", response_class=HTMLResponse, include_in_schema=False)
+async def page() -> str:
+    tab = secrets.token_urlsafe(9)        # one id per tab
+    return str(
+        h.html[
+            # If Datastar cannot load (offline, a firewall), say so: nothing here works without it.
+            h.head[h.script(type="module", src=lith.datastar_url, onerror=SHOW_NOTICE)],
+            h.body(data_signals="{n: 1}", data_init=lith.connect("counter", tab=tab))[
+                h.p("#no-datastar", role="alert", hidden=True)["Datastar did not load: reload to try again."],
+                await lith.render("counter"),                  # first paint, from the same view
+                h.button({"data-on:click": "@post('/add')"})["Add one"],
+            ],
+        ]
+    )
