@@ -9,14 +9,12 @@ from fastapi.staticfiles import StaticFiles
 
 from fastapi_lith import Lith
 
-# --8<-- [start:local]
 STATIC = Path(__file__).parent / "static"  # holds datastar.js
 
 lith = Lith("app.db", datastar_url="/static/datastar.js")
 app = FastAPI(lifespan=lith.lifespan)
 app.include_router(lith.router)
 app.mount("/static", StaticFiles(directory=STATIC), name="static")
-# --8<-- [end:local]
 
 
 @app.get("/", response_class=HTMLResponse, include_in_schema=False)
