@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager, suppress
 from urllib.parse import parse_qsl
 
 from fastapi import Depends, FastAPI, HTTPException, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -41,7 +41,7 @@ from .commands import (
     TabCommand,
 )
 from .live import lith
-from .page import Visit, not_found, page
+from .page import Visit, boards_page, not_found, page
 from .views import first_paint
 
 DEMO_CARDS = 12  # the board a first start shows, so `make run` has something on it
@@ -179,10 +179,11 @@ async def leave(request: Request) -> None:
 # -- pages -------------------------------------------------------------------------------------
 
 
-@app.get("/", include_in_schema=False)
-async def home(conn: AsyncConnection = Depends(lith.db)) -> Response:
-    board_id = await conn.scalar(s.FIRST_BOARD)
-    return RedirectResponse(f"/boards/{board_id or 1}", status_code=303)
+@app.get("/", response_class=HTMLResponse, include_in_schema=False)
+async def home(conn: AsyncConnection = Depends(lith.db)) -> HTMLResponse:
+    """Every board, so one added later (by `seed`, say) has a way in."""
+    boards = (await conn.execute(s.BOARDS)).mappings().all()
+    return HTMLResponse(boards_page(boards))
 
 
 @app.get("/boards/{board_id}", response_class=HTMLResponse, include_in_schema=False)

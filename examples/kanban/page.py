@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import secrets
 from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import htpy as h
 from markupsafe import Markup
@@ -77,13 +79,14 @@ def page(visit: Visit, views: dict[str, Markup]) -> str:
                 h.title[f"{visit.title} · Boards"],
                 h.style[STYLE],
                 h.script[SCRIPT],
-                h.script(type="module", src=lith.datastar_url),
+                h.script(type="module", src=lith.datastar_url, onerror=DATASTAR_FAILED),
             ],
             h.body(
                 signals(visit),
                 {"data-on:keydown__window": "evt.key == 'Escape' && ($edit = 0, $rename = 0)"},
                 data_init=lith.connect(*keys, tab=visit.tab),
             )[
+                no_datastar(),
                 header(visit, views["presence"]),
                 h.div(".layout")[
                     sidebar(visit, views),
@@ -92,6 +95,19 @@ def page(visit: Visit, views: dict[str, Markup]) -> str:
             ],
         ]
     )
+
+
+# Without Datastar nothing on the page works, though it looks complete: a CDN that is blocked
+# or a train without network. The notice says so: at once if the script fails to load, after a
+# few seconds if it hangs (style.css), and never once Datastar runs (`data-show` hides it).
+DATASTAR_FAILED = "document.documentElement.classList.add('datastar-failed')"
+
+
+def no_datastar() -> h.Element:
+    return h.p("#no-datastar.no-datastar", {"data-show": "false"}, role="alert")[
+        h.strong["Offline: changes cannot be made or seen."],
+        " This page could not load Datastar, the script it runs on. Reload once you are back online.",
+    ]
 
 
 def header(visit: Visit, presence: Markup) -> h.Element:
@@ -160,6 +176,7 @@ def new_card_form(lane_picker: Markup) -> h.Element:
             "data-on:submit": f"$new_op = $op + 1; {add}",
             "data-effect": "$ok_op == $new_op && ($new_title = '', $new_description = '', $new_op = -1)",
         },
+        method="dialog",  # without Datastar, Enter must not reload the page and lose the draft
         aria_labelledby="new-card-heading",
     )[
         h.h2("#new-card-heading")["New card"],
@@ -180,6 +197,7 @@ def new_lane_form(board_id: int) -> h.Element:
             "data-on:submit": f"$lane_op = $op + 1; {add}",
             "data-effect": "$ok_op == $lane_op && ($lane_title = '', $lane_op = -1)",
         },
+        method="dialog",
         aria_labelledby="new-lane-heading",
     )[
         h.h2("#new-lane-heading")["New lane"],
@@ -200,6 +218,7 @@ def edit_card_form() -> h.Element:
             "data-effect": "$ok_op == $edit_op && ($edit = 0, $edit_op = -1)",
         },
         style="display: none",
+        method="dialog",
         aria_labelledby="edit-card-heading",
     )[
         h.h2("#edit-card-heading")["Edit card"],
@@ -227,6 +246,7 @@ def rename_lane_form() -> h.Element:
             "data-effect": "$ok_op == $rename_op && ($rename = 0, $rename_op = -1)",
         },
         style="display: none",
+        method="dialog",
         aria_labelledby="rename-lane-heading",
     )[
         h.h2("#rename-lane-heading")["Edit lane"],
@@ -241,6 +261,32 @@ def rename_lane_form() -> h.Element:
     ]
 
 
+def boards_page(boards: Sequence[Mapping[str, Any]]) -> str:
+    """The list of every board: where the board's ▦ button leads."""
+    return str(
+        h.html(lang="en")[
+            h.head[
+                h.meta(charset="utf-8"),
+                h.meta(name="viewport", content="width=device-width, initial-scale=1"),
+                h.title["Boards"],
+                h.style[STYLE],
+            ],
+            h.body[
+                h.main(".boards")[
+                    h.h1["Boards"],
+                    h.ul(".board-list")[
+                        (
+                            h.li[h.a(href=f"/boards/{b['id']}")[b["title"]], h.span(".count")[f"{b['cards']} cards"]]
+                            for b in boards
+                        )
+                    ],
+                    not boards and h.p["No boards yet."],
+                ]
+            ],
+        ]
+    )
+
+
 def not_found(board_id: int) -> str:
     """A plain page for a board id that does not exist, with a way back."""
     return str(
@@ -249,7 +295,7 @@ def not_found(board_id: int) -> str:
             h.body[
                 h.main(".missing")[
                     h.h1["Board not found"],
-                    h.p[f"There is no board {board_id}. ", h.a(href="/")["Open the first board"], "."],
+                    h.p[f"There is no board {board_id}. ", h.a(href="/")["See every board"], "."],
                 ]
             ],
         ]

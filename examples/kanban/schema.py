@@ -30,6 +30,12 @@ presence = sa.table(
 
 FIRST_BOARD = sa.select(sa.func.min(board.c.id))
 BOARD_TITLE = sa.select(board.c.title).where(board.c.id == sa.bindparam("board_id"))
+BOARDS = (
+    sa.select(board.c.id, board.c.title, sa.func.count(card.c.id).label("cards"))
+    .select_from(board.outerjoin(lane, lane.c.board_id == board.c.id).outerjoin(card, card.c.lane_id == lane.c.id))
+    .group_by(board.c.id)
+    .order_by(board.c.id)
+)
 INSERT_BOARD = board.insert().values(title=sa.bindparam("new_title"))
 
 # -- lanes -------------------------------------------------------------------------------------
