@@ -6,11 +6,12 @@ import re
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from playwright.sync_api import Page, Route, expect
 
-from browser import Server, wait_for_datastar
+from browser import NON_LOOPBACK_RE, Server, wait_for_datastar
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -86,3 +87,20 @@ def test_a_bad_amount_shows_in_the_acting_page_only_and_writes_nothing(
     expect(a.locator("#counter")).to_have_text("0")
     expect(b.locator("#counter")).to_have_text("0")
     assert count(db_path) == 0
+
+
+def test_without_datastar_the_page_says_so_and_enter_does_not_reload_it(
+    browser: Any, server_factory: Callable[..., Server], db_path: Path
+) -> None:
+    server = server_factory("examples.counter.app:app", cwd=REPO, env={"COUNTER_DB": str(db_path)})
+    context = browser.new_context()
+    context.route(NON_LOOPBACK_RE, lambda route: route.abort("internetdisconnected"))
+    page = context.new_page()
+    page.goto(server.url + "/")
+    expect(page.get_by_role("alert")).to_have_text("Datastar did not load: reload to try again.")
+    page.locator("input").fill("7")
+    page.locator("input").press("Enter")
+    page.get_by_role("button", name="Add").click()
+    expect(page.locator("input")).to_have_value("7")
+    assert page.url == server.url + "/"
+    context.close()

@@ -81,6 +81,9 @@ button.pending { opacity: .5; cursor: progress; }
 """
 
 
+SHOW_NOTICE = "document.getElementById('no-datastar').hidden = false"
+
+
 @app.get("/", response_class=HTMLResponse, include_in_schema=False)
 async def page() -> str:
     tab = secrets.token_urlsafe(9)
@@ -90,15 +93,18 @@ async def page() -> str:
                 h.meta(charset="utf-8"),
                 h.title["Counter"],
                 h.style[STYLE],
-                h.script(type="module", src=lith.datastar_url),
+                # Nothing here works without Datastar: if it cannot load, say so.
+                h.script(type="module", src=lith.datastar_url, onerror=SHOW_NOTICE),
             ],
             h.body(
                 data_signals=f"{{tab: '{tab}', op: 0, done: 0, n: 1}}",
                 data_init=lith.connect("counter", "outcome/{tab}", tab=tab),
             )[
+                h.p("#no-datastar", role="alert", hidden=True)["Datastar did not load: reload to try again."],
                 h.h1["Counter"],
                 await lith.render("counter"),
-                h.form({"data-on:submit": "$op = $op + 1; @post('/add')"})[
+                # `dialog`: without Datastar, Enter does not reload the page.
+                h.form({"data-on:submit": "$op = $op + 1; @post('/add')"}, method="dialog")[
                     h.input(type="number", data_bind="n", aria_label="amount"),
                     h.button({"data-class:pending": "$op != $done", "data-attr:aria-busy": "$op != $done"})[
                         "Add"
