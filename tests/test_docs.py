@@ -124,3 +124,12 @@ def test_starting_quotes_the_generated_app_line_for_line() -> None:
         lines = block.rstrip("\n").splitlines()
         windows = (textwrap.dedent("\n".join(app[i : i + len(lines)])) for i in range(len(app)))
         assert "\n".join(lines) in set(windows), f"not in the generated app.py:\n{block}"
+
+
+def test_the_datastar_attribute_example_says_what_it_makes() -> None:
+    example = load(SRC / "datastar_attrs.py", "docs_datastar_attrs")
+    assert example.send == (
+        '@post("/cards", {"payload": {"tab": ($tab), "op": ($op), "title": ($new_title)}, '
+        '"requestCancellation": "disabled"})'
+    )
+    assert dict(example.pending) == {"data-class": '{"pending": ($new_op == $op && $op != $done)}'}

@@ -13,6 +13,9 @@ import zlib
 from collections import defaultdict
 
 import htpy as h
+from datastar_py import action_generator as action
+from datastar_py import attribute_generator as data
+from datastar_py.attributes import JSExpression as JS
 from markupsafe import Markup
 
 from fastapi_lith import Db, fragment
@@ -24,7 +27,7 @@ from .live import lith
 Attrs = dict[str, str]
 
 
-def send(url: str, **fields: object) -> str:
+def send(url: str, **fields: str | int) -> str:
     """A Datastar expression that sends one command: a fresh `op` id, then exactly `fields`.
 
     `payload` replaces Datastar's default body (every signal), so a route receives its
@@ -32,15 +35,14 @@ def send(url: str, **fields: object) -> str:
     Commands are never cancelled: by default Datastar aborts an element's request in flight
     when the same element sends another, and two quick clicks are two intents.
     """
-    body = "".join(f", {name}: {value}" for name, value in fields.items())
-    options = f"{{payload: {{tab: $tab, op: $op{body}}}, requestCancellation: 'disabled'}}"
-    return f"$op = $op + 1; @post('{url}', {options})"
+    payload = {name: JS(str(value)) for name, value in {"tab": "$tab", "op": "$op", **fields}.items()}
+    return f"$op = $op + 1; {action.post(url, payload=payload, request_cancellation='disabled')}"
 
 
 def pending(op_signal: str) -> Attrs:
     """Attributes that mark a button busy from its click until its op's outcome arrives."""
     busy = f"{op_signal} == $op && $op != $done"
-    return {"data-class:pending": busy, "data-attr:aria-busy": f"({busy}) ? 'true' : false"}
+    return {**data.class_(pending=busy), **data.attr({"aria-busy": f"({busy}) ? 'true' : false"})}
 
 
 # -- the board ---------------------------------------------------------------------------------
