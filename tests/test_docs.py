@@ -133,3 +133,105 @@ def test_the_datastar_attribute_example_says_what_it_makes() -> None:
         '"requestCancellation": "disabled"})'
     )
     assert dict(example.pending) == {"data-class": '{"pending": ($new_op == $op && $op != $done)}'}
+
+
+# -- the board of "Views and topics" and "Commands" --------------------------------------------
+
+
+async def test_the_boards_views_commands_and_bulk_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    board = load(SRC / "board" / "app.py", "docs_board_app")
+    async with Tabs(board.lith) as tabs:
+        three, four = await tabs.open("board/3"), await tabs.open("board/4")
+        await three.do(board.AddCard(board_id=3, title="Write docs"))
+        assert await tabs.tick() == 1  # only board/3 renders
+        assert three.html("board/3") == '<ul id="board-3"><li id="card-1" class="card">Write docs</li></ul>'
+        assert four.html("board/4") == '<ul id="board-4"></ul>'
+
+        await three.do(board.RenameCard(card_id=1, title="Write better docs"))
+        with pytest.raises(LookupError):
+            await three.do(board.RenameCard(card_id=99, title="Nothing"))
+        await tabs.tick()
+        assert "Write better docs" in three.html("board/3")
+
+        cards = [board.NewCard(board_id=4, title=f"Card {i}", lane="todo") for i in range(2_500)]
+        before = board.lith.writer.commands
+        assert await board.import_cards(board.lith.writer, cards) == 2_500
+        assert board.lith.writer.commands - before == 3  # one command per chunk of 1,000
+        await tabs.tick()
+        assert four.html("board/4").count("<li") == 2_500
+
+
+def test_the_boards_routes(server_factory: Callable[..., Server], tmp_path: Path) -> None:
+    import httpx
+
+    server = server_factory("app:app", cwd=tmp_path, args=["--app-dir", str(SRC / "board")])
+    headers = {"Datastar-Request": "true", "Sec-Fetch-Site": "same-origin"}
+    missing = httpx.post(server.url + "/cards/rename", json={"card_id": 7, "title": "x"}, headers=headers)
+    assert missing.status_code == 404 and missing.json() == {"detail": "no such card"}
+    assert httpx.get(server.url + "/boards/1/count.json").json() == {"count": 0}
+    stats = httpx.get(server.url + "/stats.json").json()
+    assert stats["commands"] == 1 and set(stats) >= {"ticks", "renders", "frames", "tick_ms"}
+
+
+# -- encoders, backups, virtual tabs -----------------------------------------------------------
+
+
+def test_the_encoder_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fastapi import HTTPException
+
+    from fastapi_lith.encoders import BrotliEncoder, GzipEncoder
+
+    monkeypatch.chdir(tmp_path)
+    example = load(SRC / "encoders_override.py", "docs_encoders_override")
+    assert example.app.dependency_overrides[example.lith.encoder] is example.encoder
+    assert isinstance(example.encoder("zstd, br, gzip;q=0.5"), BrotliEncoder)  # zstd is not on its list
+    assert example.encoder("gzip").name == "gzip"
+    with pytest.raises(HTTPException) as refused:
+        example.encoder("zstd, identity;q=0")
+    assert refused.value.status_code == 406
+    example.force_gzip()
+    assert isinstance(example.app.dependency_overrides[example.lith.encoder](), GzipEncoder)
+
+
+@pytest.mark.parametrize("name", ["settings", "lifespan"])
+async def test_the_backup_timer_copies_at_start(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+
+    monkeypatch.chdir(tmp_path)
+    example = load(SRC / "backups" / f"{name}.py", f"docs_backups_{name}")
+    async with example.app.router.lifespan_context(example.app):
+        for _ in range(400):  # no copy in the folder yet: the first is due at once
+            if list((tmp_path / "backups").glob("app-*.db")):
+                break
+            await asyncio.sleep(0.05)
+    (copy,) = (tmp_path / "backups").glob("app-*.db")
+    assert copy.with_name(copy.name + ".sha256").exists()
+
+
+async def test_the_virtual_tabs_example_passes(tmp_path: Path) -> None:
+    example = load(SRC / "tabs_test.py", "docs_tabs_test")
+    await example.test_every_tab_sees_every_command(tmp_path)
+
+
+# -- every block of code on every page ---------------------------------------------------------
+
+
+def test_every_python_block_comes_from_a_file_the_tests_run() -> None:
+    """A page's Python is included from docs/src/, or quotes the generated app line for line.
+
+    One-line blocks (a setting, a call) are the exception.
+    """
+    app = render_text(TEMPLATE_APP.read_text(), name="guestbook", package="guestbook").splitlines()
+    loose = []
+    for page in sorted(DOCS.glob("*.md")):
+        for block in python_blocks(page.read_text()):
+            lines = block.rstrip("\n").splitlines()
+            if len(lines) < 2 or all(line.startswith("--8<--") or not line.strip() for line in lines):
+                continue
+            windows = (textwrap.dedent("\n".join(app[i : i + len(lines)])) for i in range(len(app)))
+            if "\n".join(lines) not in set(windows):
+                loose.append(f"{page.name}:\n{block}")
+    assert not loose, "\n\n".join(loose)

@@ -12,10 +12,12 @@ from fastapi_lith import Command, Db, Lith, Tx, Writer
 # The database is opened in the working directory; migrations are found beside this file.
 lith = Lith("counter.db", migrations=Path(__file__).parent / "migrations")
 
+# --8<-- [start:statements]
 # Statements are built once, at import.
 counter = sa.table("counter", sa.column("id"), sa.column("count"))
 ADD = counter.update().where(counter.c.id == 1).values(count=counter.c.count + sa.bindparam("n"))
 COUNT = sa.select(counter.c.count).where(counter.c.id == 1)
+# --8<-- [end:statements]
 
 
 # --8<-- [start:command]
@@ -29,9 +31,11 @@ class Add(Command):                       # a change, validated by Pydantic
 # --8<-- [end:command]
 
 
+# --8<-- [start:view]
 @lith.view("counter", topics={"counter"}) # a view: HTML from the database
 def counter_view(db: Db) -> h.Element:
     return h.p("#counter")[db.scalar(COUNT)]
+# --8<-- [end:view]
 
 
 app = FastAPI(lifespan=lith.lifespan)     # migrates, starts the writer, the readers, the hub
@@ -48,6 +52,7 @@ async def add(cmd: Add, writer: Writer = Depends(lith.writer)) -> None:
 SHOW_NOTICE = "document.getElementById('no-datastar').hidden = false"
 
 
+# --8<-- [start:page]
 @app.get("/", response_class=HTMLResponse, include_in_schema=False)
 async def page() -> str:
     tab = secrets.token_urlsafe(9)        # one id per tab
@@ -62,3 +67,4 @@ async def page() -> str:
             ],
         ]
     )
+# --8<-- [end:page]

@@ -1,0 +1,2 @@
+CREATE TABLE counter (id INTEGER PRIMARY KEY, count INTEGER NOT NULL);
+INSERT INTO counter (id, count) VALUES (1, 0);

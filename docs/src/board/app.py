@@ -1,0 +1,123 @@
+"""Cards on boards: views with parameters, cached fragments, raw SQL, bulk imports."""
+
+import sqlite3
+from pathlib import Path
+
+import htpy as h
+import sqlalchemy as sa
+from fastapi import Depends, FastAPI, HTTPException
+from pydantic import BaseModel
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from fastapi_lith import Command, Db, Lith, Tx, Writer, fragment
+
+lith = Lith("board.db", migrations=Path(__file__).parent / "migrations")
+app = FastAPI(lifespan=lith.lifespan)
+app.include_router(lith.router)
+
+card = sa.table("card", sa.column("id"), sa.column("board_id"), sa.column("title"), sa.column("lane"))
+
+
+# --8<-- [start:view]
+CARDS = sa.select(card.c.id, card.c.title, card.c.lane).where(card.c.board_id == sa.bindparam("board_id"))
+
+
+@lith.view("board/{board_id}", topics={"board:{board_id}"})
+def board(db: Db, board_id: int) -> h.Element:
+    rows = db.all(CARDS, {"board_id": board_id})
+    return h.ul(id=f"board-{board_id}")[(card_html(row) for row in rows)]
+# --8<-- [end:view]
+
+
+# --8<-- [start:fragment]
+@fragment()
+def card_html(row: sqlite3.Row) -> h.Element:
+    return h.li(id=f"card-{row['id']}", class_="card")[row["title"]]
+# --8<-- [end:fragment]
+
+
+# --8<-- [start:command]
+INSERT_CARD = "INSERT INTO card (board_id, title, lane) VALUES (:board_id, :title, :lane)"
+
+
+class AddCard(Command):
+    board_id: int
+    title: str
+    lane: str = "todo"
+
+    def apply(self, tx: Tx) -> None:
+        tx.execute(INSERT_CARD, {"board_id": self.board_id, "title": self.title, "lane": self.lane})
+        tx.touch(f"board:{self.board_id}")    # only board/<this id> renders
+# --8<-- [end:command]
+
+
+# --8<-- [start:raw]
+class RenameCard(Command):
+    card_id: int
+    title: str
+
+    def apply(self, tx: Tx) -> None:
+        row = tx.one("SELECT board_id FROM card WHERE id = ?", (self.card_id,))  # LookupError if none
+        tx.execute("UPDATE card SET title = :title WHERE id = :id", {"title": self.title, "id": self.card_id})
+        tx.touch(f"board:{row['board_id']}")
+# --8<-- [end:raw]
+
+
+# --8<-- [start:route]
+@app.post("/cards/rename", status_code=204, include_in_schema=False)
+async def rename(cmd: RenameCard, writer: Writer = Depends(lith.writer)) -> None:
+    try:
+        await writer.do(cmd)
+    except LookupError:          # tx.one() found no such card
+        raise HTTPException(404, "no such card") from None
+# --8<-- [end:route]
+
+
+# --8<-- [start:import]
+class NewCard(BaseModel):
+    board_id: int
+    title: str
+    lane: str
+
+
+class ImportCards(Command):
+    cards: list[NewCard]
+
+    def apply(self, tx: Tx) -> int:
+        n = tx.executemany(INSERT_CARD, (card.model_dump() for card in self.cards))
+        tx.touch(*{f"board:{card.board_id}" for card in self.cards})
+        return n
+
+
+async def import_cards(writer: Writer, cards: list[NewCard], chunk: int = 1000) -> int:
+    imported = 0
+    for start in range(0, len(cards), chunk):
+        imported += await writer.do(ImportCards(cards=cards[start : start + chunk]))
+    return imported
+# --8<-- [end:import]
+
+
+# --8<-- [start:read]
+COUNT = sa.select(sa.func.count()).select_from(card).where(card.c.board_id == sa.bindparam("board_id"))
+
+
+@app.get("/boards/{board_id}/count.json")
+async def count(board_id: int, conn: AsyncConnection = Depends(lith.db)) -> dict[str, int]:
+    return {"count": await conn.scalar(COUNT, {"board_id": board_id})}
+# --8<-- [end:read]
+
+
+# --8<-- [start:stats]
+@app.get("/stats.json", include_in_schema=False)
+async def stats() -> dict[str, object]:
+    c = lith.hub.counters
+    return {
+        "ticks": c.ticks,
+        "renders": c.renders,
+        "frames": c.frames,
+        "skipped": c.skipped,
+        "render_errors": c.render_errors,
+        "tick_ms": c.tick_percentiles(),
+        "commands": lith.writer.commands,
+    }
+# --8<-- [end:stats]
