@@ -49,10 +49,10 @@ async def add(cmd: Add, writer: Writer = Depends(lith.writer)) -> None:
 # --8<-- [end:route]
 
 
+# --8<-- [start:page]
 SHOW_NOTICE = "document.getElementById('no-datastar').hidden = false"
 
 
-# --8<-- [start:page]
 @app.get("/", response_class=HTMLResponse, include_in_schema=False)
 async def page() -> str:
     tab = secrets.token_urlsafe(9)        # one id per tab
