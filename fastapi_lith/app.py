@@ -65,7 +65,7 @@ class Lith:
         keepalive: float = 15.0,
         hibernate_after: float = 30.0,
         send_timeout: float = 10.0,
-        zstd_window_log: int = 19,
+        zstd_window_log: int | None = None,
         brotli_quality: int = 4,
         gzip_level: int = 6,
         datastar_url: str = DATASTAR_CDN,
@@ -90,7 +90,8 @@ class Lith:
         self.keepalive = keepalive
         self.hibernate_after = hibernate_after
         self.send_timeout = send_timeout
-        if not 10 <= zstd_window_log <= 23:  # browsers refuse a zstd window over 8 MiB
+        # None sizes each stream's window from its first write; browsers refuse one over 8 MiB.
+        if zstd_window_log is not None and not 10 <= zstd_window_log <= 23:
             raise ValueError(f"zstd_window_log must be 10 to 23, not {zstd_window_log}")
         self.encoder_settings = {
             "zstd": {"window_log": zstd_window_log},
