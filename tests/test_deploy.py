@@ -256,3 +256,23 @@ def test_the_caddyfile_is_valid_and_leaves_the_streams_alone() -> None:
     assert encode["match"] == [{"not": [{"path": ["/lith/stream*"]}]}]
     proxy = next(r for r in routes if r["handle"][0]["handler"] == "reverse_proxy")["handle"][0]
     assert proxy["flush_interval"] == -1 and proxy["upstreams"] == [{"dial": "127.0.0.1:8000"}]
+
+
+def test_make_run_the_template_and_the_units_serve_with_httptools_and_uvloop() -> None:
+    """The fast HTTP parser and loop are dependencies, and every way we start uvicorn names them,
+    so a missing one fails at start instead of silently falling back to h11 and asyncio."""
+    import importlib.metadata
+
+    import httptools  # noqa: F401
+    import uvloop  # noqa: F401
+
+    requires = importlib.metadata.requires("fastapi-lith") or []
+    assert any(r.startswith("uvicorn[standard]") for r in requires), requires
+    root = DEPLOY.parent
+    template = root / "fastapi_lith" / "template"
+    for path in (root / "Makefile", template / "Makefile.tmpl"):
+        run = path.read_text().split("\nrun:")[1].split("\n\n")[0]
+        assert "--loop uvloop --http httptools" in run, path
+    for path in (DEPLOY / "lith@.service", template / "deploy" / "lith@.service.tmpl"):
+        exec_start = path.read_text().split("ExecStart=")[1].split("\nKillSignal")[0]
+        assert "--loop uvloop --http httptools" in exec_start, path
