@@ -17,7 +17,6 @@ from fastapi.exceptions import RequestValidationError
 from markupsafe import Markup
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
-from sse_starlette import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
 
@@ -25,7 +24,7 @@ from . import db, encoders
 from .backup import Backups
 from .encoders import Encoder
 from .hub import Hub
-from .streams import TAB_ID, Frame, Stream, body
+from .streams import TAB_ID, Frame, Stream, StreamResponse, body
 from .views import Render, ViewError, Views
 from .writer import Writer
 
@@ -177,7 +176,7 @@ class Lith:
         headers = {"Vary": "Accept-Encoding"}
         if encoder.name:
             headers["Content-Encoding"] = encoder.name
-        return EventSourceResponse(
+        return StreamResponse(
             self._body(stream, encoder, shutdown),
             headers=headers,
             ping=0,  # a raw ping would corrupt a compressed body: keep-alives go through the encoder
