@@ -103,7 +103,7 @@ class ZstdEncoder(Encoder):
         self,
         level: int = 1,
         window_log: int | None = None,
-        hash_log: int | None = 14,
+        hash_log: int | None = 13,
         **params: int,
     ) -> None:
         if window_log is not None and not zstandard.WINDOWLOG_MIN <= window_log <= self.MAX_WINDOW_LOG:
@@ -112,9 +112,9 @@ class ZstdEncoder(Encoder):
             )
         # Level 1 is the fastest level that still entropy-codes literals: levels -1 to -5 saved
         # at most 15% CPU for 6-34% more bytes per frame and 8-41% larger first frames. Its
-        # fast strategy keeps one table, 4 * 2**hash_log bytes: 14 is level 1's own choice,
-        # and neither 13 nor 16 changed the bytes on a 142 KB board (bench/RESULTS.md).
-        # None leaves zstd's choice for the level.
+        # fast strategy keeps one table, 4 * 2**hash_log bytes: 13 (32 KiB) sends the same
+        # bytes on a 142 KB board as level 1's own 14 or 16, with 2^19 and 2^20 windows alike
+        # (bench/RESULTS.md). None leaves zstd's choice for the level.
         self.level = level
         self.window_log = window_log
         self.hash_log = hash_log
