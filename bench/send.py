@@ -12,9 +12,10 @@ Layers, each adding one thing to the one above:
   sse+timeout the same with a send timeout and a shutdown event (an AnyIO cancel scope per send)
   lith-timeout  the same through `streams.StreamResponse`, lith's subclass (one asyncio timeout
               per send instead of the cancel scope)
-  lith        lith's stream body: frames offered to a `Stream`, encoded (identity) by the fan-out
-              on its worker threads, written by `streams.body` inside `Lith._body`, through
-              lith-timeout. A frame is offered as soon as the previous one is taken.
+  lith        lith's stream body: frames offered to a `Stream`, encoded (identity) by the fan-out,
+              written by `streams.body` inside `Lith._body`, through lith-timeout. A frame is
+              offered as soon as the previous one is taken. Chunks under the fan-out's
+              INLINE_BELOW are encoded on the loop; `--size 8000` sends them to the workers.
 POST: a FastAPI route validating a small JSON body into a Pydantic model, answering 204.
 
     python bench/send.py                  # about a minute

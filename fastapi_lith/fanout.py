@@ -6,7 +6,8 @@ the loop (a tick's fan-out, or the streams that finished a write) goes to the wo
 hop, and the results come back in one: the loop pays two thread hops per batch, not per stream.
 
 A stream is encoded for only once its previous bytes are written: one that stalls keeps just
-the newest frame of each view and costs no encode work until it drains.
+the newest frame of each view and costs no encode work until it drains. A small write (a
+tab's own outcome, an error) is encoded on the loop at once: a thread hop costs more than it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ __all__ = ["Fanout", "shared"]
 
 # Below this many streams per worker a second hop costs more than the overlap gains.
 _PER_WORKER = 16
+# Writes smaller than this are encoded on the loop: a round trip to a worker costs more loop
+# CPU than compressing a few kilobytes (bench/send.py).
+INLINE_BELOW = 4096
 
 _Job = tuple["Stream", "Encoder", list[bytes]]
 _Result = tuple["Stream", "bytes | BaseException"]
@@ -36,7 +40,8 @@ class Fanout:
     def __init__(self, workers: int | None = None) -> None:
         self.size = workers or max(1, min(4, os.cpu_count() or 1))
         self.hops = 0  # batches handed to the workers
-        self.encodes = 0  # stream writes encoded
+        self.encodes = 0  # stream writes encoded, here or on the loop
+        self.inline = 0  # of which small enough to encode on the loop
         self._queue: queue.SimpleQueue[tuple[asyncio.AbstractEventLoop, list[_Job]] | None]
         self._queue = queue.SimpleQueue()
         self._waiting: dict[asyncio.AbstractEventLoop, list[Stream]] = {}
@@ -56,8 +61,18 @@ class Fanout:
         jobs: list[_Job] = []
         for stream in self._waiting.pop(loop, ()):
             job = stream._start_encode()
-            if job is not None:
+            if job is None:
+                continue
+            if sum(map(len, job[2])) >= INLINE_BELOW:
                 jobs.append(job)
+                continue
+            try:
+                out: bytes | BaseException = job[1].encode(*job[2])
+            except BaseException as exc:  # noqa: BLE001 - raised in that stream's body
+                out = exc
+            self.encodes += 1
+            self.inline += 1
+            stream._encoded(out)
         if not jobs:
             return
         if not self._threads:

@@ -9,6 +9,7 @@ tab's SSE response (`body`) writes the ready bytes, each flushed so it decodes a
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
@@ -64,6 +65,7 @@ class Stream:
         self._busy = False  # bytes being encoded, ready or being written: encode nothing more
         self.encoding = False  # the encoder is in a worker's hands
         self._out: bytes | BaseException | None = None
+        self._timer: asyncio.TimerHandle | None = None  # wakes the body for keep-alives
 
     def offer(self, frame: Frame) -> bool:
         """Hold `frame` for the tab, replacing an unsent one of the same view (then True)."""
@@ -122,16 +124,33 @@ class Stream:
             self._requested = True
             self._fanout.request(self)
 
-    async def _next_bytes(self, timeout: float | None) -> bytes | None:
-        """Encoded bytes to write; None on timeout, or once ended with nothing in flight."""
-        if self._out is None and not (self.ended and not self.encoding):
-            try:
-                async with asyncio.timeout(timeout):
-                    while self._out is None and not (self.ended and not self.encoding):
-                        self._ready.clear()
-                        await self._ready.wait()
-            except TimeoutError:
+    def _wake(self) -> None:
+        # A loop may fire a timer a little early (uvloop rounds to milliseconds): not armed any
+        # more is what counts, not the time it was set for.
+        self._timer = None
+        self._ready.set()
+
+    async def _next_bytes(self, deadline: float) -> bytes | None:
+        """Encoded bytes to write; None once `deadline` (loop time) passes with none, or once
+        ended with nothing in flight.
+
+        One timer per stream, armed again only once it fired or when it lies past the deadline:
+        deadlines move later with every write, so a busy stream arms none per write.
+        """
+        loop = asyncio.get_running_loop()
+        while self._out is None and not (self.ended and not self.encoding):
+            now = loop.time()
+            if now >= deadline:
                 return None
+            timer = self._timer
+            if deadline == math.inf:  # bytes are on their way from a worker: no timer needed
+                pass
+            elif timer is None or timer.when() > deadline:
+                if timer is not None:
+                    timer.cancel()
+                self._timer = loop.call_at(deadline, self._wake)
+            self._ready.clear()
+            await self._ready.wait()
         out, self._out = self._out, None
         if isinstance(out, BaseException):
             raise out
@@ -207,7 +226,9 @@ async def body(
             wake = last_write + keepalive
             if can_hibernate:
                 wake = min(wake, last_event + hibernate_after)
-            out = await stream._next_bytes(max(0.0, wake - loop.time()))
+            if stream.encoding:  # a worker holds the encoder: wait for its bytes, nothing else
+                wake = math.inf
+            out = await stream._next_bytes(wake)
             now = loop.time()
             if out is not None:
                 yield out
@@ -219,8 +240,6 @@ async def body(
                     break
             elif stream.ended:
                 break
-            elif stream._busy:  # a worker holds the encoder: its bytes come next
-                continue
             elif can_hibernate and now >= last_event + hibernate_after:
                 stream._busy = True
                 yield encoder.hibernate()
@@ -239,3 +258,5 @@ async def body(
         yield encoder.close()
     finally:
         stream.end()
+        if stream._timer is not None:
+            stream._timer.cancel()

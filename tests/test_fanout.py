@@ -101,7 +101,7 @@ async def until(condition: object, what: str, timeout: float = 20.0) -> None:
 
 
 async def test_a_stalled_stream_among_200_costs_no_encode_work(tmp_path: Path) -> None:
-    lith = make_lith(tmp_path)
+    lith = make_lith(tmp_path, pad=2)  # over INLINE_BELOW: every board goes to the workers
     fanout = Fanout(workers=2)
     try:
         async with Tabs(lith) as tabs:
@@ -121,7 +121,7 @@ async def test_a_stalled_stream_among_200_costs_no_encode_work(tmp_path: Path) -
             assert streams[0].encodes == 1  # only the first frame: nothing since it stalled
             assert streams[0].skipped == 9 and streams[0].holds("board")
             assert [s.encodes for s in streams[1:]] == [11] * 199
-            assert fanout.encodes == 1 + 199 * 11
+            assert fanout.encodes == 1 + 199 * 11 and fanout.inline == 0
             # One hop per worker per tick: the 199 streams of a tick go in two batches, not 199.
             assert fanout.hops - hops == 10 * 2
             # When it reads again it gets the newest board in one encode, not the ten it missed.
@@ -145,8 +145,8 @@ class ThreadNoting(ZstdEncoder):
         return super().encode(*events)
 
 
-async def test_encodes_run_beside_the_loop(tmp_path: Path) -> None:
-    lith = make_lith(tmp_path)
+async def test_encodes_run_beside_the_loop_and_small_writes_on_it(tmp_path: Path) -> None:
+    lith = make_lith(tmp_path, pad=2)
     async with Tabs(lith) as tabs:
         stream = Stream("t")
         await lith.hub.open(stream, ["board"])
@@ -155,9 +155,15 @@ async def test_encodes_run_beside_the_loop(tmp_path: Path) -> None:
         await tabs.do(Add())
         await tabs.tick()
         await until(lambda: reader.count == 1, "the second frame")
+        assert ThreadNoting.threads and all(n.startswith("lith-fanout-") for n in ThreadNoting.threads)
+        ThreadNoting.threads.clear()
+        frame = lith.hub.instances["board"].frame
+        assert frame is not None
+        lith.hub.push("t", type(frame).patch("error", "<p id=error>rejected</p>"))  # 100-odd bytes
+        await until(lambda: "rejected" in reader.text, "the small frame")
+        assert ThreadNoting.threads == {threading.current_thread().name}
     await asyncio.wait_for(task, 10)
     assert reader.closed
-    assert ThreadNoting.threads and all(n.startswith("lith-fanout-") for n in ThreadNoting.threads)
 
 
 async def test_shutdown_closes_every_body_while_frames_are_in_flight(tmp_path: Path) -> None:
