@@ -848,9 +848,9 @@ _THREAD = re.compile(r"^thread \((?P<tid>\d+|0x[0-9a-f]+)\):?\s*(?P<name>.*)$")
 
 GROUPS = {
     "rendering": "rendering (views, htpy, SQL reads, Datastar event)",
-    "encoding": "encoding (zstd/brotli, on the event loop)",
+    "encoding": "encoding (zstd/brotli, on the fan-out threads since issue 12)",
     "writer": "writer thread (MoveCard, SQLite, savepoints)",
-    "http": "HTTP requests (uvicorn + h11, FastAPI/Starlette, pydantic, routes)",
+    "http": "HTTP requests (uvicorn + h11 or httptools, FastAPI/Starlette, pydantic, routes)",
     "sse": "SSE send path (sse-starlette, anyio, lith streams)",
     "hub": "hub tick/fan-out, writer loop side",
     "loop": "event loop (uvloop C: sockets, epoll; asyncio glue, thread hops)",
@@ -944,7 +944,7 @@ def classify(frames: list[tuple[str, str, int]]) -> tuple[str, str]:
         if _in(f, "starlette"):
             return "http", "starlette"
         if _in(f, "h11") or _in(f, "uvicorn") or _in(f, "httptools"):
-            return "http", "uvicorn + h11"
+            return "http", "uvicorn + h11 or httptools"
         if _in(f, "anyio"):
             return "sse", "anyio"
         if _in(f, "json") or f.endswith("email/message.py"):
