@@ -147,6 +147,14 @@ def test_one_card_change_after_the_first_frame_is_small(server: Server, encoding
     assert max(sizes) < limit, sizes
 
 
+def test_a_zstd_stream_sizes_its_window_from_its_first_write(server: Server) -> None:
+    headers = {"Accept-Encoding": "zstd"}
+    with httpx.stream("GET", f"{server.url}/lith/stream?views=board&tab=win", headers=headers, timeout=10) as r:
+        first = next(r.iter_raw())
+    # The first write is the ~142 KB board: room for four of it is a 1 MiB window.
+    assert zstandard.get_frame_parameters(first).window_size == 2**20
+
+
 def test_bad_query_parameters_get_400(server: Server) -> None:
     for query, message in [
         ("views=board", "tab"),
