@@ -1,7 +1,7 @@
 """The kanban board over real HTTP: 200 tabs watching a 200-card board while 200 people move cards.
 
-The example app (`examples/kanban`) runs as its own uvicorn process (uvloop when installed; h11,
-since httptools is not) on a board seeded by `python -m examples.kanban.seed DB --cards 200`
+The example app (`examples/kanban`) runs as its own uvicorn process (uvloop and httptools when
+installed, as `uvicorn[standard]` brings them; else asyncio and h11) on a board seeded by `python -m examples.kanban.seed DB --cards 200`
 (~146 KB per board event). This process is the load, on a minimal HTTP/1.1 client over raw
 asyncio protocols (the lightest client there is in Python: it shares the cores with the server,
 so its own CPU is measured and printed too).
@@ -34,6 +34,7 @@ commands from 200 producers through `await writer.do(cmd)`.
     python bench/kanban.py --quick         # 10 s windows: ~1 min
     python bench/kanban.py --profile       # and a zstd run under py-spy (10 s), summarised
     python bench/kanban.py --what-if card-cache,move-sql --quick   # suggested fixes, patched in
+    python bench/kanban.py --quick --old ../old-checkout --rounds 2  # old and new servers take turns
     python bench/kanban.py --summarize RUN.json   # re-summarise a --profile --json run
 """
 
@@ -54,6 +55,7 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +78,7 @@ try:
     import httptools  # noqa: F401
 except ImportError:
     HTTP_IMPL = "h11"
-else:  # pragma: no cover - not installed here
+else:
     HTTP_IMPL = "httptools"
 
 PY = sys.executable
@@ -212,12 +214,29 @@ _c.MoveCard.apply = _apply
 }
 
 
+@dataclass(frozen=True)
+class Tree:
+    """A checkout whose server runs: this one ("new") or `--old DIR` with its own .venv."""
+
+    name: str
+    root: Path
+    py: str
+    http: str
+
+    @classmethod
+    def old(cls, root: Path) -> Tree:
+        py = str(root / ".venv" / "bin" / "python")
+        has = subprocess.run([py, "-c", "import httptools"], capture_output=True).returncode == 0
+        return cls("old", root, py, "httptools" if has else "h11")
+
+
 class Server:
     """`python -m uvicorn examples.kanban.app:app` on a free port, `KANBAN_DB` = a seeded copy."""
 
     def __init__(self, db: Path, loop: str, log: Path, switch_interval: float = 0.0,
-                 what_if: tuple[str, ...] = ()) -> None:
+                 what_if: tuple[str, ...] = (), tree: Tree | None = None) -> None:
         self.db, self.loop, self.log_path = db, loop, log
+        self.tree = tree or Tree("new", ROOT, PY, HTTP_IMPL)
         self.switch_interval = switch_interval
         self.what_if = what_if
         self.port = free_port()
@@ -226,17 +245,17 @@ class Server:
     def start(self) -> None:
         env = dict(os.environ, KANBAN_DB=str(self.db), PYTHONUNBUFFERED="1")
         argv = ["examples.kanban.app:app", "--host", "127.0.0.1",
-                "--port", str(self.port), "--no-access-log", "--loop", self.loop, "--http", HTTP_IMPL]
-        cmd = [PY, "-m", "uvicorn", *argv]
+                "--port", str(self.port), "--no-access-log", "--loop", self.loop, "--http", self.tree.http]
+        cmd = [self.tree.py, "-m", "uvicorn", *argv]
         if self.switch_interval or self.what_if:  # diagnostics: the same server, patched at startup
             code = "import runpy, sys\n"
             if self.switch_interval:
                 code += f"sys.setswitchinterval({self.switch_interval!r})\n"
             code += "".join(WHAT_IF[w] for w in self.what_if)
             code += f"sys.argv = ['uvicorn', *{argv!r}]\nrunpy.run_module('uvicorn', run_name='__main__')\n"
-            cmd = [PY, "-c", code]
+            cmd = [self.tree.py, "-c", code]
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, cwd=self.tree.root, env=env, stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -715,7 +734,8 @@ class Run:
             "reconnects_at_s": [round(x, 2) for x in ended_at][:12],
             "reconnects_after_events": sorted(events for _, _, events, _ in self.reconnects)[:12],
             "server_loop": proc_loop(pid),
-            "server_http": HTTP_IMPL,
+            "server_http": self.server.tree.http,
+            "tree": self.server.tree.name,
             "profile": str(self.profile_out) if self.profile_out else None,
             "profile_error": spy_err,
             "thread_cpu": thread_cpu,
@@ -729,8 +749,10 @@ def client_loop_runner(coro: Any) -> Any:
 
 
 def one_run(args: argparse.Namespace, tmp: Path, template: Path, encoding: str, rate: float,
-            profile_out: Path | None = None) -> dict[str, Any]:
+            profile_out: Path | None = None, tree: Tree | None = None) -> dict[str, Any]:
     label = f"{encoding}-{rate:g}" + ("-profiled" if profile_out else "")
+    if tree is not None:
+        label = f"{tree.name} {label}"
     if args.quiet > 0:
         others = wait_for_quiet(args.quiet)
         print(f"  others used {others:.2f} cores just before the {label} run", flush=True)
@@ -738,12 +760,14 @@ def one_run(args: argparse.Namespace, tmp: Path, template: Path, encoding: str, 
     shutil.copy(template, db)
     cards, lanes = board_layout(db)
     what_if = tuple(w for w in args.what_if.split(",") if w)
-    server = Server(db, args.server_loop, tmp / f"{label}.log", args.switch_interval, what_if)
+    server = Server(db, args.server_loop, tmp / f"{label.replace(' ', '-')}.log", args.switch_interval, what_if, tree)
     server.start()
     try:
         result = client_loop_runner(Run(args, encoding, rate, server, cards, lanes, profile_out).run())
     finally:
         server.stop()
+    if tree is not None:
+        result["label"] = f"{tree.name} {result['label']}"
     tail = server.tail(800)
     if "Traceback" in tail or "ERROR" in tail:
         result["server_log_tail"] = tail
@@ -824,9 +848,9 @@ _THREAD = re.compile(r"^thread \((?P<tid>\d+|0x[0-9a-f]+)\):?\s*(?P<name>.*)$")
 
 GROUPS = {
     "rendering": "rendering (views, htpy, SQL reads, Datastar event)",
-    "encoding": "encoding (zstd/brotli, on the event loop)",
+    "encoding": "encoding (zstd/brotli, on the fan-out threads since issue 12)",
     "writer": "writer thread (MoveCard, SQLite, savepoints)",
-    "http": "HTTP requests (uvicorn + h11, FastAPI/Starlette, pydantic, routes)",
+    "http": "HTTP requests (uvicorn + h11 or httptools, FastAPI/Starlette, pydantic, routes)",
     "sse": "SSE send path (sse-starlette, anyio, lith streams)",
     "hub": "hub tick/fan-out, writer loop side",
     "loop": "event loop (uvloop C: sockets, epoll; asyncio glue, thread hops)",
@@ -920,7 +944,7 @@ def classify(frames: list[tuple[str, str, int]]) -> tuple[str, str]:
         if _in(f, "starlette"):
             return "http", "starlette"
         if _in(f, "h11") or _in(f, "uvicorn") or _in(f, "httptools"):
-            return "http", "uvicorn + h11"
+            return "http", "uvicorn + h11 or httptools"
         if _in(f, "anyio"):
             return "sse", "anyio"
         if _in(f, "json") or f.endswith("email/message.py"):
@@ -1057,6 +1081,44 @@ def print_table(results: list[dict[str, Any]], ceiling: dict[str, Any] | None) -
               f"| | | | | |")
 
 
+COMPARED = (
+    ("moves/s", "moves_s", "{:,.0f}"),
+    ("post→204 p50 ms", "post_p50_ms", "{:,.0f}"),
+    ("post→frame p50 ms", "p50_ms", "{:,.0f}"),
+    ("post→frame p95 ms", "p95_ms", "{:,.0f}"),
+    ("board frames per tab per s", "board_frames_per_tab_s", "{:.1f}"),
+    ("bytes per frame", "bytes_per_frame", "{:,.0f}"),
+    ("server cores", "server_cores", "{:.2f}"),
+    ("server ms CPU per frame", "server_ms_per_frame", "{:.3f}"),
+    ("server ms CPU per board frame", "server_ms_per_board_frame", "{:.3f}"),
+    ("MiB per stream (end)", "mib_per_stream_end", "{:.2f}"),
+    ("others' cores", "other_cores", "{:.2f}"),
+    ("lost moves", "lost", "{:,.0f}"),
+)
+
+
+def print_compare(results: list[dict[str, Any]]) -> None:
+    """Old and new side by side per (encoding, rate): medians over the rounds, and new / old."""
+    import statistics
+
+    runs: dict[tuple[str, float], dict[str, list[dict[str, Any]]]] = {}
+    for r in results:
+        runs.setdefault((r["encoding"], r["rate_offered"]), {}).setdefault(r["tree"], []).append(r)
+    for (encoding, rate), trees in runs.items():
+        old, new = trees.get("old", []), trees.get("new", [])
+        if not old or not new:
+            continue
+        print(f"\n{encoding} at {rate:g} offered: old (http {old[0]['server_http']}) vs new (http "
+              f"{new[0]['server_http']}), medians of {len(old)} and {len(new)} runs")
+        print("| figure | old | new | new / old |")
+        print("|---|---:|---:|---:|")
+        for title, key, form in COMPARED:
+            o = statistics.median(float(r[key]) for r in old)
+            n = statistics.median(float(r[key]) for r in new)
+            ratio = f"{n / o:.2f}×" if o else "–"
+            print(f"| {title} | {form.format(o)} | {form.format(n)} | {ratio} |")
+
+
 def print_report(results: list[dict[str, Any]], ceiling: dict[str, Any] | None) -> None:
     for r in results:
         print(f"\n{r['label']}: {r['tabs']} tabs, offered {r['rate_offered'] or 'unpaced'} moves/s, "
@@ -1145,6 +1207,9 @@ def main() -> None:
                     help="let py-spy pause the server for each sample (its default; here it halved the "
                          "server's throughput), instead of --nonblocking")
     ap.add_argument("--json", default="", help="write the results here")
+    ap.add_argument("--old", default="", metavar="DIR",
+                    help="a second checkout (with its .venv) whose server takes turns with this one's")
+    ap.add_argument("--rounds", type=int, default=1, help="runs of each (encoding, rate, tree); medians")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (dbs, logs, profile)")
     ap.add_argument("--summarize", default="", help="summarise an existing py-spy raw file and exit")
     ap.add_argument("--ceiling-target", default="", help=argparse.SUPPRESS)
@@ -1168,7 +1233,8 @@ def main() -> None:
     args.window = 10.0 if args.quick else args.seconds
     tmp = Path(tempfile.mkdtemp(prefix="lith-kanban-"))
     found = print_conditions(
-        loop=f"server: {args.server_loop} (uvicorn --loop {args.server_loop} --http {HTTP_IMPL}); "
+        loop=f"server: {args.server_loop} (uvicorn --loop {args.server_loop} --http {HTTP_IMPL}"
+             f"{'; the old checkout with the http it has installed' if args.old else ''}); "
              f"client: {'uvloop' if uvloop else 'asyncio'}",
         tmpdir=tmp,
         sources=("fastapi_lith/app.py", "fastapi_lith/hub.py", "fastapi_lith/streams.py",
@@ -1190,9 +1256,13 @@ def main() -> None:
         plan = [(e, args.rate) for e in args.encodings.split(",") if e]
         if args.light_rate and "zstd" in args.encodings.split(","):
             plan.append(("zstd", args.light_rate))
-        for encoding, rate in plan:
-            print(f"running {encoding} at {rate:g} moves/s ...", flush=True)
-            results.append(one_run(args, tmp, template, encoding, rate))
+        trees = [Tree.old(Path(args.old).resolve()), Tree("new", ROOT, PY, HTTP_IMPL)] if args.old else [None]
+        for _ in range(args.rounds):
+            for encoding, rate in plan:
+                for tree in trees:  # old and new take turns, run by run
+                    print(f"running {encoding} at {rate:g} moves/s{' (' + tree.name + ')' if tree else ''} ...",
+                          flush=True)
+                    results.append(one_run(args, tmp, template, encoding, rate, tree=tree))
         ceiling = None if args.no_ceiling else run_ceiling(args, tmp, template)
         profiled = None
         if args.profile:
@@ -1201,6 +1271,8 @@ def main() -> None:
             profiled = one_run(args, tmp, template, "zstd", args.rate, profile_out=tmp / "zstd.raw")
             args.window = window
         print_report(results, ceiling)
+        if args.old:
+            print_compare(results)
         if profiled is not None:
             print(f"\nProfiled zstd run (py-spy record -r 100 -f raw -d 10 --threads"
                   f"{' --nonblocking' if args.spy_nonblocking else ''}, on the server; shares scaled to each "

@@ -17,7 +17,6 @@ from fastapi.exceptions import RequestValidationError
 from markupsafe import Markup
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
-from sse_starlette import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
 
@@ -25,7 +24,7 @@ from . import db, encoders
 from .backup import Backups
 from .encoders import Encoder
 from .hub import Hub
-from .streams import TAB_ID, Frame, Stream, body
+from .streams import TAB_ID, Frame, Stream, StreamResponse, body
 from .views import Render, ViewError, Views
 from .writer import Writer
 
@@ -65,7 +64,7 @@ class Lith:
         keepalive: float = 15.0,
         hibernate_after: float = 30.0,
         send_timeout: float = 10.0,
-        zstd_window_log: int = 19,
+        zstd_window_log: int | None = None,
         brotli_quality: int = 4,
         gzip_level: int = 6,
         datastar_url: str = DATASTAR_CDN,
@@ -90,7 +89,8 @@ class Lith:
         self.keepalive = keepalive
         self.hibernate_after = hibernate_after
         self.send_timeout = send_timeout
-        if not 10 <= zstd_window_log <= 23:  # browsers refuse a zstd window over 8 MiB
+        # None sizes each stream's window from its first write; browsers refuse one over 8 MiB.
+        if zstd_window_log is not None and not 10 <= zstd_window_log <= 23:
             raise ValueError(f"zstd_window_log must be 10 to 23, not {zstd_window_log}")
         self.encoder_settings = {
             "zstd": {"window_log": zstd_window_log},
@@ -176,7 +176,7 @@ class Lith:
         headers = {"Vary": "Accept-Encoding"}
         if encoder.name:
             headers["Content-Encoding"] = encoder.name
-        return EventSourceResponse(
+        return StreamResponse(
             self._body(stream, encoder, shutdown),
             headers=headers,
             ping=0,  # a raw ping would corrupt a compressed body: keep-alives go through the encoder

@@ -36,8 +36,9 @@ ENCODINGS: tuple[str, ...] = ("zstd", "br", "gzip", "identity")
 class Encoder:
     """Compresses one stream's events into one response body.
 
-    `encode` returns bytes that decode to exactly the event given, at once; `close` ends the
-    body so the client sees a clean end of stream rather than a truncated one.
+    `encode` returns bytes that decode to exactly the events given, in order, at once (they are
+    fed to the compressor one by one, never joined into a copy); `close` ends the body so the
+    client sees a clean end of stream rather than a truncated one.
     """
 
     name: str | None = None  # the `Content-Encoding` value; None for identity
@@ -45,7 +46,7 @@ class Encoder:
     hibernating: bool = False  # zstd: no compressor held (idle, or nothing sent yet)
     needs_restart: bool = False  # brotli: a frame outgrew the window, see BrotliEncoder
 
-    def encode(self, event: bytes) -> bytes:
+    def encode(self, *events: bytes) -> bytes:
         raise NotImplementedError
 
     def close(self) -> bytes:
@@ -63,8 +64,20 @@ class Encoder:
 class IdentityEncoder(Encoder):
     """No compression: events pass through untouched."""
 
-    def encode(self, event: bytes) -> bytes:
-        return event
+    def encode(self, *events: bytes) -> bytes:
+        return events[0] if len(events) == 1 else b"".join(events)
+
+
+# How many writes of the first one's size a sized window holds. The fast strategy finds text
+# again only while the write where it was last coded as literals is inside the window: with
+# room for about two writes a moved card costs kilobytes, with four to seven a few hundred
+# bytes (bench/RESULTS.md).
+ZSTD_FRAMES = 4
+
+
+def _zstd_window_log(size: int) -> int:
+    """A window that holds `ZSTD_FRAMES` writes of `size` bytes, within 2^17..2^23."""
+    return min(max(17, (ZSTD_FRAMES * size - 1).bit_length()), ZstdEncoder.MAX_WINDOW_LOG)
 
 
 class ZstdEncoder(Encoder):
@@ -74,8 +87,11 @@ class ZstdEncoder(Encoder):
     new frame in the same body, which browsers decode (they do not for brotli). The new frame
     starts with an empty window, so its first event costs about what a fresh stream's does.
 
-    `level`, `window_log` and `hash_log` pick zstd's parameters; any other field of
-    `zstandard.ZstdCompressionParameters` (chain_log, strategy, ...) can be given by name.
+    The window is sized from the stream's first write unless `window_log` is given: room for
+    `ZSTD_FRAMES` writes of that size, between 2^17 and 2^23, so a big board gets a window that
+    reaches back far enough and a small page keeps a small one. `level`, `window_log` and
+    `hash_log` pick zstd's parameters; any other field of `zstandard.ZstdCompressionParameters`
+    (chain_log, strategy, ...) can be given by name.
     """
 
     name = "zstd"
@@ -84,32 +100,46 @@ class ZstdEncoder(Encoder):
     MAX_WINDOW_LOG: ClassVar[int] = 23
 
     def __init__(
-        self, level: int = 1, window_log: int = 19, hash_log: int | None = 14, **params: int
+        self,
+        level: int = 1,
+        window_log: int | None = None,
+        hash_log: int | None = 13,
+        **params: int,
     ) -> None:
-        if not zstandard.WINDOWLOG_MIN <= window_log <= self.MAX_WINDOW_LOG:
+        if window_log is not None and not zstandard.WINDOWLOG_MIN <= window_log <= self.MAX_WINDOW_LOG:
             raise ValueError(
                 f"window_log must be in {zstandard.WINDOWLOG_MIN}..{self.MAX_WINDOW_LOG}"
             )
         # Level 1 is the fastest level that still entropy-codes literals: levels -1 to -5 saved
         # at most 15% CPU for 6-34% more bytes per frame and 8-41% larger first frames. Its
-        # fast strategy keeps one table, 4 * 2**hash_log bytes: 14 is level 1's own choice,
-        # and neither 13 nor 16 changed the bytes on a 142 KB board (bench/RESULTS.md).
-        # None leaves zstd's choice for the level.
-        if hash_log is not None:
-            params["hash_log"] = hash_log
-        self.params = zstandard.ZstdCompressionParameters.from_level(
-            level, window_log=window_log, **params
-        )
+        # fast strategy keeps one table, 4 * 2**hash_log bytes: 13 (32 KiB) sends the same
+        # bytes on a 142 KB board as level 1's own 14 or 16, with 2^19 and 2^20 windows alike
+        # (bench/RESULTS.md). None leaves zstd's choice for the level.
+        self.level = level
+        self.window_log = window_log
+        self.hash_log = hash_log
+        self._extra = params
+        self.params: Any = None if window_log is None else self._params(window_log)
         self._stream: Any = None  # a ZstdCompressionObj while a frame is open
         self._sent = False
         self._closed = False
 
+    def _params(self, window_log: int) -> Any:
+        params = dict(self._extra)
+        if self.hash_log is not None:
+            # A small window needs no larger table than a quarter of it: a 10 KB page keeps
+            # its stream under 0.3 MiB.
+            params["hash_log"] = min(self.hash_log, window_log - 4)
+        return zstandard.ZstdCompressionParameters.from_level(
+            self.level, window_log=window_log, **params
+        )
+
     @classmethod
     def low_memory(cls) -> ZstdEncoder:
-        """About 0.4 MiB per stream instead of 0.7: for pages whose frames stay under ~64 KB.
+        """About 0.4 MiB per stream: for pages whose frames stay under ~64 KB.
 
-        The window holds a quarter of the default, so keep a frame under a quarter of the
-        window (64 KB) for repeats to cost a few bytes; a 142 KB board costs kilobytes here.
+        The window holds 2^18 bytes whatever the first write, so keep a frame under a quarter
+        of it (64 KB) for repeats to cost a few bytes; a 142 KB board costs kilobytes here.
         """
         return cls(level=1, window_log=18, hash_log=13)
 
@@ -136,15 +166,21 @@ class ZstdEncoder(Encoder):
     def hibernating(self) -> bool:
         return self._stream is None
 
-    def encode(self, event: bytes) -> bytes:
+    def encode(self, *events: bytes) -> bytes:
         if self._closed:
             raise RuntimeError("encoder is closed")
         if self._stream is None:
+            if self.params is None:
+                self.params = self._params(_zstd_window_log(sum(map(len, events))))
             self._stream = zstandard.ZstdCompressor(compression_params=self.params).compressobj()
         self._sent = True
         stream = self._stream
-        out: bytes = stream.compress(event) + stream.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
-        return out
+        if len(events) == 1:
+            out: bytes = stream.compress(events[0]) + stream.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
+            return out
+        parts = [stream.compress(event) for event in events]
+        parts.append(stream.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK))
+        return b"".join(parts)
 
     def hibernate(self) -> bytes:
         if self._stream is None:
@@ -160,7 +196,7 @@ class ZstdEncoder(Encoder):
             tail = self.hibernate()
         else:
             # An empty frame, so even a stream that sent nothing has a valid zstd body.
-            tail = zstandard.ZstdCompressor(compression_params=self.params).compress(b"")
+            tail = zstandard.ZstdCompressor(compression_params=self.params or self._params(17)).compress(b"")
         self._closed = True
         return tail
 
@@ -230,23 +266,36 @@ class BrotliEncoder(Encoder):
         self._compressor: Any = None
         self._closed = False
 
-    def encode(self, event: bytes) -> bytes:
+    def encode(self, *events: bytes) -> bytes:
         if self._closed:
             raise RuntimeError("encoder is closed")
+        size = sum(map(len, events))
         if self._compressor is None:
-            self.lgwin = _brotli_lgwin(max(len(event), self.size_hint))
+            self.lgwin = _brotli_lgwin(max(size, self.size_hint))
             self._compressor = brotli.Compressor(quality=self.quality, lgwin=self.lgwin)
-        elif _brotli_lgwin(len(event)) > (self.lgwin or 24):
+        elif _brotli_lgwin(size) > (self.lgwin or 24):
             self.needs_restart = True
         compressor = self._compressor
         step = self.flush_every
-        if not step or len(event) <= step:
-            out: bytes = compressor.process(event) + compressor.flush()
-            return out
-        view = memoryview(event)
+        if not step or size <= step:
+            parts = [compressor.process(event) for event in events]
+            parts.append(compressor.flush())
+            return b"".join(parts)
+        # A flush after every `step` bytes of the whole write, as if the events were one.
         parts = []
-        for start in range(0, len(event), step):
-            parts.append(compressor.process(view[start : start + step]))
+        room = step
+        for event in events:
+            view = memoryview(event)
+            start = 0
+            while start < len(event):
+                piece = view[start : start + room]
+                parts.append(compressor.process(piece))
+                start += len(piece)
+                room -= len(piece)
+                if not room:
+                    parts.append(compressor.flush())
+                    room = step
+        if room != step:
             parts.append(compressor.flush())
         return b"".join(parts)
 
@@ -279,11 +328,12 @@ class GzipEncoder(Encoder):
         self._compressor: Any = zlib.compressobj(level, zlib.DEFLATED, 31)
         self._closed = False
 
-    def encode(self, event: bytes) -> bytes:
+    def encode(self, *events: bytes) -> bytes:
         if self._closed:
             raise RuntimeError("encoder is closed")
-        out: bytes = self._compressor.compress(event) + self._compressor.flush(zlib.Z_SYNC_FLUSH)
-        return out
+        parts = [self._compressor.compress(event) for event in events]
+        parts.append(self._compressor.flush(zlib.Z_SYNC_FLUSH))
+        return b"".join(parts)
 
     def close(self) -> bytes:
         if self._closed:

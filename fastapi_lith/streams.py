@@ -1,20 +1,26 @@
 """Streams: one per tab, holding only the newest frame of each view it watches.
 
 A slow tab skips frames instead of queueing them, so it costs the hub nothing and shows the
-newest state when it catches up. The hub offers frames; the tab's SSE response (`body`) takes
-them, compresses them against everything the stream sent before, and flushes each at once.
+newest state when it catches up. The hub offers frames; the fan-out compresses them on worker
+threads against everything the stream sent before, once the previous bytes are written; the
+tab's SSE response (`body`) writes the ready bytes, each flushed so it decodes at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from datastar_py.sse import ServerSentEventGenerator
+from sse_starlette import EventSourceResponse
+from sse_starlette.sse import SendTimeoutError
+from starlette.types import Message, Send
 
+from . import fanout as _fanout
 from .encoders import Encoder
 
 
@@ -48,9 +54,18 @@ class Stream:
         self.skipped = 0
         self.taken = 0
         self.ended = False
+        self.encodes = 0  # writes encoded by the fan-out for this stream
         self._pending: dict[str, Frame] = {}
         self._ready = asyncio.Event()
         self._hub: Watcher | None = None
+        # Set by `body`: the fan-out encodes pending frames, the body writes the bytes.
+        self._encoder: Encoder | None = None
+        self._fanout: _fanout.Fanout | None = None
+        self._requested = False  # in the fan-out's next batch
+        self._busy = False  # bytes being encoded, ready or being written: encode nothing more
+        self.encoding = False  # the encoder is in a worker's hands
+        self._out: bytes | BaseException | None = None
+        self._timer: asyncio.TimerHandle | None = None  # wakes the body for keep-alives
 
     def offer(self, frame: Frame) -> bool:
         """Hold `frame` for the tab, replacing an unsent one of the same view (then True)."""
@@ -58,7 +73,11 @@ class Stream:
         if replaced:
             self.skipped += 1
         self._pending[frame.key] = frame
-        self._ready.set()
+        if self._fanout is None:
+            self._ready.set()
+        elif not (self._busy or self._requested or self.ended):
+            self._requested = True
+            self._fanout.request(self)
         return replaced
 
     def holds(self, key: str) -> bool:
@@ -76,6 +95,66 @@ class Stream:
         if self._hub is not None:
             self._hub.caught_up(frames.keys())
         return list(frames.values())
+
+    # -- with the fan-out: frames go to a worker, ready bytes come back to the body ------------
+
+    def _start_encode(self) -> tuple[Stream, Encoder, list[bytes]] | None:
+        """The fan-out takes the pending frames for a worker (None: nothing to do now)."""
+        self._requested = False
+        frames = self._pending
+        if self._busy or self.ended or not frames or self._encoder is None:
+            return None
+        self._pending = {}
+        self.taken += len(frames)
+        self._busy = self.encoding = True
+        if self._hub is not None:
+            self._hub.caught_up(frames.keys())
+        return self, self._encoder, [f.event for f in frames.values()]
+
+    def _encoded(self, out: bytes | BaseException) -> None:
+        self.encoding = False
+        self.encodes += 1
+        self._out = out
+        self._ready.set()
+
+    def _written(self) -> None:
+        """The body wrote its bytes: frames that came meanwhile go to the next batch."""
+        self._busy = False
+        if self._pending and not self.ended and self._fanout is not None and not self._requested:
+            self._requested = True
+            self._fanout.request(self)
+
+    def _wake(self) -> None:
+        # A loop may fire a timer a little early (uvloop rounds to milliseconds): not armed any
+        # more is what counts, not the time it was set for.
+        self._timer = None
+        self._ready.set()
+
+    async def _next_bytes(self, deadline: float) -> bytes | None:
+        """Encoded bytes to write; None once `deadline` (loop time) passes with none, or once
+        ended with nothing in flight.
+
+        One timer per stream, armed again only once it fired or when it lies past the deadline:
+        deadlines move later with every write, so a busy stream arms none per write.
+        """
+        loop = asyncio.get_running_loop()
+        while self._out is None and not (self.ended and not self.encoding):
+            now = loop.time()
+            if now >= deadline:
+                return None
+            timer = self._timer
+            if deadline == math.inf:  # bytes are on their way from a worker: no timer needed
+                pass
+            elif timer is None or timer.when() > deadline:
+                if timer is not None:
+                    timer.cancel()
+                self._timer = loop.call_at(deadline, self._wake)
+            self._ready.clear()
+            await self._ready.wait()
+        out, self._out = self._out, None
+        if isinstance(out, BaseException):
+            raise out
+        return out
 
     async def next(self, timeout: float | None = None) -> list[Frame]:
         """Wait for at least one frame, then take them all; [] on timeout or once ended."""
@@ -95,6 +174,25 @@ class Stream:
         self._ready.set()
 
 
+class StreamResponse(EventSourceResponse):
+    """sse-starlette's response, its send timeout kept on a cheaper clock.
+
+    sse-starlette opens an AnyIO cancel scope around every chunk it sends, which costs about as
+    much as the rest of its path per chunk; one asyncio timeout does the same job for a third
+    of that (bench/send.py). A client that stops reading is still ended after `send_timeout`.
+    """
+
+    async def _send_with_timeout(self, send: Send, message: Message) -> None:
+        if self.send_timeout is None:
+            await send(message)
+            return
+        try:
+            async with asyncio.timeout(self.send_timeout):
+                await send(message)
+        except TimeoutError:
+            raise SendTimeoutError() from None
+
+
 # Tab ids come from the page; they name per-tab views and travel in URLs and commands.
 TAB_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 KEEPALIVE = b": keep-alive\n\n"
@@ -106,34 +204,60 @@ async def body(
     *,
     keepalive: float = 15.0,
     hibernate_after: float = 30.0,
+    fanout: _fanout.Fanout | None = None,
 ) -> AsyncIterator[bytes]:
     """The compressed SSE body of one tab: frames as they come, keep-alives, a clean end.
 
-    A zstd stream idle for `hibernate_after` seconds ends its zstd frame and frees its
-    compressor; the next event opens a new frame (browsers decode several in one body). A
-    keep-alive goes through the encoder like any event, so the body stays one valid stream.
+    Frames are encoded by `fanout` (the process's shared one if None) on worker threads; the
+    body only writes what is ready. A zstd stream idle for `hibernate_after` seconds ends its
+    zstd frame and frees its compressor; the next event opens a new frame (browsers decode
+    several in one body). A keep-alive goes through the encoder like any event, so the body
+    stays one valid stream; it and hibernation run here, never while a worker holds the encoder.
     """
     loop = asyncio.get_running_loop()
+    stream._encoder = encoder
+    stream._fanout = fanout or _fanout.shared()
+    if stream._pending:  # the first frames arrived before the body started
+        stream._requested = True
+        stream._fanout.request(stream)
     last_event = last_write = loop.time()
-    while not stream.ended:
-        can_hibernate = encoder.can_hibernate and not encoder.hibernating
-        wake = last_write + keepalive
-        if can_hibernate:
-            wake = min(wake, last_event + hibernate_after)
-        frames = await stream.next(timeout=max(0.0, wake - loop.time()))
-        now = loop.time()
-        if frames:
-            yield encoder.encode(b"".join(f.event for f in frames))
-            last_event = last_write = now
-            if encoder.needs_restart:  # a frame outgrew the brotli window: reconnect afresh
+    try:
+        while True:
+            can_hibernate = encoder.can_hibernate and not encoder.hibernating
+            wake = last_write + keepalive
+            if can_hibernate:
+                wake = min(wake, last_event + hibernate_after)
+            if stream.encoding:  # a worker holds the encoder: wait for its bytes, nothing else
+                wake = math.inf
+            out = await stream._next_bytes(wake)
+            now = loop.time()
+            if out is not None:
+                yield out
+                last_event = last_write = now
+                if encoder.needs_restart:  # a frame outgrew the brotli window: reconnect afresh
+                    stream.end()
+                stream._written()
+                if stream.ended:
+                    break
+            elif stream.ended:
                 break
-        elif stream.ended:
-            break
-        elif can_hibernate and now >= last_event + hibernate_after:
-            yield encoder.hibernate()
-        elif now >= last_write + keepalive:
-            asleep = encoder.hibernating
-            out = encoder.encode(KEEPALIVE)
-            yield out + encoder.hibernate() if asleep else out  # asleep: free it again at once
-            last_write = now
-    yield encoder.close()
+            elif can_hibernate and now >= last_event + hibernate_after:
+                stream._busy = True
+                yield encoder.hibernate()
+                stream._written()
+            elif now >= last_write + keepalive:
+                asleep = encoder.hibernating
+                out = encoder.encode(KEEPALIVE)
+                stream._busy = True
+                yield out + encoder.hibernate() if asleep else out  # asleep: free it again at once
+                stream._written()
+                last_write = now
+        while stream.encoding:  # the encoder comes back from its worker before it closes
+            stream._ready.clear()
+            await stream._ready.wait()
+        stream._out = None
+        yield encoder.close()
+    finally:
+        stream.end()
+        if stream._timer is not None:
+            stream._timer.cancel()

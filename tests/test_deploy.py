@@ -352,3 +352,21 @@ def test_over_http1_six_windows_freeze_the_seventh_behind_caddy_http2_they_do_no
     for page in windows:
         expect(page.locator("#counter")).to_have_text("2", timeout=10_000)
     tls.close()
+def test_make_run_the_template_and_the_units_serve_with_httptools_and_uvloop() -> None:
+    """The fast HTTP parser and loop are dependencies, and every way we start uvicorn names them,
+    so a missing one fails at start instead of silently falling back to h11 and asyncio."""
+    import importlib.metadata
+
+    import httptools  # noqa: F401
+    import uvloop  # noqa: F401
+
+    requires = importlib.metadata.requires("fastapi-lith") or []
+    assert any(r.startswith("uvicorn[standard]") for r in requires), requires
+    root = DEPLOY.parent
+    template = root / "fastapi_lith" / "template"
+    for path in (root / "Makefile", template / "Makefile.tmpl"):
+        run = path.read_text().split("\nrun:")[1].split("\n\n")[0]
+        assert "--loop uvloop --http httptools" in run, path
+    for path in (DEPLOY / "lith@.service", template / "deploy" / "lith@.service.tmpl"):
+        exec_start = path.read_text().split("ExecStart=")[1].split("\nKillSignal")[0]
+        assert "--loop uvloop --http httptools" in exec_start, path

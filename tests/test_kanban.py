@@ -345,3 +345,71 @@ def test_moving_a_card_keeps_every_other_card_cached(tmp_path: Path) -> None:
     info = card_item.cache_info()
     assert (info.misses, info.hits) == (201, 199)  # only the moved card rendered again
     conn.close()
+
+
+async def test_moves_keep_the_order_a_person_asked_for(tmp_path: Path) -> None:
+    """Random moves through the real writer leave each lane in the order of a list model where
+    the card is taken out and inserted at `position`; each move writes at most two rows' worth
+    of UPDATEs besides the outcome (the room it makes is one statement)."""
+    import random
+
+    from examples.kanban.commands import MoveCard
+    from examples.kanban.seed import MIGRATIONS, seed
+    from fastapi_lith import Lith
+    from fastapi_lith.testing import Tabs
+
+    db_path = tmp_path / "moves.db"
+    board_id = seed(db_path, cards=40)
+    conn = sqlite3.connect(db_path)
+    lanes = [r[0] for r in conn.execute("SELECT id FROM lane WHERE board_id = ? ORDER BY position", (board_id,))]
+    model = {
+        lane: [r[0] for r in conn.execute("SELECT id FROM card WHERE lane_id = ? ORDER BY position, id", (lane,))]
+        for lane in lanes
+    }
+    conn.close()
+    rng = random.Random(7)
+    lith = Lith(db_path, migrations=MIGRATIONS)
+    async with Tabs(lith) as tabs:
+        for op in range(300):
+            card_id = rng.choice([c for cards in model.values() for c in cards])
+            to_lane = rng.choice(lanes)
+            position = rng.randrange(0, len(model[to_lane]) + 2)
+            await tabs.do(MoveCard(tab="t", op=op, card_id=card_id, lane_id=to_lane, position=position))
+            for cards in model.values():
+                if card_id in cards:
+                    cards.remove(card_id)
+            model[to_lane].insert(min(position, len(model[to_lane])), card_id)
+    conn = sqlite3.connect(db_path)
+    for lane in lanes:
+        rows = conn.execute("SELECT id, position FROM card WHERE lane_id = ? ORDER BY position, id", (lane,)).fetchall()
+        assert [r[0] for r in rows] == model[lane]
+        assert len({r[1] for r in rows}) == len(rows)  # positions stay distinct within a lane
+    conn.close()
+
+
+def test_a_move_makes_room_with_one_update(tmp_path: Path) -> None:
+    """Moving to the top of a long lane writes the lane in one statement, not one per card."""
+    from examples.kanban.commands import MoveCard
+    from examples.kanban.seed import seed
+    from fastapi_lith.db import connect
+    from fastapi_lith.statements import StatementCache
+    from fastapi_lith.writer import Tx
+
+    board_id = seed(tmp_path / "one.db", cards=200)
+    conn = connect(tmp_path / "one.db")
+    lane_id, cards = conn.execute(
+        "SELECT lane_id, count(*) FROM card JOIN lane ON lane.id = lane_id WHERE board_id = ? "
+        "GROUP BY lane_id ORDER BY count(*) DESC LIMIT 1", (board_id,)
+    ).fetchone()
+    mover = conn.execute("SELECT id FROM card WHERE lane_id != ? LIMIT 1", (lane_id,)).fetchone()[0]
+    updates: list[str] = []
+    conn.set_trace_callback(lambda sql: updates.append(sql) if sql.lstrip().upper().startswith("UPDATE") else None)
+    conn.execute("BEGIN IMMEDIATE")
+    MoveCard(tab="t", op=1, card_id=mover, lane_id=lane_id, position=0).apply(Tx(conn, StatementCache()))
+    conn.execute("COMMIT")
+    conn.set_trace_callback(None)
+    assert cards > 40
+    assert len(updates) == 2, updates  # make room, place the card
+    first = conn.execute("SELECT id FROM card WHERE lane_id = ? ORDER BY position, id LIMIT 1", (lane_id,)).fetchone()
+    assert first[0] == mover
+    conn.close()

@@ -147,6 +147,14 @@ def test_one_card_change_after_the_first_frame_is_small(server: Server, encoding
     assert max(sizes) < limit, sizes
 
 
+def test_a_zstd_stream_sizes_its_window_from_its_first_write(server: Server) -> None:
+    headers = {"Accept-Encoding": "zstd"}
+    with httpx.stream("GET", f"{server.url}/lith/stream?views=board&tab=win", headers=headers, timeout=10) as r:
+        first = next(r.iter_raw())
+    # The first write is the ~142 KB board: room for four of it is a 1 MiB window.
+    assert zstandard.get_frame_parameters(first).window_size == 2**20
+
+
 def test_bad_query_parameters_get_400(server: Server) -> None:
     for query, message in [
         ("views=board", "tab"),
@@ -230,17 +238,27 @@ def test_a_client_that_stops_reading_is_ended_alone(server_factory: Any, tmp_pat
 
 def test_shutdown_ends_streams_cleanly_within_a_second(server_factory: Any, tmp_path: Path) -> None:
     server = server_factory("streamapp:app", cwd=TESTS, env={"STREAM_DB": str(tmp_path / "b.db")})
-    context = open_stream(server, "zstd")
-    reader = next(context)
-    reader.next_event()
+    contexts = [open_stream(server, e, f"views=board&tab={e}{i}") for e in ENCODINGS for i in range(3)]
+    readers = [next(context) for context in contexts]
+    for reader in readers:
+        reader.next_event()
+    rename(server, 5, "in flight")  # frames on their way while the server stops
     started = time.monotonic()
     server.proc.send_signal(15)  # SIGTERM, as a deploy does
-    rest = reader.rest()  # returns when the server ends the body
+    for reader in readers:
+        reader.rest()  # returns when the server ends the body
     assert time.monotonic() - started < 1.0
-    assert rest == b""
-    assert reader.decoder.frames_ended == 1  # the zstd frame was closed, not cut off
+    for reader in readers:  # every compressed body was closed, not cut off
+        decoder = reader.decoder
+        if decoder.encoding == "zstd":
+            assert decoder.frames_ended == 1
+        elif decoder.encoding == "br":
+            assert decoder._obj.is_finished()
+        elif decoder.encoding == "gzip":
+            assert decoder._obj.eof and not decoder._obj.unused_data
     assert server.proc.wait(5) in (0, -15)  # uvicorn re-raises SIGTERM after a clean shutdown
-    context.close()
+    for context in contexts:
+        context.close()
 
 
 # -- in Debian's Chromium: the page morphs each frame, whatever the encoding ---------------

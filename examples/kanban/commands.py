@@ -128,12 +128,15 @@ class MoveCard(TabCommand):
         lane = find_lane(tx, self.lane_id)
         if lane["board_id"] != card["board_id"]:
             raise CommandError("That lane is on another board.")
-        ids = [r[0] for r in tx.all(s.LANE_CARD_IDS, {"lane_id": self.lane_id}) if r[0] != self.card_id]
-        ids.insert(min(self.position, len(ids)), self.card_id)
-        tx.executemany(
-            s.PLACE_CARD,
-            ({"card_id": cid, "to_lane": self.lane_id, "new_position": i} for i, cid in enumerate(ids)),
-        )
+        # The card takes the place of the one now at `position` (the lane's end if none), which
+        # moves down with every card below it: one UPDATE, not one per card of the lane.
+        where = {"lane_id": self.lane_id, "card_id": self.card_id}
+        slot = tx.scalar(s.CARD_POSITION_AT, {**where, "index": self.position})
+        if slot is None:
+            slot = tx.scalar(s.END_OF_LANE, where)
+        else:
+            tx.execute(s.MAKE_ROOM, {"in_lane": self.lane_id, "moving": self.card_id, "slot": slot})
+        tx.execute(s.PLACE_CARD, {"card_id": self.card_id, "to_lane": self.lane_id, "new_position": slot})
         self.landed(tx, card["board_id"], f"Moved “{card['title']}” to {lane['title']}.")
 
 

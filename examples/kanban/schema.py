@@ -58,7 +58,7 @@ DELETE_LANE = lane.delete().where(lane.c.id == sa.bindparam("lane_id"))  # its c
 # -- cards -------------------------------------------------------------------------------------
 
 # Everything a card's HTML depends on, and nothing else (not its stored position, which a move
-# renumbers): the row is the key of the card's cached fragment.
+# changes): the row is the key of the card's cached fragment.
 BOARD_CARDS = (
     sa.select(card.c.id, card.c.lane_id, card.c.title, card.c.description)
     .select_from(card.join(lane, lane.c.id == card.c.lane_id))
@@ -91,6 +91,27 @@ PLACE_CARD = (
     card.update()
     .where(card.c.id == sa.bindparam("card_id"))
     .values(lane_id=sa.bindparam("to_lane"), position=sa.bindparam("new_position"))
+)
+# A move makes room with one UPDATE instead of renumbering the lane: positions stay distinct
+# within a lane and keep their order, gaps and all.
+CARD_POSITION_AT = (
+    sa.select(card.c.position)
+    .where(card.c.lane_id == sa.bindparam("lane_id"), card.c.id != sa.bindparam("card_id"))
+    .order_by(card.c.position, card.c.id)
+    .limit(1)
+    .offset(sa.bindparam("index"))
+)
+END_OF_LANE = sa.select(sa.func.coalesce(sa.func.max(card.c.position), -1) + 1).where(
+    card.c.lane_id == sa.bindparam("lane_id"), card.c.id != sa.bindparam("card_id")
+)
+MAKE_ROOM = (
+    card.update()
+    .where(
+        card.c.lane_id == sa.bindparam("in_lane"),
+        card.c.position >= sa.bindparam("slot"),
+        card.c.id != sa.bindparam("moving"),
+    )
+    .values(position=card.c.position + 1)
 )
 DELETE_CARD = card.delete().where(card.c.id == sa.bindparam("card_id"))
 

@@ -1,0 +1,205 @@
+"""The fan-out in process: real SQLite, writer, hub and encoders; stream bodies read as uvicorn would."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+import time
+import zlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import brotli
+import htpy as h
+import sqlalchemy as sa
+import zstandard
+
+from fastapi_lith import Command, Db, Lith, Tx
+from fastapi_lith.encoders import BrotliEncoder, Encoder, GzipEncoder, ZstdEncoder
+from fastapi_lith.fanout import Fanout
+from fastapi_lith.streams import Stream, body
+from fastapi_lith.testing import Tabs
+
+counter = sa.table("counter", sa.column("id"), sa.column("count"))
+ADD = counter.update().where(counter.c.id == 1).values(count=counter.c.count + 1)
+COUNT = sa.select(counter.c.count).where(counter.c.id == 1)
+FILLER = [f"card {i}: some text that repeats from frame to frame" for i in range(100)]
+
+
+class Add(Command):
+    def apply(self, tx: Tx) -> None:
+        tx.execute(ADD)
+        tx.touch("board")
+
+
+def make_lith(tmp_path: Path, *, pad: int = 1) -> Lith:
+    (tmp_path / "migrations").mkdir()
+    (tmp_path / "migrations" / "0001_init.sql").write_text(
+        "CREATE TABLE counter (id INTEGER PRIMARY KEY, count INTEGER NOT NULL);"
+        "INSERT INTO counter VALUES (1, 0);"
+    )
+    lith = Lith(tmp_path / "app.db", migrations=tmp_path / "migrations")
+
+    @lith.view("board", topics={"board"})
+    def board(db: Db) -> h.Element:
+        count = db.scalar(COUNT)
+        return h.main(id="board")[h.p(id="count")[f"count={count};"], [h.p[t] for t in FILLER * pad]]
+
+    return lith
+
+
+class Reader:
+    """Drives one body as sse-starlette does and decodes what it yields."""
+
+    def __init__(self, chunks: AsyncIterator[bytes], encoding: str) -> None:
+        self.chunks = chunks
+        self.encoding = encoding
+        self.text = ""
+        self.closed = False
+        self._zstd = zstandard.ZstdDecompressor().decompressobj()
+        self._br = brotli.Decompressor()
+        self._gzip = zlib.decompressobj(31)
+
+    def feed(self, chunk: bytes) -> None:
+        if self.encoding == "zstd":
+            while chunk:
+                self.text += self._zstd.decompress(chunk).decode()
+                if not self._zstd.eof:
+                    break
+                self.closed = True
+                chunk = self._zstd.unused_data
+                self._zstd = zstandard.ZstdDecompressor().decompressobj()
+        elif self.encoding == "br":
+            out = self._br.process(chunk)
+            while more := self._br.process(b""):
+                out += more
+            self.text += out.decode()
+            self.closed = self._br.is_finished()
+        else:
+            self.text += self._gzip.decompress(chunk).decode()
+            self.closed = self._gzip.eof
+
+    async def one(self) -> None:
+        self.feed(await anext(self.chunks))
+
+    async def run(self) -> None:
+        async for chunk in self.chunks:
+            self.feed(chunk)
+
+    @property
+    def count(self) -> int:
+        found = re.findall(r"count=(\d+);", self.text)
+        return int(found[-1]) if found else -1
+
+
+async def until(condition: object, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.005)
+
+
+async def test_a_stalled_stream_among_200_costs_no_encode_work(tmp_path: Path) -> None:
+    lith = make_lith(tmp_path, pad=2)  # over INLINE_BELOW: every board goes to the workers
+    fanout = Fanout(workers=2)
+    try:
+        async with Tabs(lith) as tabs:
+            streams = [Stream(f"t{i}") for i in range(200)]
+            for stream in streams:
+                await lith.hub.open(stream, ["board"])
+            readers = [Reader(body(s, ZstdEncoder(), fanout=fanout), "zstd") for s in streams]
+            stalled = readers[0]
+            await stalled.one()  # its first frame, then it stops reading
+            tasks = [asyncio.create_task(r.run()) for r in readers[1:]]
+            await until(lambda: all(r.count == 0 for r in readers[1:]), "first frames")
+            hops = fanout.hops
+            for n in range(1, 11):
+                await tabs.do(Add())
+                assert await tabs.tick() == 1  # the stalled stream does not hold the board back
+                await until(lambda: all(r.count == n for r in readers[1:]), f"frame {n}")
+            assert streams[0].encodes == 1  # only the first frame: nothing since it stalled
+            assert streams[0].skipped == 9 and streams[0].holds("board")
+            assert [s.encodes for s in streams[1:]] == [11] * 199
+            assert fanout.encodes == 1 + 199 * 11 and fanout.inline == 0
+            # One hop per worker per tick: the 199 streams of a tick go in two batches, not 199.
+            assert fanout.hops - hops == 10 * 2
+            # When it reads again it gets the newest board in one encode, not the ten it missed.
+            await stalled.one()
+            await until(lambda: stalled.count == 10, "the stalled stream catches up")
+            assert streams[0].encodes == 2
+            await stalled.chunks.aclose()  # type: ignore[attr-defined]
+        await asyncio.wait_for(asyncio.gather(*tasks), 10)  # shutdown ended every body
+        assert all(r.closed for r in readers[1:])
+    finally:
+        fanout.close()
+
+
+class ThreadNoting(ZstdEncoder):
+    """A real zstd encoder that notes which thread compresses."""
+
+    threads: set[str] = set()
+
+    def encode(self, *events: bytes) -> bytes:
+        self.threads.add(threading.current_thread().name)
+        return super().encode(*events)
+
+
+async def test_encodes_run_beside_the_loop_and_small_writes_on_it(tmp_path: Path) -> None:
+    lith = make_lith(tmp_path, pad=2)
+    async with Tabs(lith) as tabs:
+        stream = Stream("t")
+        await lith.hub.open(stream, ["board"])
+        reader = Reader(body(stream, ThreadNoting()), "zstd")
+        task = asyncio.create_task(reader.run())
+        await tabs.do(Add())
+        await tabs.tick()
+        await until(lambda: reader.count == 1, "the second frame")
+        assert ThreadNoting.threads and all(n.startswith("lith-fanout-") for n in ThreadNoting.threads)
+        ThreadNoting.threads.clear()
+        frame = lith.hub.instances["board"].frame
+        assert frame is not None
+        lith.hub.push("t", type(frame).patch("error", "<p id=error>rejected</p>"))  # 100-odd bytes
+        await until(lambda: "rejected" in reader.text, "the small frame")
+        assert ThreadNoting.threads == {threading.current_thread().name}
+    await asyncio.wait_for(task, 10)
+    assert reader.closed
+
+
+async def test_shutdown_closes_every_body_while_frames_are_in_flight(tmp_path: Path) -> None:
+    lith = make_lith(tmp_path, pad=20)  # a large board, so encodes are in flight at shutdown
+    kinds: list[tuple[str, type[Encoder]]] = [
+        ("zstd", ZstdEncoder), ("br", BrotliEncoder), ("gzip", GzipEncoder)
+    ]
+    encoders = [(name, kind()) for _ in range(10) for name, kind in kinds]
+    async with Tabs(lith) as tabs:
+        streams = [Stream(f"t{i}") for i in range(len(encoders))]
+        for stream in streams:
+            await lith.hub.open(stream, ["board"])
+        readers = [Reader(body(s, e), name) for s, (name, e) in zip(streams, encoders)]
+        tasks = [asyncio.create_task(r.run()) for r in readers]
+        for _ in range(3):
+            await tabs.do(Add())
+            await tabs.tick()
+    await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    assert all(r.closed for r in readers), [r.encoding for r in readers if not r.closed]
+    assert all(r.count >= 0 for r in readers)
+    assert all(not s.encoding for s in streams)
+
+
+async def test_a_brotli_frame_that_outgrows_the_window_ends_its_body_cleanly(tmp_path: Path) -> None:
+    lith = make_lith(tmp_path)
+    async with Tabs(lith) as tabs:
+        stream = Stream("t")
+        await lith.hub.open(stream, ["board"])
+        encoder = BrotliEncoder()
+        reader = Reader(body(stream, encoder), "br")
+        await reader.one()
+        assert encoder.lgwin == 16
+        frame = lith.hub.instances["board"].frame
+        assert frame is not None
+        big = type(frame).patch("board", frame.html * 40)
+        lith.hub.push("t", big)
+        await asyncio.wait_for(reader.run(), 10)  # the body ends after sending it
+        assert encoder.needs_restart and reader.closed and stream.ended
+        assert reader.text.count("datastar-patch-elements") == 2
