@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
 
 from . import db, encoders
-from .backup import Backups
+from .ops import Backups
 from .encoders import Encoder
 from .hub import Hub
 from .streams import TAB_ID, Frame, Stream, body

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from browser import free_port
-from fastapi_lith.backup import verify
+from fastapi_lith.ops import verify
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"

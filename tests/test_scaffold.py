@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from browser import ensure_datastar_js, find_chromium
-from fastapi_lith.__main__ import main, render_text, template_files
+from fastapi_lith.cli import main
+from fastapi_lith.scaffold import render_text, template_files
 
 REPO = Path(__file__).resolve().parent.parent
 PLACEHOLDER = re.compile(r"\{\{(name|package|lith_version|lith_source)\}\}")
