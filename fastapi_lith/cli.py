@@ -6,6 +6,7 @@
     python -m fastapi_lith migrate DB --migrations DIR
     python -m fastapi_lith status  DB --migrations DIR
     python -m fastapi_lith new     DIR [--name NAME]
+    python -m fastapi_lith replica status|restore|verify DB REPLICA
 
 Exit status: 0 done, 1 refused or failed (the message says why), 2 bad usage.
 """
@@ -17,12 +18,16 @@ import json
 import sqlite3
 import sys
 from collections.abc import Sequence
+from dataclasses import asdict
+from datetime import datetime, timezone
 from pathlib import Path
 
 from . import __version__, db
 from .exceptions import LithError
-from .ops import backup, holders, restore, verify
+from .ops import InUse, backup, files, holders, litestream, restore, verify
 from .ops.files import open_ro
+from .ops.replica import Replica
+from .ops.replica_check import check_replica, last_check
 from .scaffold import new_project, package_name
 
 
@@ -79,6 +84,25 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--migrations", metavar="DIR", type=Path, required=True,
                        help="the folder of numbered .sql files")  # fmt: skip
         p.set_defaults(func=func)
+
+    p = sub.add_parser("replica", help="continuous replication (Litestream): status, restore, verify")
+    actions = p.add_subparsers(metavar="ACTION")
+    for name, func, text in (
+        ("status", cmd_replica_status, "the replica's newest position against the live one, and the last check"),
+        ("restore", cmd_replica_restore, "restore DB from the replica (the app must be stopped)"),
+        ("verify", cmd_replica_verify, "restore the latest replica into a temporary file and compare it with DB"),
+    ):
+        q = actions.add_parser(name, help=text)
+        q.add_argument("db", metavar="DB", type=Path)
+        q.add_argument("url", metavar="REPLICA", help="the replica's URL, as given to Lith(replica=...)")
+        q.set_defaults(func=func)
+        if name == "restore":
+            q.add_argument("--no-keep", action="store_true", help="delete the replaced database instead of keeping it")
+        if name == "verify":
+            q.add_argument("--sync-interval", type=float, default=1.0, metavar="SECONDS",
+                           help="the app's replica_sync_interval: how far the replica may trail (default 1)")  # fmt: skip
+            q.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=lambda args: p.print_help(sys.stderr) or 2)
 
     p = sub.add_parser("new", help="write a new project")
     p.add_argument("dir", metavar="DIR", type=Path)
@@ -157,6 +181,64 @@ def cmd_status(args: argparse.Namespace) -> int:
     for m in migrations:
         print(f"  {'pending' if m.version > version else 'applied'}  {m.path.name}")
     return 1 if version > newest else 0
+
+
+# --------------------------------------------------------------------------- replication
+
+
+def cmd_replica_status(args: argparse.Namespace) -> int:
+    litestream.check_environment(args.url)
+    replicated = litestream.replica_position(args.url)
+    local = litestream.local_position(args.db)
+    print(f"replica     {litestream.redact(args.url)}")
+    print(f"replicated  {_position(replicated) if replicated else 'nothing yet'}")
+    print(f"live        {_position(local) if local else 'Litestream has not read this database yet'}")
+    if replicated and local:
+        behind = local.txid - replicated.txid
+        if behind > 0 and replicated.at is not None:
+            age = (datetime.now(timezone.utc) - replicated.at).total_seconds()
+            print(f"lag         {behind} transactions; the newest replicated one is {age:.0f} s old")
+        else:
+            print("lag         none: the replica holds every change Litestream has read")
+    last = last_check(args.db)
+    if last is None:
+        print("last check  none yet (python -m fastapi_lith replica verify DB REPLICA)")
+    else:
+        print(f"last check  {'ok' if last.ok else 'FAILED'} at {last.at}" + "".join(f"\n  {p}" for p in last.problems))
+    return 0
+
+
+def _position(pos: litestream.Position) -> str:
+    return f"txid {pos.txid:016x}" + (f" at {pos.at.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S} UTC" if pos.at else "")
+
+
+def cmd_replica_restore(args: argparse.Namespace) -> int:
+    replica = Replica(args.db, args.url, check_every=None)
+    if not args.db.exists():  # a fresh disk: what the app does before it opens the database
+        if not replica.prepare():
+            raise litestream.ReplicaError(f"{litestream.redact(args.url)} holds no copy of the database")
+        print(f"restored {args.db} from {litestream.redact(args.url)} ({files.mb(args.db.stat().st_size)})")
+        return 0
+    busy = holders(args.db)  # before a long download, not after
+    if busy:
+        raise InUse(f"{args.db} is open in another process ({'; '.join(busy)}): stop the app first; nothing was replaced")
+    replica.prepare()
+    tmp = files.temp_beside(args.db, "replica")
+    try:
+        if not litestream.restore(args.url, tmp, binary=replica.binary):
+            raise litestream.ReplicaError(f"{litestream.redact(args.url)} holds no copy of the database")
+        print(restore(tmp, args.db, keep_replaced=not args.no_keep).summary())
+    finally:
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{tmp}{suffix}").unlink(missing_ok=True)
+    return 0
+
+
+def cmd_replica_verify(args: argparse.Namespace) -> int:
+    litestream.check_environment(args.url)
+    result = check_replica(args.db, args.url, sync_interval=args.sync_interval)
+    print(json.dumps(asdict(result), indent=2) if args.json else "\n".join(result.lines()))
+    return 0 if result.ok else 1
 
 
 # --------------------------------------------------------------------------- new projects
