@@ -241,6 +241,16 @@ def test_the_unit_runs_one_uvicorn_per_database_and_restarts_on_failure(tmp_path
     assert done.returncode == 0 and not done.stderr.strip(), done.stderr
 
 
+def test_the_unit_and_the_env_file_pass_the_replica_through() -> None:
+    unit = (DEPLOY / "lith@.service").read_text()
+    # uvicorn alone gets SIGTERM, and stops Litestream after the writer's last commit
+    assert "\nKillMode=mixed\n" in unit and "EnvironmentFile=/srv/lith/%i/env" in unit
+    assert "ReadWritePaths=-/srv/lith/%i/replica" in unit
+    example = (DEPLOY / "env.example").read_text()
+    for name in ("#APP_REPLICA=s3://", "#APP_REPLICA=file://", "#APP_REPLICA_SYNC=", "#AWS_ACCESS_KEY_ID=", "#AWS_SECRET_ACCESS_KEY="):
+        assert name in example, name
+
+
 def test_the_caddyfile_is_valid_and_leaves_the_streams_alone() -> None:
     text = (DEPLOY / "Caddyfile").read_text()
     assert "flush_interval -1" in text and "not path /lith/stream*" in text
