@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from . import files, litestream
-from .replica_check import ReplicaChecks
 from .litestream import ReplicaError
+from .replica_check import ReplicaChecks, last_check
 
 log = logging.getLogger("fastapi_lith.replica")
 
@@ -167,11 +167,16 @@ class Replica:
             if time.monotonic() - started > 60:
                 backoff = 1.0
             log.error("litestream %s; starting it again in %.0f s (restart %d)", _exit(code), backoff, self.restarts)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 60.0)
-            if self._stopping:
-                return
-            await self._spawn()
+            while True:
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 60.0)
+                if self._stopping:
+                    return
+                try:
+                    await self._spawn()
+                    break
+                except OSError as exc:  # the binary went away under a running app
+                    log.error("litestream could not be started again: %s; next try in %.0f s", exc, backoff)
 
     async def _pump(self, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
@@ -221,7 +226,7 @@ class Replica:
 
     def health(self) -> dict[str, Any]:
         """For the app's health route: is it replicating, and how did the last check go."""
-        last = self.checks.last if self.checks is not None else None
+        last = last_check(self.path)  # recorded by the app's own checks or by `replica verify`
         return {
             "replicating": self.running,
             "restarts": self.restarts,

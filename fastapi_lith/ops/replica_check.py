@@ -106,7 +106,8 @@ def check_replica(
     result = CheckResult(at=datetime.now(timezone.utc).isoformat(timespec="seconds"), replica=litestream.redact(url))
     started = time.perf_counter()
     live = _LiveEnvelope(db_path)
-    folder = Path(tempfile.mkdtemp(prefix=f".{db_path.name}-check-", dir=db_path.parent))
+    here = db_path.parent if db_path.parent.is_dir() else None  # beside the database: same disk, same permissions
+    folder = Path(tempfile.mkdtemp(prefix=f".{db_path.name}-check-", dir=here))
     try:
         live.sample()
         position = litestream.replica_position(url, binary=binary)
@@ -134,7 +135,7 @@ def check_replica(
         shutil.rmtree(folder, ignore_errors=True)
     result.ok = not result.problems
     result.seconds = time.perf_counter() - started
-    if record:
+    if record and here is not None:
         files.write_atomic(record_path(db_path), (json.dumps(asdict(result), indent=2) + "\n").encode())
     if result.ok:
         log.info("replica check of %s ok: restored %s in %.2f s", db_path.name, files.mb(result.size), result.restore_seconds)
