@@ -17,7 +17,7 @@
 3. **Restore time for a 50 MB database**, from a file:// replica and from moto's S3 server on
    127.0.0.1: `litestream restore` of the latest state, median of 3.
 
-    python bench/replica.py            # about 2 minutes
+    python bench/replica.py            # about 3 minutes (--reps 5: about 5)
     python bench/replica.py --quick    # about 1 minute
 """
 

@@ -60,6 +60,9 @@ def replica(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[s
     if request.param == "file":
         return f"file://{tmp_path / 'replica'}", {}
     endpoint = request.getfixturevalue("s3")
+    monkeypatch: pytest.MonkeyPatch = request.getfixturevalue("monkeypatch")
+    for name, value in S3_ENV.items():  # the same for this process's `replica` commands
+        monkeypatch.delenv(name, raising=False) if value is None else monkeypatch.setenv(name, value)
     return f"s3://lith/{tmp_path.name}?endpoint={endpoint}&region=us-east-1", dict(S3_ENV)
 
 
@@ -151,6 +154,10 @@ def test_kill_9_and_a_lost_disk_lose_nothing_acknowledged_a_sync_interval_before
         assert "was missing: restored it from" in server.output
         assert httpx.post(f"{server.url}/append", json={}).json() == k + 1  # and the app goes on
         assert health(server)["replica"]["replicating"]  # type: ignore[index]
+        time.sleep(2 * SYNC)  # ... and so does the replica, from where the restore left it
+        again = tmp_path / "again.db"
+        assert main(["replica", "restore", str(again), url]) == 0
+        assert seq(again) == list(range(1, k + 2))
     finally:
         server.stop()
 
@@ -307,12 +314,13 @@ def test_the_daily_check_passes_a_sound_replica_and_fails_a_corrupted_one(tmp_pa
     finally:
         server.stop()
 
-    done = run("replica", "verify", db_path, url)
+    # The app is stopped: nothing trails, so the check need not wait for a lag.
+    done = run("replica", "verify", db_path, url, "--sync-interval", "0.2")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "seq        30 rows (live 30)" in done.stdout and "version    1 (live 1)" in done.stdout
 
     assert corrupt(tmp_path / "replica") > 0
-    done = run("replica", "verify", db_path, url)
+    done = run("replica", "verify", db_path, url, "--sync-interval", "0.2")
     assert done.returncode == 1, done.stdout
     assert "FAILED" in done.stdout
     record = last_check(db_path)
@@ -334,7 +342,7 @@ def test_the_check_fails_a_replica_that_stopped_following(tmp_path: Path, run: R
     with closing(sqlite3.connect(db_path)) as conn:  # written with no replicator running
         conn.execute("INSERT INTO note (body) VALUES ('not replicated')")
         conn.commit()
-    done = run("replica", "verify", db_path, url)
+    done = run("replica", "verify", db_path, url, "--sync-interval", "0.2")
     assert done.returncode == 1
     assert "table note: 0 rows in the replica, 1 in the live database" in done.stdout
     data = json.loads((db_path.parent / f".{db_path.name}-replica-check.json").read_text())
