@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
             q.add_argument("--sync-interval", type=float, default=1.0, metavar="SECONDS",
                            help="the app's replica_sync_interval: how far the replica may trail (default 1)")  # fmt: skip
             q.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.set_defaults(func=lambda args: p.print_help(sys.stderr) or 2)
+    p.set_defaults(func=lambda args, usage=p.print_help: usage(sys.stderr) or 2)  # no ACTION given
 
     p = sub.add_parser("new", help="write a new project")
     p.add_argument("dir", metavar="DIR", type=Path)

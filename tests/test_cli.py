@@ -166,6 +166,9 @@ def test_usage_errors(run: Run) -> None:
     assert run("status", "app.db").returncode == 2  # --migrations is required
     assert run("bogus").returncode == 2
     assert run("backup", "--method", "zip", "a.db", "b.db").returncode == 2
+    done = run("replica")  # an ACTION is required
+    assert done.returncode == 2 and "status" in done.stderr and "verify" in done.stderr
+    assert run("replica", "status", "app.db").returncode == 2  # and the replica's URL
 
 
 @pytest.mark.parametrize(
