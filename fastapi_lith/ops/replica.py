@@ -23,6 +23,7 @@ import logging
 import os
 import re
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ exit "$status"
 """
 _PID_LINE = re.compile(r"^lith: litestream pid (\d+)$")
 _LEVEL = re.compile(r"\blevel=(DEBUG|INFO|WARN|ERROR)\b")
+_SYNCED = " msg=sync "  # Litestream's line for each look at the WAL, once it has opened the database
 _LEVELS = {"DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARN": logging.WARNING, "ERROR": logging.ERROR}
 
 
@@ -78,6 +80,8 @@ class Replica:
         self._proc: asyncio.subprocess.Process | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._synced = asyncio.Event()
+        self._said: deque[str] = deque(maxlen=5)  # its last lines above DEBUG, for an error
 
     # -- before the database opens ------------------------------------------------------------
 
@@ -137,10 +141,32 @@ class Replica:
             self.config_path, litestream.config(self.path, self.url, sync_interval=self.sync_interval)
         )
         self._stopping = False
+        self._synced.clear()
         await self._spawn()
         self._task = asyncio.create_task(self._watch(), name="lith-replica")
+        await self._wait_started(self.sync_interval + 30.0)
         if self.checks is not None:
             self.checks.start()
+
+    async def _wait_started(self, timeout: float) -> None:
+        """Return once Litestream has read the database: before that, a stop uploads nothing.
+
+        A Litestream that exits at once (a bucket that does not exist, a refused credential)
+        stops the app's start with its last words.
+        """
+        deadline = time.monotonic() + timeout
+        while not self._synced.is_set():
+            if self.restarts or (self._proc is not None and self._proc.returncode is not None):
+                await self.stop()
+                said = " | ".join(self._said) or "no output"
+                raise ReplicaError(f"litestream stopped as it started, replicating to {litestream.redact(self.url)}: {said}")
+            if time.monotonic() > deadline:
+                log.warning("litestream has not read %s after %.0f s; starting anyway", self.path, timeout)
+                return
+            try:
+                await asyncio.wait_for(self._synced.wait(), 0.05)
+            except asyncio.TimeoutError:
+                pass
 
     async def _spawn(self) -> None:
         self.pid = None
@@ -185,8 +211,13 @@ class Replica:
             if match := _PID_LINE.match(line):
                 self.pid = int(match.group(1))
                 continue
-            level = _LEVEL.search(line)
-            log.log(_LEVELS[level.group(1)] if level else logging.INFO, "litestream: %s", line)
+            level = _LEVELS[m.group(1)] if (m := _LEVEL.search(line)) else logging.INFO
+            if level == logging.DEBUG:
+                if _SYNCED in line:
+                    self._synced.set()
+            else:
+                self._said.append(line)
+            log.log(level, "litestream: %s", line)
 
     @property
     def running(self) -> bool:
