@@ -141,7 +141,7 @@ class Replica:
             self.config_path, litestream.config(self.path, self.url, sync_interval=self.sync_interval)
         )
         self._stopping = False
-        self._synced.clear()
+        self._synced = asyncio.Event()  # of this loop: an app may start again on another
         await self._spawn()
         self._task = asyncio.create_task(self._watch(), name="lith-replica")
         await self._wait_started(self.sync_interval + 30.0)
@@ -151,12 +151,12 @@ class Replica:
     async def _wait_started(self, timeout: float) -> None:
         """Return once Litestream has read the database: before that, a stop uploads nothing.
 
-        A Litestream that exits at once (a bucket that does not exist, a refused credential)
-        stops the app's start with its last words.
+        A Litestream that exits at once (credentials it cannot use, a bad setting) stops the
+        app's start with its last words.
         """
-        deadline = time.monotonic() + timeout
+        deadline, restarts = time.monotonic() + timeout, self.restarts
         while not self._synced.is_set():
-            if self.restarts or (self._proc is not None and self._proc.returncode is not None):
+            if self.restarts != restarts or (self._proc is not None and self._proc.returncode is not None):
                 await self.stop()
                 said = " | ".join(self._said) or "no output"
                 raise ReplicaError(f"litestream stopped as it started, replicating to {litestream.redact(self.url)}: {said}")
