@@ -243,9 +243,9 @@ class Lith:
             hub.start()
         if self.backups is not None:
             await self.backups.start()  # after the writer: the database exists and is migrated
-        if self.replica is not None:
-            await self.replica.start()
         try:
+            if self.replica is not None:  # inside: a replica that cannot start stops the rest
+                await self.replica.start()
             yield
         finally:
             if self.backups is not None:
