@@ -153,6 +153,8 @@ def test_kill_9_and_a_lost_disk_lose_nothing_acknowledged_a_sync_interval_before
         print(f"{url.split(':')[0]}: {len(acked)} acknowledged, {newest - k} lost, the oldest lost "
               f"{window:.2f} s before the kill; restart with restore {restore_seconds:.2f} s")  # fmt: skip
         assert "was missing: restored it from" in server.output
+        # Litestream's folder described the lost database: moved aside, not reused
+        assert len(list(db_path.parent.glob(".app.db-litestream.orphaned-*"))) == 1
         assert httpx.post(f"{server.url}/append", json={}).json() == k + 1  # and the app goes on
         assert health(server)["replica"]["replicating"]  # type: ignore[index]
         time.sleep(2 * SYNC)  # ... and so does the replica, from where the restore left it
