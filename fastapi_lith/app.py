@@ -21,9 +21,11 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
 
 from . import db, encoders
-from .backup import Backups
 from .encoders import Encoder
 from .hub import Hub
+from .ops import Backups
+from .ops.litestream import WRITER_CHECKPOINT_PAGES
+from .ops.replica import Replica
 from .streams import TAB_ID, Frame, Stream, StreamResponse, body
 from .views import Render, ViewError, Views
 from .writer import Writer
@@ -71,6 +73,9 @@ class Lith:
         backup_folder: str | Path | None = None,
         backup_every: float = 3600.0,
         backup_keep: int = 24,
+        replica: str | None = None,
+        replica_sync_interval: float = 1.0,
+        replica_check_every: float | None = 86400.0,
     ) -> None:
         self.path = Path(path)
         self.error_id = error_id
@@ -84,6 +89,7 @@ class Lith:
             statement_cache=statement_cache,
             same_origin_only=same_origin_only,
             max_body=max_body,
+            wal_autocheckpoint=WRITER_CHECKPOINT_PAGES if replica is not None else 1000,
         )
         self._reader_count = readers
         self.keepalive = keepalive
@@ -103,6 +109,13 @@ class Lith:
         self.backups = (
             Backups(self.path, backup_folder, every=backup_every, keep=backup_keep)
             if backup_folder is not None
+            else None
+        )
+        # Every commit copied off the machine by Litestream (s3://bucket/path, file:///mnt/...),
+        # the database restored from it when its file is missing, the copy checked daily.
+        self.replica = (
+            Replica(self.path, replica, sync_interval=replica_sync_interval, check_every=replica_check_every)
+            if replica is not None
             else None
         )
         self.router = APIRouter(prefix=prefix, include_in_schema=False)
@@ -219,6 +232,8 @@ class Lith:
         """
         if app is not None:
             self._install_error_handler(app)
+        if self.replica is not None:  # binary, credentials, and a missing file restored first
+            await anyio.to_thread.run_sync(self.replica.prepare)
         await self.writer.start()
         readers = db.Readers(self.path, size=self._reader_count)
         hub = self._hub = Hub(self.views, readers, tick=self.tick)
@@ -229,6 +244,8 @@ class Lith:
         if self.backups is not None:
             await self.backups.start()  # after the writer: the database exists and is migrated
         try:
+            if self.replica is not None:  # inside: a replica that cannot start stops the rest
+                await self.replica.start()
             yield
         finally:
             if self.backups is not None:
@@ -240,6 +257,8 @@ class Lith:
             await self._engine.dispose()
             self._engine = None
             self._hub = None
+            if self.replica is not None:
+                await self.replica.stop()  # after the writer's last commit: it is uploaded too
 
     def _install_error_handler(self, app: FastAPI) -> None:
         """Answer a command's validation failure with an HTML fragment, not FastAPI's JSON.

@@ -82,8 +82,11 @@ class Writer:
         statement_cache: bool = True,
         same_origin_only: bool = True,
         max_body: int = 64 * 1024,
+        wal_autocheckpoint: int = 1000,
     ) -> None:
         self.path = Path(path)
+        # SQLite's default; raised while Litestream replicates, since it checkpoints itself.
+        self.wal_autocheckpoint = wal_autocheckpoint
         self.migrations = migrations
         self.synchronous = synchronous
         self.batch_size = batch_size
@@ -129,6 +132,7 @@ class Writer:
         conn = db.connect(
             self.path, synchronous=self.synchronous, cached_statements=self._cached_statements
         )
+        conn.execute(f"PRAGMA wal_autocheckpoint = {int(self.wal_autocheckpoint)}")
         try:
             if self.migrations is not None:
                 before, after = db.migrate(conn, self.migrations)

@@ -93,7 +93,7 @@ async def test_lith_keeps_the_newest_timed_backups(tmp_path: Path) -> None:
     import asyncio
 
     from fastapi_lith import Lith
-    from fastapi_lith.backup import verify
+    from fastapi_lith.ops import verify
 
     (tmp_path / "migrations").mkdir()
     (tmp_path / "migrations" / "0001_init.sql").write_text("CREATE TABLE t (id INTEGER PRIMARY KEY);")

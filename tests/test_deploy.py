@@ -24,7 +24,7 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import expect
 
 from browser import Server, free_port, port_answers, route_datastar, wait_for_datastar
-from fastapi_lith.backup import verify
+from fastapi_lith.ops import verify
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
@@ -243,6 +243,16 @@ def test_the_unit_runs_one_uvicorn_per_database_and_restarts_on_failure(tmp_path
         capture_output=True, text=True, timeout=60, cwd=units,
     )  # fmt: skip
     assert done.returncode == 0 and not done.stderr.strip(), done.stderr
+
+
+def test_the_unit_and_the_env_file_pass_the_replica_through() -> None:
+    unit = (DEPLOY / "lith@.service").read_text()
+    # uvicorn alone gets SIGTERM, and stops Litestream after the writer's last commit
+    assert "\nKillMode=mixed\n" in unit and "EnvironmentFile=/srv/lith/%i/env" in unit
+    assert "ReadWritePaths=-/srv/lith/%i/replica" in unit
+    example = (DEPLOY / "env.example").read_text()
+    for name in ("#APP_REPLICA=s3://", "#APP_REPLICA=file://", "#APP_REPLICA_SYNC=", "#AWS_ACCESS_KEY_ID=", "#AWS_SECRET_ACCESS_KEY="):
+        assert name in example, name
 
 
 def test_the_caddyfile_is_valid_and_leaves_the_streams_alone() -> None:

@@ -20,7 +20,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from browser import NON_LOOPBACK_RE, Server, wait_for_datastar
-from fastapi_lith.__main__ import render_text
+from fastapi_lith.scaffold import render_text
 from fastapi_lith.testing import Tabs
 
 REPO = Path(__file__).resolve().parent.parent

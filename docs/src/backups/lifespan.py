@@ -11,7 +11,7 @@ from fastapi_lith import Lith
 lith = Lith("app.db", migrations=Path(__file__).parent / "migrations")
 
 # --8<-- [start:lifespan]
-from fastapi_lith.backup import Backups
+from fastapi_lith.ops import Backups
 
 backups = Backups("app.db", "backups/", every=3600, keep=48)
 

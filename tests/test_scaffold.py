@@ -7,13 +7,17 @@ import re
 import shutil
 import subprocess
 import sys
+import sqlite3
 import sysconfig
+from contextlib import closing
 from pathlib import Path
 
+import httpx
 import pytest
 
-from browser import ensure_datastar_js, find_chromium
-from fastapi_lith.__main__ import main, render_text, template_files
+from browser import Server, ensure_datastar_js, find_chromium
+from fastapi_lith.cli import main
+from fastapi_lith.scaffold import render_text, template_files
 
 REPO = Path(__file__).resolve().parent.parent
 PLACEHOLDER = re.compile(r"\{\{(name|package|lith_version|lith_source)\}\}")
@@ -101,3 +105,20 @@ def test_the_project_installs_and_its_tests_pass(project: Path, tmp_path: Path) 
 
 def test_make_exists() -> None:
     assert shutil.which("make"), "the project template's Makefile needs make"
+
+
+def test_the_projects_app_replicates_when_its_environment_names_a_replica(project: Path, tmp_path: Path) -> None:
+    """What the deploy's env file sets (APP_REPLICA) reaches Litestream, and the health route says so."""
+    db_path, replica = tmp_path / "data" / "app.db", f"file://{tmp_path / 'replica'}"
+    server = Server("guestbook.app:app", cwd=project, log_path=tmp_path / "server.log", startup_timeout=60,
+                    env={"APP_DB": str(db_path), "APP_BACKUPS": str(tmp_path / "backups"), "APP_REPLICA": replica})  # fmt: skip
+    headers = {"Datastar-Request": "true", "Sec-Fetch-Site": "same-origin"}
+    with server:
+        health = httpx.get(f"{server.url}/health").json()
+        assert health["replica"]["replicating"] is True, health
+        signed = httpx.post(f"{server.url}/sign", json={"name": "Ada", "tab": "t1", "op": 1}, headers=headers)
+        assert signed.status_code == 204, signed.text
+    restored = tmp_path / "restored.db"
+    assert main(["replica", "restore", str(restored), replica]) == 0  # uploaded by the time it stopped
+    with closing(sqlite3.connect(restored)) as conn:
+        assert conn.execute("SELECT name FROM entry").fetchall() == [("Ada",)]

@@ -11,7 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from fastapi_lith.__main__ import main, package_name
+from fastapi_lith.cli import build_parser, main
+from fastapi_lith.db import MigrationError
+from fastapi_lith.exceptions import LithError
+from fastapi_lith.ops import BackupError, InUse
+from fastapi_lith.scaffold import ProjectError, package_name
 
 REPO = Path(__file__).resolve().parent.parent
 Run = Callable[..., subprocess.CompletedProcess[str]]
@@ -128,6 +132,9 @@ def test_migrate_refuses_a_database_another_process_holds(held: tuple[Path, subp
     assert done.returncode == 1
     assert f"pid {proc.pid}" in done.stderr and "migrates itself when it starts" in done.stderr
     assert version(db_path) == 1
+    args = build_parser().parse_args(["migrate", str(db_path), "--migrations", str(migrations)])
+    with pytest.raises(MigrationError, match="migrates itself when it starts"):  # a migration error, not a backup's
+        args.func(args)
     # status only reads: fine while the app runs
     done = run("status", db_path, "--migrations", migrations)
     assert done.returncode == 0 and "version 1; newest migration 2; 1 pending" in done.stdout
@@ -159,6 +166,9 @@ def test_usage_errors(run: Run) -> None:
     assert run("status", "app.db").returncode == 2  # --migrations is required
     assert run("bogus").returncode == 2
     assert run("backup", "--method", "zip", "a.db", "b.db").returncode == 2
+    done = run("replica")  # an ACTION is required
+    assert done.returncode == 2 and "status" in done.stderr and "verify" in done.stderr
+    assert run("replica", "status", "app.db").returncode == 2  # and the replica's URL
 
 
 @pytest.mark.parametrize(
@@ -178,3 +188,9 @@ def test_new_refuses_a_folder_that_is_not_empty_and_bad_names(tmp_path: Path, ru
     assert run("new", tmp_path / "x", "--name", "bad'name").returncode == 1
     assert run("new", tmp_path / "y", "--name", "tests").returncode == 1
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_the_command_lines_errors_share_one_base() -> None:
+    """An app or a script catches every error of the library with `except LithError`."""
+    for error in (BackupError, InUse, ProjectError):
+        assert issubclass(error, LithError), error

@@ -1,0 +1,256 @@
+"""The command line (`python -m fastapi_lith`): backups, restores, migrations and new projects from a shell.
+
+    python -m fastapi_lith backup  DB DEST            # DEST: a file, or a folder for DB-STAMP.db
+    python -m fastapi_lith verify  BACKUP [--json]
+    python -m fastapi_lith restore BACKUP DB          # refuses while an app holds DB open
+    python -m fastapi_lith migrate DB --migrations DIR
+    python -m fastapi_lith status  DB --migrations DIR
+    python -m fastapi_lith new     DIR [--name NAME]
+    python -m fastapi_lith replica status|restore|verify DB REPLICA
+
+Exit status: 0 done, 1 refused or failed (the message says why), 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+
+from . import __version__, db
+from .exceptions import LithError
+from .ops import InUse, backup, files, holders, litestream, restore, verify
+from .ops.files import open_ro
+from .ops.replica import Replica
+from .ops.replica_check import check_replica, last_check
+from .scaffold import new_project, package_name
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except (LithError, db.MigrationError) as exc:  # a MigrationError is a LithError too
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except sqlite3.Error as exc:
+        print(f"error: SQLite: {exc}", file=sys.stderr)
+        return 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m fastapi_lith",
+        description="Backups, restores, migrations and new projects for fastapi-lith apps.",
+    )
+    parser.add_argument("--version", action="version", version=f"fastapi-lith {__version__}")
+    sub = parser.add_subparsers(metavar="COMMAND")
+
+    p = sub.add_parser("backup", help="copy a live database (safe while the app runs)")
+    p.add_argument("db", metavar="DB", type=Path)
+    p.add_argument("dest", metavar="DEST", help="a file, or a folder (ending in /, or existing) for DB-STAMP.db")
+    p.add_argument("--method", choices=("backup", "vacuum"), default="backup",
+                   help="backup: SQLite's online backup API, fastest (default); "
+                        "vacuum: VACUUM INTO, a compacted copy")  # fmt: skip
+    p.set_defaults(func=cmd_backup)
+
+    p = sub.add_parser("verify", help="check a copy: version, size, integrity, checksum")
+    p.add_argument("backup", metavar="BACKUP", type=Path)
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("restore", help="replace a database by a copy (the app must be stopped)")
+    p.add_argument("backup", metavar="BACKUP", type=Path)
+    p.add_argument("db", metavar="DB", type=Path)
+    p.add_argument("--no-keep", action="store_true",
+                   help="delete the replaced database instead of keeping it as DB.replaced-STAMP")  # fmt: skip
+    p.set_defaults(func=cmd_restore)
+
+    for name, func, text in (
+        ("migrate", cmd_migrate, "apply pending migrations (the app must be stopped)"),
+        ("status", cmd_status, "list applied and pending migrations"),
+    ):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("db", metavar="DB", type=Path)
+        p.add_argument("--migrations", metavar="DIR", type=Path, required=True,
+                       help="the folder of numbered .sql files")  # fmt: skip
+        p.set_defaults(func=func)
+
+    p = sub.add_parser("replica", help="continuous replication (Litestream): status, restore, verify")
+    actions = p.add_subparsers(metavar="ACTION")
+    for name, func, text in (
+        ("status", cmd_replica_status, "the replica's newest position against the live one, and the last check"),
+        ("restore", cmd_replica_restore, "restore DB from the replica (the app must be stopped)"),
+        ("verify", cmd_replica_verify, "restore the latest replica into a temporary file and compare it with DB"),
+    ):
+        q = actions.add_parser(name, help=text)
+        q.add_argument("db", metavar="DB", type=Path)
+        q.add_argument("url", metavar="REPLICA", help="the replica's URL, as given to Lith(replica=...)")
+        q.set_defaults(func=func)
+        if name == "restore":
+            q.add_argument("--no-keep", action="store_true", help="delete the replaced database instead of keeping it")
+        if name == "verify":
+            q.add_argument("--sync-interval", type=float, default=1.0, metavar="SECONDS",
+                           help="the app's replica_sync_interval: how far the replica may trail (default 1)")  # fmt: skip
+            q.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=lambda args, usage=p.print_help: usage(sys.stderr) or 2)  # no ACTION given
+
+    p = sub.add_parser("new", help="write a new project")
+    p.add_argument("dir", metavar="DIR", type=Path)
+    p.add_argument("--name", help="the project's name (default: the folder's name)")
+    p.set_defaults(func=cmd_new)
+    return parser
+
+
+# --------------------------------------------------------------------------- backups
+
+
+def cmd_backup(args: argparse.Namespace) -> int:
+    info = backup(args.db, args.dest, method=args.method)
+    print(f"backed up {args.db} to {info.summary()}")
+    print(f"sha256 {info.sha256}")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    report = verify(args.backup)
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        print("\n".join(report.lines()))
+    return 0 if report.ok else 1
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    info = restore(args.backup, args.db, keep_replaced=not args.no_keep)
+    print(info.summary())
+    return 0
+
+
+# --------------------------------------------------------------------------- migrations
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    migrations = db.find_migrations(args.migrations)  # a missing folder fails before any file is made
+    if args.db.exists():
+        busy = holders(args.db)
+        if busy:
+            raise db.MigrationError(
+                f"{args.db} is open in another process ({'; '.join(busy)}): a running app migrates "
+                f"itself when it starts; stop it to migrate from the shell"
+            )
+    conn = db.connect(args.db)
+    try:
+        before, after = db.migrate(conn, args.migrations)
+    finally:
+        conn.close()
+    if before == after:
+        print(f"{args.db}: already at version {after}, nothing to apply")
+    else:
+        ran = [m.path.name for m in migrations if before < m.version <= after]
+        print(f"{args.db}: migrated from version {before} to {after} ({', '.join(ran)})")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    migrations = db.find_migrations(args.migrations)
+    if args.db.exists():
+        with open_ro(args.db) as conn:
+            version = db.user_version(conn)
+        where = str(args.db)
+    else:
+        version, where = 0, f"{args.db} (no such file yet)"
+    newest = migrations[-1].version if migrations else 0
+    pending = [m for m in migrations if m.version > version]
+    if version > newest:
+        state = f"NEWER than the newest migration ({newest}): this app would refuse to start"
+    elif pending:
+        state = f"{len(pending)} pending"
+    else:
+        state = "up to date"
+    print(f"{where}: version {version}; newest migration {newest}; {state}")
+    for m in migrations:
+        print(f"  {'pending' if m.version > version else 'applied'}  {m.path.name}")
+    return 1 if version > newest else 0
+
+
+# --------------------------------------------------------------------------- replication
+
+
+def cmd_replica_status(args: argparse.Namespace) -> int:
+    litestream.check_environment(args.url)
+    replicated = litestream.replica_position(args.url)
+    local = litestream.local_position(args.db)
+    print(f"replica     {litestream.redact(args.url)}")
+    print(f"replicated  {_position(replicated) if replicated else 'nothing yet'}")
+    print(f"live        {_position(local) if local else 'Litestream has not read this database yet'}")
+    if replicated and local:
+        behind = local.txid - replicated.txid
+        if behind > 0 and replicated.at is not None:
+            age = (datetime.now(timezone.utc) - replicated.at).total_seconds()
+            print(f"lag         {behind} transactions; the newest replicated one is {age:.0f} s old")
+        else:
+            print("lag         none: the replica holds every change Litestream has read")
+    last = last_check(args.db)
+    if last is None:
+        print("last check  none yet (python -m fastapi_lith replica verify DB REPLICA)")
+    else:
+        print(f"last check  {'ok' if last.ok else 'FAILED'} at {last.at}" + "".join(f"\n  {p}" for p in last.problems))
+    return 0
+
+
+def _position(pos: litestream.Position) -> str:
+    return f"txid {pos.txid:016x}" + (f" at {pos.at.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S} UTC" if pos.at else "")
+
+
+def cmd_replica_restore(args: argparse.Namespace) -> int:
+    replica = Replica(args.db, args.url, check_every=None)
+    if not args.db.exists():  # a fresh disk: what the app does before it opens the database
+        if not replica.prepare():
+            raise litestream.ReplicaError(f"{litestream.redact(args.url)} holds no copy of the database")
+        print(f"restored {args.db} from {litestream.redact(args.url)} ({files.mb(args.db.stat().st_size)})")
+        return 0
+    busy = holders(args.db)  # before a long download, not after
+    if busy:
+        raise InUse(f"{args.db} is open in another process ({'; '.join(busy)}): stop the app first; nothing was replaced")
+    replica.prepare()
+    tmp = files.temp_beside(args.db, "replica")
+    try:
+        if not litestream.restore(args.url, tmp, binary=replica.binary):
+            raise litestream.ReplicaError(f"{litestream.redact(args.url)} holds no copy of the database")
+        print(restore(tmp, args.db, keep_replaced=not args.no_keep).summary())
+    finally:
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{tmp}{suffix}").unlink(missing_ok=True)
+    return 0
+
+
+def cmd_replica_verify(args: argparse.Namespace) -> int:
+    litestream.check_environment(args.url)
+    result = check_replica(args.db, args.url, sync_interval=args.sync_interval)
+    print(json.dumps(asdict(result), indent=2) if args.json else "\n".join(result.lines()))
+    return 0 if result.ok else 1
+
+
+# --------------------------------------------------------------------------- new projects
+
+
+def cmd_new(args: argparse.Namespace) -> int:
+    files = new_project(args.dir, name=args.name)
+    package = package_name(args.name or args.dir.resolve().name)
+    print(f"wrote {len(files)} files into {args.dir} (package {package}):")
+    for path in files:
+        print(f"  {path.relative_to(args.dir)}")
+    print(f"\nnext:\n  cd {args.dir}\n  make test      # a venv, the tests (a browser test with chromium)\n"
+          f"  make run       # http://127.0.0.1:8000")  # fmt: skip
+    return 0
+

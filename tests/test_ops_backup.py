@@ -1,0 +1,216 @@
+"""ops/backup.py and ops/timer.py: copies of real SQLite files, under load, by a thread, the timer and
+another process."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from contextlib import closing
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from fastapi_lith import Command, Tx
+from fastapi_lith.ops import Backups, backup, verify
+from fastapi_lith.ops.files import checksum_path, copy_name
+from fastapi_lith.writer import Writer
+
+def rows(path: Path) -> list[int]:
+    with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
+        return [r[0] for r in conn.execute("SELECT n FROM seq ORDER BY n")]
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# --------------------------------------------------------------------------- under load
+
+
+class Append(Command):
+    """The next number of the sequence: gap-free because the writer applies commands in order."""
+
+    def apply(self, tx: Tx) -> int:
+        n = tx.scalar("SELECT coalesce(max(n), 0) + 1 FROM seq")
+        tx.execute("INSERT INTO seq (n, payload) VALUES (?, randomblob(200))", (n,))
+        return n
+
+
+@pytest.fixture
+def seq_db(tmp_path: Path) -> tuple[Path, Path]:
+    migrations = tmp_path / "migrations"
+    migrations.mkdir()
+    (migrations / "0001_seq.sql").write_text(
+        "CREATE TABLE seq (n INTEGER PRIMARY KEY, payload BLOB NOT NULL);\n"
+        "CREATE TABLE filler (id INTEGER PRIMARY KEY, data BLOB NOT NULL);\n"
+        # about 10 MB, so that a copy takes long enough for commits to land during it
+        "WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < 2500)\n"
+        "INSERT INTO filler (data) SELECT randomblob(4000) FROM c;\n"
+    )
+    return tmp_path / "seq.db", migrations
+
+
+SHELL = "import sys; from fastapi_lith.cli import main; sys.stdin.readline(); sys.exit(main(sys.argv[1:]))"
+
+
+async def test_backups_under_load_hold_exactly_the_commands_committed_before_them(
+    seq_db: tuple[Path, Path], tmp_path: Path
+) -> None:
+    db_path, migrations = seq_db
+    shell = subprocess.Popen(
+        [sys.executable, "-c", SHELL, "backup", str(db_path), str(tmp_path / "copies" / "shell.db")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    writer = Writer(db_path, migrations=migrations)
+    await writer.start()
+    acked: set[int] = set()
+    state = {"max": 0}
+    stop = asyncio.Event()
+
+    async def producer() -> None:
+        while not stop.is_set():
+            n = await writer.do(Append())
+            acked.add(n)
+            state["max"] = max(state["max"], n)
+
+    copies: list[tuple[int, Path, int, int]] = []  # (acked before, copy, batches before, after)
+
+    def take_copies() -> None:
+        for i in range(4):
+            before, batches = state["max"], writer.batches
+            info = backup(db_path, tmp_path / "copies" / f"copy-{i}.db", method="vacuum" if i == 3 else "backup")
+            copies.append((before, info.path, batches, writer.batches))
+            time.sleep(0.1)
+
+    timer = Backups(db_path, tmp_path / "timed", every=1, keep=2)
+    producers = [asyncio.create_task(producer()) for _ in range(32)]
+    await asyncio.sleep(0.3)
+    # One copy from another process, by the shell command's code, while the load goes on. The
+    # process imported before the load began and copies when told: then "before" is exact.
+    shell_before = state["max"]
+    shell.stdin.write("go\n")  # type: ignore[union-attr]
+    shell.stdin.flush()  # type: ignore[union-attr]
+    await timer.start()
+    started = time.monotonic()
+    await asyncio.to_thread(take_copies)
+    await asyncio.sleep(max(0.0, 2.6 - (time.monotonic() - started)))  # the timer takes a third copy
+    while shell.poll() is None:
+        await asyncio.sleep(0.05)
+    await timer.stop()
+    stop.set()
+    await asyncio.gather(*producers)
+    await writer.close()
+    assert shell.returncode == 0, shell.stdout.read()  # type: ignore[union-attr]
+    copies.append((shell_before, tmp_path / "copies" / "shell.db", 0, 0))
+
+    final = state["max"]
+    assert final > 1000, f"too little load to mean anything: {final} commands"
+    assert acked == set(range(1, final + 1))
+    timed = timer.copies()
+    assert timer.taken >= 3 and len(timed) == 2, (timer.taken, timed)  # the oldest was pruned
+    landed_during_a_copy = False
+    for before, path, batches_before, batches_after in copies + [(0, p, 0, 0) for p in timed]:
+        got = rows(path)
+        k = len(got)
+        assert got == list(range(1, k + 1)), f"{path.name}: not a gap-free prefix"
+        assert before <= k <= final, f"{path.name}: holds 1..{k}, but {before} were acknowledged before it"
+        report = verify(path)
+        assert report.ok and report.checksum == "ok", report.lines()
+        landed_during_a_copy |= batches_after > batches_before
+    assert landed_during_a_copy, "the writer committed nothing while copies were taken"
+    worst = max(writer.commit_seconds)
+    print(f"{final} commands, {writer.batches} batches, {len(copies) + timer.taken} copies; "
+          f"slowest batch {worst * 1000:.1f} ms")  # fmt: skip
+    assert worst < 2.0  # the writer never waited on a copy
+
+
+# --------------------------------------------------------------------------- the timer
+
+
+def fake_copy(folder: Path, stem: str, age: timedelta, source: Path) -> Path:
+    path = folder / copy_name(f"{stem}.db", datetime.now(timezone.utc) - age)
+    path.write_bytes(source.read_bytes())
+    checksum_path(path).write_text(f"{sha(path)}  {path.name}\n")
+    return path
+
+
+async def test_timer_names_copies_by_utc_time_keeps_the_newest_and_resumes_its_schedule(
+    tmp_path: Path,
+) -> None:
+    db_path = tmp_path / "app.db"
+    with closing(sqlite3.connect(db_path)) as conn:
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("CREATE TABLE t (x)")
+        conn.execute("INSERT INTO t VALUES (1)")
+    folder = tmp_path / "backups"
+    folder.mkdir()
+    old = [fake_copy(folder, "app", timedelta(hours=h), db_path) for h in (5, 4, 3, 2)]
+    others = [folder / "app-before-20260101T000000Z.db", folder / "notes.txt", folder / "other-20260101T000000Z.db"]
+    for path in others:
+        path.write_text("not ours")
+
+    timer = Backups(db_path, folder, every=3 * 3600, keep=3)
+    assert timer.copies() == old
+    newest = datetime.strptime(old[-1].name[4:-3], "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc)
+    assert timer.next_due() == pytest.approx(newest.timestamp() + 3 * 3600)  # one hour from now
+
+    info = await timer.take()
+    assert info.path.name == copy_name(db_path) and info.path.parent == folder
+    assert info.path.name.startswith("app-") and info.path.name.endswith("Z.db")
+    assert timer.copies() == [*old[-2:], info.path]
+    for gone in old[:2]:
+        assert not gone.exists() and not checksum_path(gone).exists()
+    assert all(p.exists() for p in others)  # only its own copies are ever deleted
+    assert verify(info.path).ok
+
+    # Due at once when the newest copy is older than `every`; the copy is in before stop returns.
+    later = Backups(db_path, tmp_path / "fresh", every=3600, keep=1)
+    assert later.next_due() <= time.time()
+    await later.start()
+    for _ in range(100):
+        if later.taken:
+            break
+        await asyncio.sleep(0.05)
+    await later.stop()
+    assert later.taken == 1 and len(later.copies()) == 1
+
+    with pytest.raises(ValueError):
+        Backups(db_path, folder, every=0.5, keep=3)
+    with pytest.raises(ValueError):
+        Backups(db_path, folder, every=60, keep=0)
+
+
+def test_a_copy_of_a_database_held_by_another_thread_is_consistent(tmp_path: Path) -> None:
+    """The backup API copies in one step: a write between two steps cannot tear the copy."""
+    db_path = tmp_path / "big.db"
+    conn = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("CREATE TABLE seq (n INTEGER PRIMARY KEY, payload BLOB)")
+    conn.execute("BEGIN")
+    conn.executemany("INSERT INTO seq VALUES (?, randomblob(1000))", [(i,) for i in range(1, 5001)])
+    conn.execute("COMMIT")
+    stop = threading.Event()
+
+    def write() -> None:
+        n = 5001
+        while not stop.is_set():
+            conn.execute("INSERT INTO seq VALUES (?, randomblob(1000))", (n,))
+            n += 1
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    try:
+        infos = [backup(db_path, tmp_path / f"c{i}.db") for i in range(3)]
+    finally:
+        stop.set()
+        thread.join()
+        conn.close()
+    for info in infos:
+        got = rows(info.path)
+        assert got == list(range(1, len(got) + 1))
