@@ -235,3 +235,20 @@ def test_every_python_block_comes_from_a_file_the_tests_run() -> None:
             if "\n".join(lines) not in set(windows):
                 loose.append(f"{page.name}:\n{block}")
     assert not loose, "\n\n".join(loose)
+
+
+async def test_the_replication_example_replicates_and_reports_its_health(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import httpx
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("APP_REPLICA", (tmp_path / "replica").as_uri())
+    monkeypatch.delenv("AWS_CA_BUNDLE", raising=False)  # Litestream's S3 client refuses it; unused here
+    example = load(SRC / "backups" / "replica.py", "docs_backups_replica")
+    async with example.app.router.lifespan_context(example.app):
+        transport = httpx.ASGITransport(app=example.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://docs") as client:
+            health = (await client.get("/health")).json()
+    assert health["ok"] is True and health["replica"]["replicating"] is True
+    assert any((tmp_path / "replica").rglob("*")), "Litestream wrote nothing to the replica"
