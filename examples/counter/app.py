@@ -60,7 +60,7 @@ def outcome_view(db: Db, tab: str) -> h.Element:
 
 
 app = FastAPI(lifespan=lith.lifespan)
-app.include_router(lith.router)
+lith.install(app)  # the stream route, the body limit, errors as HTML for Datastar
 
 
 @app.post("/add", status_code=204, include_in_schema=False)
