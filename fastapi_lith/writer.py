@@ -196,6 +196,7 @@ class Writer:
         self._wake = asyncio.Event()  # bound to this loop: a Lith may start again on another
         self._closing = False
         self._task = asyncio.create_task(self._run(), name="lith-writer")
+        self._task.add_done_callback(self._stopped)
         # Start-up leaves ~80k long-lived objects (fastapi, SQLAlchemy, pydantic): frozen, the
         # collector stops walking them. Under 200 producers collection fell from 17% of the
         # time to 4%, and its pauses from 100+ ms to a few (bench/RESULTS.md, Writer).
@@ -301,52 +302,52 @@ class Writer:
     async def _run(self) -> None:
         queue, size, thread = self._queue, self.batch_size, self._thread
         assert thread is not None
-        try:
-            while True:
-                if not queue:
-                    if self._closing:
-                        return
-                    self._wake.clear()
-                    await self._wake.wait()
-                    continue
-                batch: list[Command] = []
-                keys: list[str | None] = []
-                futures: list[asyncio.Future[Any]] = []
-                keyed = False
-                while queue and len(batch) < size:
-                    cmd, key, fut = queue.popleft()
-                    if not fut.cancelled():
-                        batch.append(cmd)
-                        keys.append(key)
-                        futures.append(fut)
-                        keyed = keyed or key is not None
-                if not batch:
-                    continue
-                started = time.perf_counter()
-                outcome = thread.submit(self._apply, batch, keys if keyed else None)
-                try:
-                    await asyncio.shield(outcome)
-                except asyncio.CancelledError:
-                    # The batch is SQLite's now: whatever cancelled this task, wait for the
-                    # COMMIT's outcome and tell each caller the truth, then stop.
-                    while not outcome.done():
-                        try:
-                            await asyncio.wait((outcome,))
-                        except asyncio.CancelledError:
-                            continue
-                    self._settle(outcome, futures, started)
-                    raise
-                except BaseException:
-                    pass  # the COMMIT failed: `_settle` hands the error to every caller
+        while True:
+            if not queue:
+                if self._closing:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            batch: list[Command] = []
+            keys: list[str | None] = []
+            futures: list[asyncio.Future[Any]] = []
+            keyed = False
+            while queue and len(batch) < size:
+                cmd, key, fut = queue.popleft()
+                if not fut.cancelled():
+                    batch.append(cmd)
+                    keys.append(key)
+                    futures.append(fut)
+                    keyed = keyed or key is not None
+            if not batch:
+                continue
+            started = time.perf_counter()
+            outcome = thread.submit(self._apply, batch, keys if keyed else None)
+            try:
+                await asyncio.shield(outcome)
+            except asyncio.CancelledError:
+                # The batch is SQLite's now: whatever cancelled this task, wait for the
+                # COMMIT's outcome and tell each caller the truth, then stop.
+                while not outcome.done():
+                    try:
+                        await asyncio.wait((outcome,))
+                    except asyncio.CancelledError:
+                        continue
                 self._settle(outcome, futures, started)
-        finally:
-            # Stopped (closed, cancelled, or a bug): commands never taken were not applied,
-            # and their callers may send them again.
-            self._closing = True
-            while queue:
-                _, _, fut = queue.popleft()
-                if not fut.done():
-                    fut.set_exception(WriterClosed("the writer stopped before taking the command"))
+                raise
+            except BaseException:
+                pass  # the COMMIT failed: `_settle` hands the error to every caller
+            self._settle(outcome, futures, started)
+
+    def _stopped(self, task: asyncio.Task[None]) -> None:
+        """The task ended (closed, cancelled, even before it ran, or a bug): commands never
+        taken were not applied, and their callers may send them again."""
+        self._closing = True
+        while self._queue:
+            _, _, fut = self._queue.popleft()
+            if not fut.done():
+                fut.set_exception(WriterClosed("the writer stopped before taking the command"))
 
     def _settle(self, outcome: asyncio.Future[Any], futures: list[asyncio.Future[Any]], started: float) -> None:
         """Hand each caller its result or error, then tell the subscribers what changed."""
