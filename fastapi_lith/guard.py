@@ -43,9 +43,10 @@ class BodyLimit:
     late; the bound wraps `receive` instead. When the body is first read, routing is done and
     `scope["route"]` names the route: it is bounded if `writer` is among the route's
     dependencies (looked up once per route and remembered), so any FastAPI route that takes
-    `Depends(lith.writer)` is covered and every other route is left alone. A `Content-Length`
-    over the limit is refused before a byte is read; a chunked body as soon as it passes the
-    limit, so memory holds at most the limit plus one chunk.
+    `Depends(lith.writer)` is covered and every other route is left alone. A body is refused
+    as soon as it passes the limit, so memory holds at most the limit plus one chunk; a
+    `Content-Length` over the limit is refused before a byte is read, unless Datastar sent it:
+    then the first `max_body` bytes are read, for the tab to tell.
     """
 
     def __init__(self, app: ASGIApp, *, writer: object, max_body: int) -> None:
@@ -68,10 +69,17 @@ class BodyLimit:
             if bounded is None:
                 bounded = self.takes_writer(scope.get("route"))
                 if bounded:
-                    # Kept for the error handlers: the tab and op of a refused command.
-                    scope.setdefault("state", {})["lith_body"] = chunks
-                    length = Headers(scope=scope).get("content-length")
-                    if length is not None and length.isdigit() and int(length) > limit:
+                    # A command's request, as the writer dependency would mark it; the body is
+                    # kept for the error handlers: the tab and op of a refused command.
+                    state = scope.setdefault("state", {})
+                    state["lith_command"] = True
+                    state["lith_body"] = chunks
+                    headers = Headers(scope=scope)
+                    length = headers.get("content-length")
+                    if (
+                        length is not None and length.isdigit() and int(length) > limit
+                        and headers.get("datastar-request") != "true"  # else read on, to find its tab
+                    ):
                         raise BodyTooLarge(limit, b"")
             message = await receive()
             if bounded and message["type"] == "http.request":
