@@ -85,7 +85,7 @@ class Lith:
         backup_folder: str | Path | None = None,
         backup_every: float = 3600.0,
         backup_keep: int = 24,
-        repeat_window: float = 24 * 3600.0,
+        repeat_window: float = 3600.0,
         messages: Messages | None = None,
     ) -> None:
         """Every setting is checked here: a typo raises `SettingError` (a `ValueError`)."""

@@ -94,9 +94,11 @@ _request_key: ContextVar[_RequestKey | None] = ContextVar("lith_request_key", de
 IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,200}")
 
 # The library's own table: each keyed command's first outcome, written in the command's own
-# transaction, so a repeat that finds no row knows the first never committed.
+# transaction, so a repeat that finds no row knows the first never committed. A rowid table:
+# rows append in time order and only the small key index takes scattered inserts (keyed by
+# the key text, WITHOUT ROWID, each insert split pages all over the tree and cost far more).
 OUTCOMES_SCHEMA = """
-CREATE TABLE IF NOT EXISTS lith_outcome (key TEXT PRIMARY KEY, at REAL NOT NULL, outcome BLOB NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS lith_outcome (key TEXT NOT NULL UNIQUE, at REAL NOT NULL, outcome BLOB NOT NULL);
 CREATE INDEX IF NOT EXISTS lith_outcome_at ON lith_outcome (at);
 """
 FIND_OUTCOME = "SELECT outcome FROM lith_outcome WHERE key = ? AND at >= ?"
@@ -154,7 +156,7 @@ class Writer:
         cached_statements: int = 512,
         statement_cache: bool = True,
         same_origin_only: bool = True,
-        repeat_window: float = 24 * 3600.0,
+        repeat_window: float = 3600.0,
     ) -> None:
         self.path = Path(path)
         self.migrations = migrations

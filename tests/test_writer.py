@@ -461,7 +461,7 @@ async def test_old_outcomes_are_pruned_at_start(tmp_path: Path, migrations: Path
         await writer.do(Keyed(tab="t1", op=op, value=f"v{op}"))
     await writer.close()
     with sqlite3.connect(path) as conn:
-        conn.execute("UPDATE lith_outcome SET at = at - 2 * 86400 WHERE key LIKE '%:1'")
+        conn.execute("UPDATE lith_outcome SET at = at - 2 * 3600 WHERE key LIKE '%:1'")
     await writer.start()
     await writer.close()
     assert rows(path, "SELECT count(*) FROM lith_outcome") == [(2,)]
