@@ -65,15 +65,16 @@ def main() -> None:
         return statistics.median(run[field] for run in pooled[key])
 
     print("\n| sync | producers | old cmd/s | new cmd/s | new / old | new keyed cmd/s | keyed / old "
-          "| p50 ms old / new / keyed | CPU µs/cmd old / new / keyed |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |")
+          "| p50 ms old / new / keyed | CPU µs/cmd old / new / keyed | new / old CPU | others' cores |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: |")
     for sync in args.sync.split(","):
         for p in args.producers.split(","):
             o, n, k = (f"{side}|{sync.upper()}|{p}" for side in ("old ours", "new ours", "new keyed"))
             ro, rn, rk = med(o, "rate"), med(n, "rate"), med(k, "rate")
             print(f"| {sync.upper()} | {p} | {ro:,.0f} | {rn:,.0f} | {rn / ro:.2f} | {rk:,.0f} | {rk / ro:.2f} "
                   f"| {med(o, 'p50_ms'):.3f} / {med(n, 'p50_ms'):.3f} / {med(k, 'p50_ms'):.3f} "
-                  f"| {med(o, 'cpu_us'):.1f} / {med(n, 'cpu_us'):.1f} / {med(k, 'cpu_us'):.1f} |")
+                  f"| {med(o, 'cpu_us'):.1f} / {med(n, 'cpu_us'):.1f} / {med(k, 'cpu_us'):.1f} "
+                  f"| {med(n, 'cpu_us') / med(o, 'cpu_us'):.2f} | {med(o, 'other_cores'):.2f} |")
     print(f"\nmedians of {args.rounds} runs per cell; {one_line(found)}")
 
 

@@ -127,8 +127,11 @@ class Lith:
         if messages is not None and not callable(messages):
             raise SettingError(f"messages must be a function (pydantic error -> message or None), not {messages!r}")
         self.messages = messages
-        if backup_folder is not None and not isinstance(backup_folder, (str, Path)):
-            raise SettingError(f"backup_folder must be a path or None, not {backup_folder!r}")
+        for name, value in (("migrations", migrations), ("backup_folder", backup_folder)):
+            if value is not None and not isinstance(value, (str, Path)):
+                raise SettingError(f"{name} must be a path or None, not {value!r}")
+        settings.number("backup_every", backup_every, low=1)
+        settings.number("backup_keep", backup_keep, low=1, integer=True)
         # A consistent copy of the database every `backup_every` s, the newest `backup_keep` kept.
         self.backups = (
             Backups(self.path, backup_folder, every=backup_every, keep=backup_keep)

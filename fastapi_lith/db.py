@@ -18,7 +18,7 @@ from typing import Any, Literal, TypeVar
 
 from sqlalchemy.sql import ClauseElement
 
-from .exceptions import DatabaseError, MigrationError
+from .exceptions import DatabaseError, MigrationError, NotOneRow
 from .statements import Params, Statement, StatementCache
 
 T = TypeVar("T")
@@ -139,10 +139,10 @@ class Db:
         return self.execute(stmt, params).fetchone()
 
     def one(self, stmt: ClauseElement | str, params: Params | Sequence[Any] = None) -> sqlite3.Row:
-        """Exactly one row, or `LookupError`: the usual guard for "this card must exist"."""
+        """Exactly one row, or `NotOneRow` (a `LookupError`): the usual guard for "this card must exist"."""
         rows = self.execute(stmt, params).fetchmany(2)
         if len(rows) != 1:
-            raise LookupError(f"expected one row, got {'none' if not rows else 'several'}")
+            raise NotOneRow(f"expected one row, got {'none' if not rows else 'several'}")
         return rows[0]
 
     def scalar(self, stmt: ClauseElement | str, params: Params | Sequence[Any] = None) -> Any:

@@ -32,6 +32,10 @@ class DatabaseError(LithError, RuntimeError):
     """The SQLite file cannot be used as the library needs it (no WAL mode)."""
 
 
+class NotOneRow(LithError, LookupError):
+    """`db.one()` found no row, or several: the usual guard for "this card must exist"."""
+
+
 class ViewError(LithError, ValueError):
     """A view key, a parameter or a view's output is unusable."""
 

@@ -333,6 +333,8 @@ async def test_a_lifespan_without_install_says_what_is_missing(tmp_path: Path) -
         ({"same_origin_only": "false"}, "same_origin_only must be True or False, not 'false'"),
         ({"messages": {"json_invalid": "x"}}, "messages must be a function"),
         ({"keepalive": -1}, "keepalive must be a number at least 0.001, not -1"),
+        ({"backup_keep": 0}, "backup_keep must be an integer at least 1, not 0"),
+        ({"migrations": 3}, "migrations must be a path or None, not 3"),
     ],
 )
 def test_lith_settings_are_checked_when_built(tmp_path: Path, kwargs: dict[str, Any], message: str) -> None:
@@ -348,6 +350,6 @@ def test_every_library_error_is_a_lith_error() -> None:
     from fastapi_lith import LithError
 
     errors = [v for v in vars(fastapi_lith).values() if isinstance(v, type) and issubclass(v, Exception)]
-    assert {e.__name__ for e in errors} >= {"WriterClosed", "MigrationError", "ViewError", "SettingError", "NotRunning"}
+    assert {e.__name__ for e in errors} >= {"WriterClosed", "MigrationError", "ViewError", "SettingError", "NotRunning", "NotOneRow"}
     assert all(issubclass(e, LithError) for e in errors)
     assert issubclass(fastapi_lith.WriterClosed, RuntimeError) and issubclass(fastapi_lith.ViewError, ValueError)
