@@ -98,7 +98,7 @@ IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,200}")
 # rows append in time order and only the small key index takes scattered inserts (keyed by
 # the key text, WITHOUT ROWID, each insert split pages all over the tree and cost far more).
 OUTCOMES_SCHEMA = """
-CREATE TABLE IF NOT EXISTS lith_outcome (key TEXT NOT NULL UNIQUE, at REAL NOT NULL, outcome BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS lith_outcome (key TEXT NOT NULL UNIQUE, at REAL NOT NULL, outcome BLOB);
 CREATE INDEX IF NOT EXISTS lith_outcome_at ON lith_outcome (at);
 """
 FIND_OUTCOME = "SELECT outcome FROM lith_outcome WHERE key = ? AND at >= ?"
@@ -106,7 +106,10 @@ RECORD_OUTCOME = "INSERT OR REPLACE INTO lith_outcome (key, at, outcome) VALUES 
 PRUNE_OUTCOMES = "DELETE FROM lith_outcome WHERE at < ?"
 
 
-def dump_outcome(ok: bool, value: Any) -> bytes:
+def dump_outcome(ok: bool, value: Any) -> bytes | None:
+    """The outcome as stored: NULL for the common `None` result, else a pickle."""
+    if ok and value is None:
+        return None
     try:
         return pickle.dumps((ok, value), protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as exc:  # noqa: BLE001 - an unpicklable result must not fail the command
@@ -115,7 +118,9 @@ def dump_outcome(ok: bool, value: Any) -> bytes:
         return pickle.dumps((False, lost), protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def load_outcome(blob: bytes) -> tuple[bool, Any]:
+def load_outcome(blob: bytes | None) -> tuple[bool, Any]:
+    if blob is None:
+        return True, None
     try:
         ok, value = pickle.loads(blob)
     except Exception as exc:  # noqa: BLE001 - e.g. the result's class was renamed since
