@@ -247,11 +247,14 @@ class Workers:
         """`fn(*args)` on one of the threads; an exception it raises is raised here."""
         return await self.submit(fn, *args)
 
-    def submit(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
-        """Queue `fn(*args)`; the future holds its outcome. Cancelling the future does not
-        stop the call, so a caller that must learn the outcome shields it."""
+    def submit(self, fn: Callable[..., T], *args: Any, settled: bool = False) -> asyncio.Future[T]:
+        """Queue `fn(*args)`; the future holds its outcome.
+
+        With `settled`, the future cannot be cancelled: a task cancelled while awaiting it
+        gets its `CancelledError` only once the outcome is in (see `Writer._run`).
+        """
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[T] = loop.create_future()
+        fut: asyncio.Future[T] = _Settled(loop=loop) if settled else loop.create_future()
         self._queue.put((loop, fut, fn, args))
         return fut
 
@@ -261,6 +264,13 @@ class Workers:
             self._queue.put(None)
         for thread in self._threads:
             thread.join()
+
+
+class _Settled(asyncio.Future):  # type: ignore[type-arg]
+    """A future that refuses `cancel()`: a task awaiting it is cancelled after it completes."""
+
+    def cancel(self, msg: Any = None) -> bool:
+        return False
 
 
 def _succeed(fut: asyncio.Future[Any], result: Any) -> None:

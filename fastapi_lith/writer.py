@@ -330,17 +330,12 @@ class Writer:
             if not batch:
                 continue
             started = time.perf_counter()
-            outcome = thread.submit(self._apply, batch, keys if keyed else None)
+            # The batch is SQLite's now: a cancel of this task cannot cancel `outcome`, so it
+            # lands once the COMMIT's outcome is in, and each caller still learns the truth.
+            outcome = thread.submit(self._apply, batch, keys if keyed else None, settled=True)
             try:
-                await asyncio.shield(outcome)
+                await outcome
             except asyncio.CancelledError:
-                # The batch is SQLite's now: whatever cancelled this task, wait for the
-                # COMMIT's outcome and tell each caller the truth, then stop.
-                while not outcome.done():
-                    try:
-                        await asyncio.wait((outcome,))
-                    except asyncio.CancelledError:
-                        continue
                 self._settle(outcome, futures, started)
                 raise
             except BaseException:
