@@ -407,10 +407,12 @@ def run_floor(path: Path, sync: str, warmup: float, duration: float) -> dict[str
 
 # -- the matrix -------------------------------------------------------------------------------
 
-VARIANTS = ("ours", "keyed", "uvloop", "cacheoff", "naive", "floor")
+VARIANTS = ("ours", "uvloop", "cacheoff", "naive", "floor")
 # Diagnostics, run only when asked (--only ours,gcfreeze,...): ours after gc.freeze(); ours with
 # the database work replaced by nothing (the ceiling the event loop side allows), on asyncio/uvloop.
-EXTRA_VARIANTS = ("gcfreeze", "looponly", "looponly_uv")
+# `keyed`: ours with a `tab` and a new `op` per command, so each records its outcome (read by
+# bench/compare_writer.py).
+EXTRA_VARIANTS = ("keyed", "gcfreeze", "looponly", "looponly_uv")
 GOAL = {"NORMAL": 150_000, "FULL": 100_000}
 LITH_GO = {("NORMAL", 200): "80,530 (4-vCPU VPS)", ("FULL", 200): "34,893 (i5-13500)", ("FULL", 1): "526 (i5-13500)"}
 
