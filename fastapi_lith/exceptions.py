@@ -32,6 +32,10 @@ class DatabaseError(LithError, RuntimeError):
     """The SQLite file cannot be used as the library needs it (no WAL mode)."""
 
 
+class MissingParameter(LithError, KeyError):
+    """A statement was run without a value for one of its bind parameters."""
+
+
 class NotOneRow(LithError, LookupError):
     """`db.one()` found no row, or several: the usual guard for "this card must exist"."""
 
