@@ -522,3 +522,18 @@ def test_integers_sqlite_cannot_store_fail_validation() -> None:
             Many(**bad)
         assert info.value.errors()[0]["type"] == "sqlite_int"
     assert Many(n=2**63 - 1, rows=[{"n": -(2**63)}]).n == 2**63 - 1
+
+
+async def test_an_idempotency_key_header_keys_the_commands_of_a_request_in_order(writer: Writer) -> None:
+    from fastapi_lith.outcomes import RequestKey, request_key
+
+    async def route(key: str, values: list[str]) -> list[int]:
+        request_key.set(RequestKey(key))  # what the writer dependency does for the header
+        return [await writer.do(Append(value=v)) for v in values]
+
+    first = await asyncio.create_task(route("req-1", ["a", "b"]))
+    again = await asyncio.create_task(route("req-1", ["a", "b"]))  # the client's retry
+    assert again == first and log_values(writer.path) == ["a", "b"]
+    await asyncio.create_task(route("req-2", ["c"]))
+    assert await writer.do(Append(value="d")) == 4  # outside a request: no key
+    assert log_values(writer.path) == ["a", "b", "c", "d"]
