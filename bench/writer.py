@@ -107,6 +107,14 @@ class Add(Command):
         tx.touch("counter")
 
 
+class KeyedAdd(Add):
+    """`Add` as a page sends it: its `tab` and `op` make an idempotency key, so the writer
+    looks the key up and records the outcome beside the UPDATE (the `keyed` variant)."""
+
+    tab: str
+    op: int
+
+
 # -- helpers ----------------------------------------------------------------------------------
 
 
@@ -173,14 +181,14 @@ def check_total(path: Path, expected_at_least: int) -> None:
 # -- ours ---------------------------------------------------------------------------------------
 
 
-def _no_database(batch: list[Command]) -> tuple[list[Any], list[BaseException | None], frozenset[str]]:
+def _no_database(batch: list[Command], keys: Any = None) -> tuple[list[Any], list[BaseException | None], frozenset[str], int]:
     """Stands in for `Writer._apply` in the `looponly` diagnostic: no SQL, only the hop."""
     n = len(batch)
-    return [None] * n, [None] * n, frozenset(("counter",))
+    return [None] * n, [None] * n, frozenset(("counter",)), 0
 
 
 async def _ours(path: Path, sync: str, producers: int, cache: bool, warmup: float, duration: float,
-                gclock: GcClock, loop_only: bool = False) -> dict[str, Any]:
+                gclock: GcClock, loop_only: bool = False, keyed: bool = False) -> dict[str, Any]:
     writer = Writer(path, migrations=path.parent / "migrations", synchronous=sync, statement_cache=cache)
     await writer.start()
     if loop_only:  # diagnostic: what the event loop side alone allows (the batch hop stays)
@@ -194,8 +202,10 @@ async def _ours(path: Path, sync: str, producers: int, cache: bool, warmup: floa
         do, pc, ids, sample = writer.do, time.perf_counter, IDS, latencies.append
         i = k * 7919
         j = k
+        tab = f"tab{k}"
         while phase.running:
-            cmd = Add(id=ids[i & _IDS_MASK], n=1)  # built per call, as a request handler would
+            # Built per call, as a request handler would; keyed: a new op per command, as a page's.
+            cmd = KeyedAdd(id=ids[i & _IDS_MASK], n=1, tab=tab, op=j + 1) if keyed else Add(id=ids[i & _IDS_MASK], n=1)
             i += 1
             j += 1
             try:
@@ -267,9 +277,9 @@ def thread_cpu(clock: int | None) -> float:
 
 
 def run_ours(path: Path, sync: str, producers: int, warmup: float, duration: float, *, cache: bool = True,
-             loop: str = "asyncio", loop_only: bool = False) -> dict[str, Any]:
+             loop: str = "asyncio", loop_only: bool = False, keyed: bool = False) -> dict[str, Any]:
     with GcClock() as gclock:
-        return _run_loop(_ours(path, sync, producers, cache, warmup, duration, gclock, loop_only), loop)
+        return _run_loop(_ours(path, sync, producers, cache, warmup, duration, gclock, loop_only, keyed), loop)
 
 
 def _run_loop(coro: Any, loop: str) -> Any:
@@ -400,7 +410,9 @@ def run_floor(path: Path, sync: str, warmup: float, duration: float) -> dict[str
 VARIANTS = ("ours", "uvloop", "cacheoff", "naive", "floor")
 # Diagnostics, run only when asked (--only ours,gcfreeze,...): ours after gc.freeze(); ours with
 # the database work replaced by nothing (the ceiling the event loop side allows), on asyncio/uvloop.
-EXTRA_VARIANTS = ("gcfreeze", "looponly", "looponly_uv")
+# `keyed`: ours with a `tab` and a new `op` per command, so each records its outcome (read by
+# bench/compare_writer.py).
+EXTRA_VARIANTS = ("keyed", "gcfreeze", "looponly", "looponly_uv")
 GOAL = {"NORMAL": 150_000, "FULL": 100_000}
 LITH_GO = {("NORMAL", 200): "80,530 (4-vCPU VPS)", ("FULL", 200): "34,893 (i5-13500)", ("FULL", 1): "526 (i5-13500)"}
 
@@ -421,7 +433,7 @@ def run_one(variant: str, tmp: Path, sync: str, producers: int, warmup: float, d
             result = run_ours(
                 path, sync, producers, warmup, duration,
                 cache=variant != "cacheoff", loop="uvloop" if variant in ("uvloop", "looponly_uv") else "asyncio",
-                loop_only=variant.startswith("looponly"),
+                loop_only=variant.startswith("looponly"), keyed=variant == "keyed",
             )
         finally:
             gc.unfreeze()

@@ -1,17 +1,36 @@
 """fastapi-lith: live, multiplayer HTML apps for FastAPI on SQLite and Datastar."""
 
 from .app import Lith
-from .db import Db, MigrationError
+from .db import Db
+from .exceptions import (
+    DatabaseError,
+    LithError,
+    MigrationError,
+    MissingParameter,
+    NotOneRow,
+    NotRunning,
+    OutcomeLost,
+    SettingError,
+    ViewError,
+    WriterClosed,
+)
 from .streams import Frame, Stream
-from .views import ViewError, fragment
-from .writer import Command, Tx, Writer, WriterClosed
+from .views import fragment
+from .writer import Command, Tx, Writer
 
 __all__ = [
     "Command",
+    "DatabaseError",
     "Db",
     "Frame",
     "Lith",
+    "LithError",
     "MigrationError",
+    "MissingParameter",
+    "NotOneRow",
+    "NotRunning",
+    "OutcomeLost",
+    "SettingError",
     "Stream",
     "Tx",
     "ViewError",

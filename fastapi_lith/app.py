@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
+import weakref
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -11,23 +13,34 @@ from typing import Any
 from urllib.parse import quote
 
 import anyio
-import htpy as h
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException
+from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
 from markupsafe import Markup
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
 
-from . import db, encoders
+from . import db, encoders, settings
 from .encoders import Encoder
+from .exceptions import LithError, NotRunning, SettingError, ViewError
+from .guard import (
+    BodyLimit,
+    Messages,
+    acting_tab,
+    http_error_fragment,
+    is_command_request,
+    received_body,
+    validation_fragment,
+)
 from .hub import Hub
 from .ops import Backups
 from .ops.litestream import WRITER_CHECKPOINT_PAGES
 from .ops.replica import Replica
 from .streams import TAB_ID, Frame, Stream, StreamResponse, body
-from .views import Render, ViewError, Views
+from .views import Render, Views
 from .writer import Writer
 
 log = logging.getLogger("fastapi_lith")
@@ -41,7 +54,7 @@ class Lith:
     ```python
     lith = Lith("app.db", migrations="migrations/")
     app = FastAPI(lifespan=lith.lifespan)
-    app.include_router(lith.router)
+    lith.install(app)
 
     @app.post("/add", status_code=204, include_in_schema=False)
     async def add(cmd: Add, writer: Writer = Depends(lith.writer)) -> None:
@@ -73,13 +86,18 @@ class Lith:
         backup_folder: str | Path | None = None,
         backup_every: float = 3600.0,
         backup_keep: int = 24,
+        repeat_window: float = 3600.0,
+        messages: Messages | None = None,
         replica: str | None = None,
         replica_sync_interval: float = 1.0,
         replica_check_every: float | None = 86400.0,
     ) -> None:
+        """Every setting is checked here: a typo raises `SettingError` (a `ValueError`)."""
         self.path = Path(path)
+        if not isinstance(error_id, str) or not _HTML_ID.fullmatch(error_id):
+            raise SettingError(f"error_id must be an HTML id (a letter, then letters, digits, '-' or '_'), not {error_id!r}")
         self.error_id = error_id
-        self.tick = tick
+        self.tick = settings.number("tick", tick, low=0.001)
         self.views = Views()
         self.writer = Writer(
             self.path,
@@ -88,23 +106,38 @@ class Lith:
             batch_size=batch_size,
             statement_cache=statement_cache,
             same_origin_only=same_origin_only,
-            max_body=max_body,
+            repeat_window=repeat_window,
             wal_autocheckpoint=WRITER_CHECKPOINT_PAGES if replica is not None else 1000,
         )
-        self._reader_count = readers
-        self.keepalive = keepalive
-        self.hibernate_after = hibernate_after
-        self.send_timeout = send_timeout
+        self._reader_count = settings.number("readers", readers, low=1, integer=True)
+        self.max_body = settings.number("max_body", max_body, low=1, integer=True)
+        self.keepalive = settings.number("keepalive", keepalive, low=0.001)
+        self.hibernate_after = settings.number("hibernate_after", hibernate_after, low=0.001)
+        self.send_timeout = settings.number("send_timeout", send_timeout, low=0.001)
         # None sizes each stream's window from its first write; browsers refuse one over 8 MiB.
-        if zstd_window_log is not None and not 10 <= zstd_window_log <= 23:
-            raise ValueError(f"zstd_window_log must be 10 to 23, not {zstd_window_log}")
+        if zstd_window_log is not None:
+            settings.number("zstd_window_log", zstd_window_log, low=10, high=23, integer=True)
+        settings.number("brotli_quality", brotli_quality, low=0, high=11, integer=True)
+        settings.number("gzip_level", gzip_level, low=0, high=9, integer=True)
         self.encoder_settings = {
             "zstd": {"window_log": zstd_window_log},
             "br": {"quality": brotli_quality},
             "gzip": {"level": gzip_level},
         }
+        if not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix):
+            raise SettingError(f"prefix must be a path like '/lith' (a leading '/', none at the end), not {prefix!r}")
         self.prefix = prefix
+        if not isinstance(datastar_url, str) or not datastar_url:
+            raise SettingError(f"datastar_url must be a URL or a path, not {datastar_url!r}")
         self.datastar_url = datastar_url
+        if messages is not None and not callable(messages):
+            raise SettingError(f"messages must be a function (pydantic error -> message or None), not {messages!r}")
+        self.messages = messages
+        for name, value in (("migrations", migrations), ("backup_folder", backup_folder)):
+            if value is not None and not isinstance(value, (str, Path)):
+                raise SettingError(f"{name} must be a path or None, not {value!r}")
+        settings.number("backup_every", backup_every, low=1)
+        settings.number("backup_keep", backup_keep, low=1, integer=True)
         # A consistent copy of the database every `backup_every` s, the newest `backup_keep` kept.
         self.backups = (
             Backups(self.path, backup_folder, every=backup_every, keep=backup_keep)
@@ -122,6 +155,7 @@ class Lith:
         self.router.add_api_route("/stream", self._stream_endpoint(), methods=["GET"])
         self._hub: Hub | None = None
         self._engine: AsyncEngine | None = None
+        self._installed: weakref.WeakSet[FastAPI] = weakref.WeakSet()
 
     def view(self, key: str, *, topics: set[str] | frozenset[str] | tuple[str, ...] = ()) -> Callable[[Render], Render]:
         """Register `fn(db, **params) -> HTML` as the view `key`, rendered when `topics` change.
@@ -136,7 +170,7 @@ class Lith:
     @property
     def hub(self) -> Hub:
         if self._hub is None:
-            raise RuntimeError("the app is not running: use lith.lifespan")
+            raise NotRunning("the app is not running: use lith.lifespan")
         return self._hub
 
     def connect(self, *keys: str, tab: str) -> str:
@@ -146,7 +180,7 @@ class Lith:
         whenever the network comes back.
         """
         if not TAB_ID.fullmatch(tab):
-            raise ValueError(f"bad tab id {tab!r}")
+            raise ViewError(f"bad tab id {tab!r}: 1 to 64 letters, digits, '-' or '_'")
         views = ",".join(quote(k.format(tab=tab), safe="/{}") for k in keys)
         url = f"{self.prefix}/stream?views={views}&tab={tab}"
         # The stream needs no signals: without the filter every reconnect would carry the
@@ -220,7 +254,7 @@ class Lith:
     async def db(self) -> AsyncIterator[AsyncConnection]:
         """`Depends(lith.db)`: an async read-only connection for ad hoc reads in a handler."""
         if self._engine is None:
-            raise RuntimeError("the app is not running: use lith.lifespan")
+            raise NotRunning("the app is not running: use lith.lifespan")
         async with self._engine.connect() as conn:
             yield conn
 
@@ -230,8 +264,12 @@ class Lith:
 
         `ticks=False` leaves the hub still until `await lith.hub.tick()`, for tests.
         """
-        if app is not None:
-            self._install_error_handler(app)
+        if app is not None and app not in self._installed:
+            raise LithError(
+                "lith.install(app) was not called: without it the stream route, the body limit "
+                "on command routes and the HTML error answers are missing. Call it right after "
+                "app = FastAPI(lifespan=...)."
+            )
         if self.replica is not None:  # binary, credentials, and a missing file restored first
             await anyio.to_thread.run_sync(self.replica.prepare)
         await self.writer.start()
@@ -260,38 +298,60 @@ class Lith:
             if self.replica is not None:
                 await self.replica.stop()  # after the writer's last commit: it is uploaded too
 
-    def _install_error_handler(self, app: FastAPI) -> None:
-        """Answer a command's validation failure with an HTML fragment, not FastAPI's JSON.
+    def install(self, app: FastAPI) -> None:
+        """Add what the library needs to `app`, once, before it starts.
 
-        Datastar ignores the body of a non-200 response, so the fragment also goes to the
-        acting tab's stream, named by the command's `tab` signal; its `op` signal, if any,
-        comes back as `done`, so a button pending on `$op != $done` stops. Other routes keep
-        the app's own handler. The lifespan runs after Starlette built its middleware stack,
-        so the stack is dropped and rebuilt on the next request.
+        ```python
+        app = FastAPI(lifespan=lith.lifespan)
+        lith.install(app)
+        ```
+
+        - the stream route, `GET {prefix}/stream`, out of OpenAPI;
+        - `BodyLimit`, a middleware that stops the body of every route taking
+          `Depends(lith.writer)` at `max_body` bytes (see `guard.py` for why a middleware);
+        - handlers for `RequestValidationError` and `HTTPException`: on a command request (one
+          Datastar sent, or one the writer dependency marked) a 4xx answer becomes an HTML
+          fragment, pushed to the acting tab with `done` set. Other requests get the app's
+          handlers as they were when this was called (FastAPI's own by default).
         """
-        fallback = app.exception_handlers.get(RequestValidationError)
+        app.include_router(self.router)
+        app.add_middleware(BodyLimit, writer=self.writer, max_body=self.max_body)
+        validation_fallback = app.exception_handlers.get(RequestValidationError, request_validation_exception_handler)
+        http_fallback = app.exception_handlers.get(StarletteHTTPException, http_exception_handler)
 
-        async def handler(request: Request, exc: Exception) -> Response:
-            if isinstance(exc, RequestValidationError) and is_command_request(request, self.writer):
-                html = validation_fragment(exc, self.error_id)
-                self._push_error(exc.body, html)
+        async def on_validation_error(request: Request, exc: Exception) -> Response:
+            if isinstance(exc, RequestValidationError) and is_command_request(request):
+                html = validation_fragment(exc, self.error_id, self.messages)
+                self._push_error(received_body(request, exc), html)
                 return HTMLResponse(html, status_code=422)
-            if fallback is None:
-                raise exc
-            return await fallback(request, exc)  # type: ignore[misc]
+            return await validation_fallback(request, exc)  # type: ignore[misc]
 
-        app.add_exception_handler(RequestValidationError, handler)
-        app.middleware_stack = None
+        async def on_http_error(request: Request, exc: Exception) -> Response:
+            if (
+                isinstance(exc, StarletteHTTPException)
+                and 400 <= exc.status_code < 500
+                and is_command_request(request)
+            ):
+                html = http_error_fragment(exc, self.error_id)
+                self._push_error(received_body(request, exc), html)
+                return HTMLResponse(html, status_code=exc.status_code, headers=exc.headers)
+            return await http_fallback(request, exc)  # type: ignore[misc]
+
+        app.add_exception_handler(RequestValidationError, on_validation_error)
+        app.add_exception_handler(StarletteHTTPException, on_http_error)
+        self._installed.add(app)
 
     def _push_error(self, body: Any, html: str) -> None:
-        if self._hub is None or not isinstance(body, dict):
+        if self._hub is None:
             return
-        tab = body.get("tab")
-        if not isinstance(tab, str) or not TAB_ID.fullmatch(tab):
+        tab, op = acting_tab(body)
+        if tab is None:
             return
-        op = body.get("op")
-        signals = {"done": op} if isinstance(op, int) else None
-        self._hub.push(tab, Frame.patch(self.error_id, html, signals))
+        self._hub.push(tab, Frame.patch(self.error_id, html, {"done": op} if op is not None else None))
+
+
+_HTML_ID = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+_PREFIX = re.compile(r"(/[A-Za-z0-9._~-]+)+")
 
 
 def read_only_engine(path: Path) -> AsyncEngine:
@@ -306,28 +366,3 @@ def read_only_engine(path: Path) -> AsyncEngine:
         cursor.close()
 
     return engine
-
-
-def is_command_request(request: Request, writer: Writer) -> bool:
-    """A request to a route that takes the writer, or one Datastar sent."""
-    if request.headers.get("datastar-request") == "true":
-        return True
-    route = request.scope.get("route")
-    dependant = getattr(route, "dependant", None)
-    stack = [dependant] if dependant is not None else []
-    while stack:
-        dep = stack.pop()
-        if dep.call is writer:
-            return True
-        stack.extend(dep.dependencies)
-    return False
-
-
-def validation_fragment(exc: RequestValidationError, element_id: str) -> str:
-    """A short, escaped list of what was wrong, with an id Datastar can patch by."""
-    items = []
-    for error in exc.errors():
-        loc = [str(part) for part in error.get("loc", ()) if part not in ("body", "query", "path")]
-        field = ".".join(loc)
-        items.append(h.li[h.strong[field], ": ", error.get("msg", "invalid")] if field else h.li[error.get("msg")])
-    return str(h.div(id=element_id, role="alert", class_="lith-error")[h.ul[items]])

@@ -18,10 +18,15 @@ from typing import Any, Literal, TypeVar
 
 from sqlalchemy.sql import ClauseElement
 
+from .exceptions import DatabaseError, MigrationError, NotOneRow
 from .statements import Params, Statement, StatementCache
 
 T = TypeVar("T")
 Synchronous = Literal["OFF", "NORMAL", "FULL", "EXTRA"]
+SYNCHRONOUS: tuple[str, ...] = ("OFF", "NORMAL", "FULL", "EXTRA")
+
+# SQLite stores integers in 64 bits: a larger Python int makes sqlite3 raise OverflowError.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 # Readers wait this long for a checkpoint or a schema change instead of failing with SQLITE_BUSY.
 BUSY_TIMEOUT_MS = 5000
@@ -51,12 +56,36 @@ def connect(
     if not read_only:
         mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         if mode.lower() != "wal":
-            raise RuntimeError(f"{path}: could not switch to WAL mode (got {mode!r})")
+            raise DatabaseError(f"{path}: could not switch to WAL mode (got {mode!r})")
     conn.execute(f"PRAGMA synchronous = {synchronous}")
     conn.execute("PRAGMA foreign_keys = ON")
     if read_only:
         conn.execute("PRAGMA query_only = ON")
     return conn
+
+
+def oversized_int(value: Any) -> int | None:
+    """The first int in `value` (nested in lists, dicts, models) that SQLite cannot store."""
+    kind = type(value)
+    if kind is int:
+        return value if not INT64_MIN <= value <= INT64_MAX else None
+    if kind is str or kind is float or kind is bool or value is None:
+        return None
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items: Iterable[Any] = value
+    elif isinstance(value, dict):
+        items = (*value.keys(), *value.values())
+    elif hasattr(value, "__pydantic_fields__"):
+        items = value.__dict__.values()
+    elif isinstance(value, int):  # an int subclass: an IntEnum
+        return oversized_int(int(value))
+    else:
+        return None
+    for item in items:
+        found = oversized_int(item)
+        if found is not None:
+            return found
+    return None
 
 
 class Db:
@@ -110,20 +139,16 @@ class Db:
         return self.execute(stmt, params).fetchone()
 
     def one(self, stmt: ClauseElement | str, params: Params | Sequence[Any] = None) -> sqlite3.Row:
-        """Exactly one row, or `LookupError`: the usual guard for "this card must exist"."""
+        """Exactly one row, or `NotOneRow` (a `LookupError`): the usual guard for "this card must exist"."""
         rows = self.execute(stmt, params).fetchmany(2)
         if len(rows) != 1:
-            raise LookupError(f"expected one row, got {'none' if not rows else 'several'}")
+            raise NotOneRow(f"expected one row, got {'none' if not rows else 'several'}")
         return rows[0]
 
     def scalar(self, stmt: ClauseElement | str, params: Params | Sequence[Any] = None) -> Any:
         """The first column of the first row, or None."""
         row = self.execute(stmt, params).fetchone()
         return None if row is None else row[0]
-
-
-class MigrationError(RuntimeError):
-    """A migration could not be applied, or the database is newer than the app."""
 
 
 @dataclass(frozen=True)
@@ -220,10 +245,18 @@ class Workers:
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` on one of the threads; an exception it raises is raised here."""
+        return await self.submit(fn, *args)
+
+    def submit(self, fn: Callable[..., T], *args: Any, settled: bool = False) -> asyncio.Future[T]:
+        """Queue `fn(*args)`; the future holds its outcome.
+
+        With `settled`, the future cannot be cancelled: a task cancelled while awaiting it
+        gets its `CancelledError` only once the outcome is in (see `Writer._run`).
+        """
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[T] = loop.create_future()
+        fut: asyncio.Future[T] = _Settled(loop=loop) if settled else loop.create_future()
         self._queue.put((loop, fut, fn, args))
-        return await fut
+        return fut
 
     def close(self) -> None:
         """Finish the queued calls, then end the threads."""
@@ -231,6 +264,13 @@ class Workers:
             self._queue.put(None)
         for thread in self._threads:
             thread.join()
+
+
+class _Settled(asyncio.Future):  # type: ignore[type-arg]
+    """A future that refuses `cancel()`: a task awaiting it is cancelled after it completes."""
+
+    def cancel(self, msg: Any = None) -> bool:
+        return False
 
 
 def _succeed(fut: asyncio.Future[Any], result: Any) -> None:

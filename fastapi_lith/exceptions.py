@@ -1,7 +1,52 @@
-"""One base for every error the library raises, so an app can catch them all at once."""
+"""One base for every error the library raises, so an app can catch them all at once.
+
+Each error also keeps the built-in base it had before (`RuntimeError`, `ValueError`), so
+`except ValueError` around a view key or `except RuntimeError` around a closed writer still
+catches it.
+"""
 
 from __future__ import annotations
 
 
 class LithError(Exception):
     """The base of fastapi-lith's own errors."""
+
+
+class SettingError(LithError, ValueError):
+    """A `Lith` or `Writer` setting is out of range or not one of the allowed values."""
+
+
+class NotRunning(LithError, RuntimeError):
+    """The app's lifespan has not started (or has ended): no hub, no readers."""
+
+
+class WriterClosed(LithError, RuntimeError):
+    """The writer is shutting down or was never started: the command was not accepted."""
+
+
+class MigrationError(LithError, RuntimeError):
+    """A migration could not be applied, or the database is newer than the app."""
+
+
+class DatabaseError(LithError, RuntimeError):
+    """The SQLite file cannot be used as the library needs it (no WAL mode)."""
+
+
+class MissingParameter(LithError, KeyError):
+    """A statement was run without a value for one of its bind parameters."""
+
+
+class NotOneRow(LithError, LookupError):
+    """`db.one()` found no row, or several: the usual guard for "this card must exist"."""
+
+
+class ViewError(LithError, ValueError):
+    """A view key, a parameter or a view's output is unusable."""
+
+
+class OutcomeLost(LithError):
+    """A repeated command's first outcome was recorded but cannot be read back.
+
+    The command was applied once and is not applied again; only its result (or its error)
+    could not be stored, because it could not be pickled.
+    """

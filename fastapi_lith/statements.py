@@ -17,6 +17,8 @@ from sqlalchemy.dialects import sqlite
 from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.compiler import SQLCompiler
 
+from .exceptions import MissingParameter
+
 DIALECT = sqlite.dialect(paramstyle="qmark")
 
 Params = Mapping[str, Any] | None
@@ -59,7 +61,7 @@ class Statement:
         try:
             return self.sql, self._get(params or {})
         except KeyError as exc:
-            raise KeyError(f"missing parameter {exc} for: {self.sql}") from None
+            raise MissingParameter(f"missing parameter {exc} for: {self.sql}") from None
 
     def _bind_slow(self, params: Mapping[str, Any]) -> tuple[str, Sequence[Any]]:
         compiled = self.compiled

@@ -18,7 +18,8 @@ from typing import Any, ParamSpec, Protocol
 from markupsafe import Markup, escape
 from pydantic import BaseModel, ValidationError, create_model
 
-from .db import Db
+from .db import Db, oversized_int
+from .exceptions import ViewError
 
 
 class HasHtml(Protocol):
@@ -26,10 +27,6 @@ class HasHtml(Protocol):
 
 
 Render = Callable[..., HasHtml | str]
-
-
-class ViewError(ValueError):
-    """A view key, a parameter or a view's output is unusable."""
 
 
 _ROOT_ID = re.compile(r"""\A\s*<[a-zA-Z][\w:-]*(?:\s[^>]*?)?\sid=(?:"([^"]+)"|'([^']+)'|([^\s>"']+))""")
@@ -81,10 +78,14 @@ class View:
         if self._params is None:
             return {}
         try:
-            return self._params(**raw).model_dump()
+            params = self._params(**raw).model_dump()
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
             raise ViewError(f"view {self.pattern!r}: {problems}") from None
+        for name, value in params.items():
+            if oversized_int(value) is not None:  # sqlite3 would raise OverflowError in the render
+                raise ViewError(f"view {self.pattern!r}: {name}: {value} is outside SQLite's integers (-2**63 to 2**63 - 1)")
+        return params
 
     def key(self, params: dict[str, Any]) -> str:
         return self.pattern.format(**params)

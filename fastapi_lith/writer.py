@@ -19,11 +19,24 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import HTTPException
-from pydantic import BaseModel
+from pydantic import BaseModel, field_validator
+from pydantic_core import PydanticCustomError
 from starlette.requests import Request
 
-from . import db
+from . import db, settings
 from .db import Db
+from .exceptions import WriterClosed
+from .outcomes import (
+    FIND_OUTCOME,
+    IDEMPOTENCY_KEY,
+    OUTCOMES_SCHEMA,
+    PRUNE_OUTCOMES,
+    RECORD_OUTCOME,
+    RequestKey,
+    dump_outcome,
+    load_outcome,
+    request_key,
+)
 from .statements import StatementCache
 
 log = logging.getLogger("fastapi_lith.writer")
@@ -40,12 +53,34 @@ class Command(BaseModel):
     caller of `writer.do`; an exception it raises rolls back this command alone.
     """
 
+    @field_validator("*")
+    @classmethod
+    def _fits_sqlite(cls, value: Any) -> Any:
+        # Every field of every command: an int SQLite cannot store is a validation error (a 422
+        # naming the field), not an OverflowError from deep inside `apply`.
+        if db.oversized_int(value) is not None:
+            raise PydanticCustomError(
+                "sqlite_int", "Input should be an integer from -2**63 to 2**63 - 1 (SQLite's range)"
+            )
+        return value
+
     def apply(self, tx: Tx) -> Any:
         raise NotImplementedError(f"{type(self).__name__}.apply(tx)")
 
+    def idempotency_key(self) -> str | None:
+        """The key a repeat of this command is known by, or None: then every send applies.
 
-class WriterClosed(RuntimeError):
-    """The writer is shutting down or was never started: the command was not accepted."""
+        A command with a `tab` (str) and a positive `op` (int) field, as a page's actions carry,
+        is keyed by its class, tab and op: a retried POST of the same action finds its first
+        outcome instead of applying again. Override to key a command by something else.
+        """
+        fields = self.__dict__
+        op = fields.get("op")
+        if type(op) is int and op > 0:
+            tab = fields.get("tab")
+            if type(tab) is str:
+                return f"{type(self).__name__}:{tab}:{op}"
+        return None
 
 
 class Tx(Db):
@@ -81,20 +116,22 @@ class Writer:
         cached_statements: int = 512,
         statement_cache: bool = True,
         same_origin_only: bool = True,
-        max_body: int = 64 * 1024,
+        repeat_window: float = 3600.0,
         wal_autocheckpoint: int = 1000,
     ) -> None:
         self.path = Path(path)
         # SQLite's default; raised while Litestream replicates, since it checkpoints itself.
         self.wal_autocheckpoint = wal_autocheckpoint
         self.migrations = migrations
-        self.synchronous = synchronous
-        self.batch_size = batch_size
-        self.same_origin_only = same_origin_only
-        self.max_body = max_body
-        self.statements = StatementCache(cached_statements, enabled=statement_cache)
+        self.synchronous = settings.choice("synchronous", synchronous, db.SYNCHRONOUS)
+        self.batch_size = settings.number("batch_size", batch_size, low=1, integer=True)
+        settings.number("cached_statements", cached_statements, low=0, integer=True)
+        self.same_origin_only = settings.flag("same_origin_only", same_origin_only)
+        # How long a command's first outcome answers its repeats; 0 turns keys off.
+        self.repeat_window = settings.number("repeat_window", repeat_window, low=0)
+        self.statements = StatementCache(cached_statements, enabled=settings.flag("statement_cache", statement_cache))
         self._cached_statements = cached_statements if statement_cache else 0
-        self._queue: deque[tuple[Command, asyncio.Future[Any]]] = deque()
+        self._queue: deque[tuple[Command, str | None, asyncio.Future[Any]]] = deque()
         self._wake = asyncio.Event()
         self._subscribers: list[Subscriber] = []
         self._conn: sqlite3.Connection | None = None
@@ -102,9 +139,11 @@ class Writer:
         self._task: asyncio.Task[None] | None = None
         self._closing = True
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._next_prune = 0.0
         # Counters a user and the benchmarks read.
         self.commands = 0
         self.failed = 0
+        self.repeats = 0
         self.batches = 0
         self.commit_seconds: deque[float] = deque(maxlen=100_000)
 
@@ -122,6 +161,7 @@ class Writer:
         self._wake = asyncio.Event()  # bound to this loop: a Lith may start again on another
         self._closing = False
         self._task = asyncio.create_task(self._run(), name="lith-writer")
+        self._task.add_done_callback(self._stopped)
         # Start-up leaves ~80k long-lived objects (fastapi, SQLAlchemy, pydantic): frozen, the
         # collector stops walking them. Under 200 producers collection fell from 17% of the
         # time to 4%, and its pauses from 100+ ms to a few (bench/RESULTS.md, Writer).
@@ -138,19 +178,33 @@ class Writer:
                 before, after = db.migrate(conn, self.migrations)
                 if after != before:
                     log.info("%s: migrated from version %d to %d", self.path.name, before, after)
+            conn.executescript(f"BEGIN IMMEDIATE;{OUTCOMES_SCHEMA};COMMIT;")
+            self._prune(conn.cursor())
         except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
             conn.close()
             raise
         self._conn = conn
 
+    def _prune(self, cur: sqlite3.Cursor) -> None:
+        """Forget outcomes older than the window (in the caller's transaction, if any)."""
+        cur.execute(PRUNE_OUTCOMES, (time.time() - self.repeat_window,))
+        self._next_prune = time.monotonic() + min(self.repeat_window, 3600.0) / 4
+
     async def close(self) -> None:
         """Stop taking commands, commit every accepted one, close the connection."""
-        if self._task is None:
+        task = self._task
+        if task is None:
             return
         self._closing = True
         self._wake.set()
-        await self._task
+        # Not `await task`: cancelling close() must not cancel a drain in progress. A task
+        # cancelled by someone else has already told its callers what happened.
+        await asyncio.wait((task,))
         self._task = None
+        if not task.cancelled() and task.exception() is not None:
+            log.error("the writer task failed", exc_info=task.exception())
         assert self._thread is not None
         await self._thread.run(self._close_conn)
         self._thread.close()
@@ -172,12 +226,19 @@ class Writer:
         """Apply `cmd` in the next batch; return its result once that batch has committed.
 
         Cancelled before the writer takes it, the command is dropped; once taken, it commits
-        whatever happens to the caller.
+        whatever happens to the caller. A command with an idempotency key (its own, see
+        `Command.idempotency_key`, or the request's `Idempotency-Key` header) whose first send
+        committed within `repeat_window` is not applied again: this returns (or raises) that
+        first outcome.
         """
         if self._closing:
             raise WriterClosed("the writer is not running")
+        request = request_key.get()
+        key = cmd.idempotency_key() if request is None else request.next()
+        if not self.repeat_window:
+            key = None
         fut = self._loop.create_future()  # type: ignore[union-attr]
-        self._queue.append((cmd, fut))
+        self._queue.append((cmd, key, fut))
         self._wake.set()
         return await fut
 
@@ -187,14 +248,19 @@ class Writer:
         A browser sends `Sec-Fetch-Site` on every fetch; older ones send `Origin`. Requiring
         `Datastar-Request: true` as well makes a plain HTML form on another site useless.
         Non-browser clients and tests turn this off with `Lith(..., same_origin_only=False)`.
+        It marks the request as a command's (`request.state.lith_command`), so errors on it are
+        answered as HTML for the acting tab, and takes its `Idempotency-Key` header, if any.
         """
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_body:
-            raise HTTPException(413, f"request body over {self.max_body} bytes")
+        request.state.lith_command = True
         if self.same_origin_only:
             reason = cross_site_reason(request)
             if reason:
                 raise HTTPException(403, reason)
+        key = request.headers.get("idempotency-key")
+        if key is not None:
+            if not IDEMPOTENCY_KEY.fullmatch(key):
+                raise HTTPException(400, "Idempotency-Key must be 1 to 200 visible ASCII characters")
+            request_key.set(RequestKey(key))
         return self
 
     # -- the writer task and thread ----------------------------------------------------------
@@ -210,61 +276,115 @@ class Writer:
                 await self._wake.wait()
                 continue
             batch: list[Command] = []
+            keys: list[str | None] = []
             futures: list[asyncio.Future[Any]] = []
+            keyed = False
             while queue and len(batch) < size:
-                cmd, fut = queue.popleft()
+                cmd, key, fut = queue.popleft()
                 if not fut.cancelled():
                     batch.append(cmd)
+                    keys.append(key)
                     futures.append(fut)
+                    keyed = keyed or key is not None
             if not batch:
                 continue
             started = time.perf_counter()
+            # The batch is SQLite's now: a cancel of this task cannot cancel `outcome`, so it
+            # lands once the COMMIT's outcome is in, and each caller still learns the truth.
+            outcome = thread.submit(self._apply, batch, keys if keyed else None, settled=True)
             try:
-                results, errors, topics = await thread.run(self._apply, batch)
-            except BaseException as exc:  # the COMMIT itself failed: nothing in the batch landed
-                log.exception("batch of %d commands failed to commit", len(batch))
-                for fut in futures:
-                    if not fut.done():
-                        fut.set_exception(exc)
-                self.failed += len(batch)
-                continue
-            self.commit_seconds.append(time.perf_counter() - started)
-            self.batches += 1
-            self.commands += len(batch)
-            for fut, result, error in zip(futures, results, errors):
-                if fut.done():
-                    continue
-                if error is None:
-                    fut.set_result(result)
-                else:
-                    self.failed += 1
-                    fut.set_exception(error)
-            if topics:
-                for fn in list(self._subscribers):
-                    try:
-                        fn(topics)
-                    except Exception:
-                        log.exception("commit subscriber %r failed", fn)
+                await outcome
+            except asyncio.CancelledError:
+                self._settle(outcome, futures, started)
+                raise
+            except BaseException:
+                pass  # the COMMIT failed: `_settle` hands the error to every caller
+            self._settle(outcome, futures, started)
 
-    def _apply(self, batch: list[Command]) -> tuple[list[Any], list[BaseException | None], Topics]:
-        """Run one batch in one transaction, each command in its own savepoint (writer thread)."""
+    def _stopped(self, task: asyncio.Task[None]) -> None:
+        """The task ended (closed, cancelled, even before it ran, or a bug): commands never
+        taken were not applied, and their callers may send them again."""
+        self._closing = True
+        while self._queue:
+            _, _, fut = self._queue.popleft()
+            if not fut.done():
+                fut.set_exception(WriterClosed("the writer stopped before taking the command"))
+
+    def _settle(self, outcome: asyncio.Future[Any], futures: list[asyncio.Future[Any]], started: float) -> None:
+        """Hand each caller its result or error, then tell the subscribers what changed."""
+        exc = outcome.exception()
+        if exc is not None:  # the COMMIT itself failed: nothing in the batch landed
+            log.error("batch of %d commands failed to commit", len(futures), exc_info=exc)
+            for fut in futures:
+                if not fut.done():
+                    fut.set_exception(exc)
+            self.failed += len(futures)
+            return
+        results, errors, topics, repeats = outcome.result()
+        self.commit_seconds.append(time.perf_counter() - started)
+        self.batches += 1
+        self.commands += len(futures)
+        self.repeats += repeats
+        for fut, result, error in zip(futures, results, errors):
+            if fut.done():
+                continue
+            if error is None:
+                fut.set_result(result)
+            else:
+                self.failed += 1
+                fut.set_exception(error)
+        if topics:
+            for fn in list(self._subscribers):
+                try:
+                    fn(topics)
+                except Exception:
+                    log.exception("commit subscriber %r failed", fn)
+
+    def _apply(
+        self, batch: list[Command], keys: list[str | None] | None
+    ) -> tuple[list[Any], list[BaseException | None], Topics, int]:
+        """Run one batch in one transaction, each command in its own savepoint (writer thread).
+
+        `keys` (None when no command has one) are the idempotency keys: a key with an outcome
+        in the window answers with it instead of applying; a new one records its outcome in the
+        command's savepoint, or after rolling the command back, so both commit together.
+        """
         conn = self._conn
         assert conn is not None
         n = len(batch)
         errors: list[BaseException | None] = [None] * n
         pending = range(n)
+        now = time.time()
+        since = now - self.repeat_window
         while True:
             results: list[Any] = [None] * n
+            repeats = 0
             tx = Tx(conn, self.statements)
             touched = tx._touched
             cur = conn.cursor()
             lost = None
             cur.execute("BEGIN IMMEDIATE")
+            if keys is not None and time.monotonic() >= self._next_prune:
+                self._prune(cur)
             for i in pending:
+                key = None if keys is None else keys[i]
+                if key is not None:
+                    row = cur.execute(FIND_OUTCOME, (key, since)).fetchone()
+                    if row is not None:  # a repeat: its first outcome, nothing applied
+                        ok, value = load_outcome(row[0])
+                        if ok:
+                            results[i] = value
+                        else:
+                            errors[i] = value
+                        repeats += 1
+                        continue
                 cur.execute("SAVEPOINT cmd")
                 mark = len(touched)
                 try:
-                    results[i] = batch[i].apply(tx)
+                    result = batch[i].apply(tx)
+                    if key is not None:
+                        cur.execute(RECORD_OUTCOME, (key, now, dump_outcome(True, result)))
+                    results[i] = result
                 except Exception as exc:
                     errors[i] = exc
                     del touched[mark:]
@@ -273,6 +393,8 @@ class Writer:
                         break
                     cur.execute("ROLLBACK TO cmd")
                     cur.execute("RELEASE cmd")
+                    if key is not None:
+                        cur.execute(RECORD_OUTCOME, (key, now, dump_outcome(False, exc)))
                 else:
                     cur.execute("RELEASE cmd")
             if lost is None:
@@ -282,7 +404,7 @@ class Writer:
                     if conn.in_transaction:
                         conn.execute("ROLLBACK")
                     raise
-                return results, errors, frozenset(touched)
+                return results, errors, frozenset(touched), repeats
             # Rare: an error that ends the transaction (SQLITE_FULL, an interrupted statement).
             # The command that caused it keeps its error; the others run again from the start.
             pending = [i for i in range(n) if errors[i] is None]

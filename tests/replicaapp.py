@@ -28,6 +28,7 @@ lith = Lith(
     replica_check_every=float(os.environ.get("APP_CHECK_EVERY", "86400")),
 )
 app = FastAPI(lifespan=lith.lifespan)
+lith.install(app)
 
 
 class Append(Command):

@@ -84,7 +84,7 @@ def board(db: Db) -> h.Element:
 
 
 app = FastAPI(lifespan=lith.lifespan)
-app.include_router(lith.router)
+lith.install(app)  # the stream route, the body limit, errors as HTML for Datastar
 if "STREAM_ENCODING" in os.environ:
     app.dependency_overrides[lith.encoder] = lambda: make_encoder(os.environ["STREAM_ENCODING"])
 

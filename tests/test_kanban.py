@@ -6,8 +6,11 @@ board on first start) and opens two pages, `a` and `b`, as two people would.
 
 from __future__ import annotations
 
+import json
 import re
+import socket
 import sqlite3
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -134,6 +137,16 @@ def test_bad_titles_show_in_the_acting_page_only(two_pages: tuple[Page, Page], d
     add_card(a, "Fixed title")  # the next good command clears the error
     expect(a.locator("#lith-error")).to_be_empty()
     expect(card(b, "Fixed title")).to_be_visible(timeout=LIVE)
+
+
+def test_a_draft_over_the_body_limit_says_so_and_stops_pending(new_page: Callable[..., Page], server: Server, db_path: Path) -> None:
+    a = open_board(new_page, server)
+    before = rows(db_path, "SELECT count(*) FROM card")
+    add_card(a, "Pasted a novel", "x" * 70_000)
+    expect(a.locator("#lith-error")).to_contain_text("The request is too large: at most 65536 bytes.")
+    expect(a.get_by_role("button", name="Add card")).not_to_have_class(re.compile("pending"))
+    expect(a.locator("#new-card-description")).to_have_value("x" * 70_000)  # the draft is kept
+    assert rows(db_path, "SELECT count(*) FROM card") == before
 
 
 def test_move_to_a_lane_deleted_a_moment_ago(two_pages: tuple[Page, Page], db_path: Path) -> None:
@@ -302,6 +315,65 @@ def test_http_surface(server: Server) -> None:
     assert refused.status_code == 403
     taken = httpx.post(server.url + "/presence/leave", data=beacon, headers={"Sec-Fetch-Site": "same-origin"})
     assert taken.status_code == 204
+
+
+SAME_ORIGIN = {"Datastar-Request": "true", "Sec-Fetch-Site": "same-origin", "Content-Type": "application/json"}
+
+
+def send_and_drop(server: Server, path: str, body: dict[str, Any], db_path: Path, sql: str) -> None:
+    """Send a command, wait until it has committed, then drop the connection unread: the
+    answer never reaches the client, as when a deploy or a network drop cuts it off."""
+    payload = json.dumps(body).encode()
+    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nContent-Length: {len(payload)}\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in SAME_ORIGIN.items())
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(head.encode() + b"\r\n" + payload)
+        deadline = time.monotonic() + 10
+        while rows(db_path, sql) == [(0,)]:
+            assert time.monotonic() < deadline, "the command never committed"
+            time.sleep(0.01)
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["same server", "after a restart"])
+def test_a_command_retried_after_a_lost_answer_applies_once(server: Server, db_path: Path, restart: bool) -> None:
+    cmd = {"tab": "t1", "op": 1, "lane_id": 1, "title": "Exactly once"}
+    count = "SELECT count(*) FROM card WHERE title = 'Exactly once'"
+    send_and_drop(server, "/cards", cmd, db_path, count)
+    if restart:
+        server.restart()
+    for _ in range(2):  # Datastar retries the same request: the same tab, the same op
+        retry = httpx.post(server.url + "/cards", content=json.dumps(cmd), headers=SAME_ORIGIN)
+        assert retry.status_code == 204
+    assert rows(db_path, count) == [(1,)]
+    again = httpx.post(server.url + "/cards", content=json.dumps({**cmd, "op": 2}), headers=SAME_ORIGIN)
+    assert again.status_code == 204  # the tab's next action is a new op: it applies
+    assert rows(db_path, count) == [(2,)]
+
+
+def test_integers_sqlite_cannot_store_are_refused_on_every_route(server: Server, db_path: Path) -> None:
+    before = rows(db_path, "SELECT count(*), max(position) FROM card")
+    huge = 2**63
+    for path, cmd in [
+        ("/cards", {"tab": "t1", "op": 1, "lane_id": huge, "title": "x"}),
+        ("/cards", {"tab": "t1", "op": huge, "lane_id": 1, "title": "x"}),
+        ("/cards/move", {"tab": "t1", "op": 2, "card_id": 1, "lane_id": 1, "position": 0, "extra": huge}),
+        ("/cards/move", {"tab": "t1", "op": 2, "card_id": huge, "lane_id": 1, "position": 0}),
+        ("/cards/delete", {"tab": "t1", "op": 3, "card_id": huge}),
+        ("/lanes/rename", {"tab": "t1", "op": 4, "lane_id": huge * 4, "title": "y"}),
+    ]:
+        response = httpx.post(server.url + path, content=json.dumps(cmd), headers=SAME_ORIGIN)
+        if "extra" in cmd:  # not a field: pydantic drops it, nothing reaches SQLite
+            assert response.status_code == 204
+            continue
+        assert response.status_code == 422, (path, cmd, response.text)
+        assert response.text.startswith('<div id="lith-error"') and "SQLite&#39;s range" in response.text
+    assert rows(db_path, "SELECT count(*), max(position) FROM card") == before
+    stream = httpx.get(f"{server.url}/lith/stream?views=board/{huge}&tab=t1")
+    assert stream.status_code == 400 and "outside SQLite's integers" in stream.text
+    assert "Traceback" not in server.output
+
+
+def test_seeded_board_is_about_142_kb(tmp_path: Path) -> None:
 
 
 def test_seeded_board_is_about_156_kb(tmp_path: Path) -> None:

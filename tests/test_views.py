@@ -124,3 +124,18 @@ def test_fragment_cache_output_equals_uncached(changes: list[tuple]) -> None:
         elif ids and step[0] == "delete":
             conn.execute("DELETE FROM cards WHERE id = ?", (ids[step[1] % len(ids)],))
         assert board(db, cached_card) == board(db, card_element)
+
+
+def test_integer_parameters_sqlite_cannot_store_are_a_view_error() -> None:
+    views = Views()
+
+    @views.register("board/{board_id}")
+    def board(db: Db, board_id: int) -> str:
+        return ""
+
+    for key in ("board/9223372036854775808", "board/-9223372036854775809"):
+        with pytest.raises(ViewError, match="outside SQLite's integers"):
+            views.resolve(key)
+    with pytest.raises(ViewError, match="board_id"):
+        views.resolve("board/{board_id}", {"board_id": 2**64})
+    assert views.resolve("board/9223372036854775807")[1] == {"board_id": 2**63 - 1}

@@ -6,8 +6,10 @@ import asyncio
 import os
 import signal
 import sqlite3
+import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -270,3 +272,268 @@ def test_a_writer_starts_again_on_another_event_loop(tmp_path: Path, migrations:
 
     assert asyncio.run(session()) == 1  # as a module-level Lith does across tests
     assert asyncio.run(asyncio.wait_for(session(), 5)) == 2
+
+
+# -- cancelling the writer task: each caller learns the truth --------------------------------
+
+
+class Gated(Command):
+    """Appends `value`; the one named `gate` holds the writer thread until released."""
+
+    value: str
+    gate: str = ""
+
+    def apply(self, tx: Tx) -> str:
+        tx.execute(APPEND, {"value": self.value})
+        if self.value == self.gate:
+            GATE.reached.set()
+            assert GATE.release.wait(10)
+        return self.value
+
+
+class _Gate:
+    def __init__(self) -> None:
+        self.reached = threading.Event()
+        self.release = threading.Event()
+
+
+GATE = _Gate()
+
+
+async def wait_for(event: threading.Event) -> None:
+    deadline = time.monotonic() + 10
+    while not event.is_set():
+        assert time.monotonic() < deadline, "the writer thread never got there"
+        await asyncio.sleep(0.001)
+
+
+# Where the writer task is cancelled: waiting for commands, at BEGIN, inside the first or the
+# last command of a batch, at COMMIT, and after COMMIT before the outcome reaches the loop.
+POINTS = ["idle", "begin", "first command", "last command", "commit", "after commit"]
+
+
+@pytest.mark.parametrize("point", POINTS)
+async def test_a_cancelled_writer_task_tells_each_caller_the_truth(
+    tmp_path: Path, migrations: Path, point: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    global GATE
+    GATE = _Gate()
+    writer = Writer(tmp_path / "app.db", migrations=migrations)
+    await writer.start()
+    task = writer._task
+    assert task is not None and writer._conn is not None
+    if point == "idle":
+        task.cancel()
+        await asyncio.wait((task,))
+        with pytest.raises(WriterClosed):  # before: queued forever, nobody left to take it
+            await asyncio.wait_for(writer.do(Append(value="late")), 5)
+        await writer.close()
+        assert rows(writer.path, "SELECT count(*) FROM log") == [(0,)]
+        return
+
+    sql = {"begin": "BEGIN IMMEDIATE", "commit": "COMMIT", "after commit": "COMMIT"}.get(point)
+    blocks = point != "after commit"
+
+    def trace(statement: str) -> None:
+        if statement == sql:
+            GATE.reached.set()
+            if blocks:
+                assert GATE.release.wait(10)
+
+    writer._conn.set_trace_callback(trace)
+    gate = {"first command": "v0", "last command": "v4"}.get(point, "")
+    batch = [asyncio.ensure_future(writer.do(Gated(value=f"v{i}", gate=gate))) for i in range(5)]
+    await wait_for(GATE.reached)  # the batch is on the writer thread
+    later = [asyncio.ensure_future(writer.do(Gated(value=f"w{i}"))) for i in range(3)]
+    await asyncio.sleep(0)
+    if point == "after commit":
+        # Hold the loop until the COMMIT is visible to another connection, then cancel: the
+        # outcome is committed but has not reached the loop yet.
+        deadline = time.monotonic() + 10
+        while rows(writer.path, "SELECT count(*) FROM log") != [(5,)]:
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        task.cancel()
+    else:
+        task.cancel()
+        await asyncio.sleep(0.01)
+        GATE.release.set()
+    outcomes = await asyncio.gather(*batch, *later, return_exceptions=True)
+    writer._conn.set_trace_callback(None)
+    assert not any(isinstance(o, asyncio.CancelledError) for o in outcomes), outcomes
+    assert outcomes[:5] == ["v0", "v1", "v2", "v3", "v4"]  # taken: committed, and told so
+    assert all(isinstance(o, WriterClosed) for o in outcomes[5:]), outcomes[5:]  # never taken
+    stored = sorted(v for (v,) in rows(writer.path, "SELECT value FROM log"))
+    assert stored == ["v0", "v1", "v2", "v3", "v4"]
+    assert task.done()  # the cancel stopped the task, it did not swallow it
+    with pytest.raises(WriterClosed):
+        await writer.do(Append(value="late"))
+    await writer.close()
+    assert "failed to commit" not in caplog.text
+
+
+# -- idempotency keys: a repeat returns the first outcome, applied once -----------------------
+
+
+class Keyed(Command):
+    """A page's action: `tab` and `op` make its key."""
+
+    tab: str
+    op: int
+    value: str
+
+    def apply(self, tx: Tx) -> int:
+        tx.touch("log")
+        return tx.execute(APPEND, {"value": self.value}).lastrowid  # type: ignore[return-value]
+
+
+class Forget(Command):
+    value: str
+
+    def apply(self, tx: Tx) -> None:
+        tx.execute("DELETE FROM log WHERE value = ?", (self.value,))
+
+
+def log_values(path: Path) -> list[str]:
+    return [v for (v,) in rows(path, "SELECT value FROM log ORDER BY seq")]
+
+
+async def test_a_repeated_command_returns_its_first_outcome_without_applying(writer: Writer) -> None:
+    first = await writer.do(Keyed(tab="t1", op=1, value="a"))
+    assert await writer.do(Keyed(tab="t1", op=1, value="a")) == first
+    assert log_values(writer.path) == ["a"]
+    assert writer.repeats == 1
+
+    # Repeats in one batch, as when a retry arrives while the first is still queued.
+    seqs = await asyncio.gather(*(writer.do(Keyed(tab="t1", op=2, value="b")) for _ in range(5)))
+    assert len(set(seqs)) == 1 and log_values(writer.path) == ["a", "b"]
+
+    # A failure is an outcome too: the repeat raises it again and applies nothing, even once
+    # the cause is gone.
+    with pytest.raises(sqlite3.IntegrityError):
+        await writer.do(Keyed(tab="t1", op=3, value="a"))
+    await writer.do(Forget(value="a"))
+    with pytest.raises(sqlite3.IntegrityError):
+        await writer.do(Keyed(tab="t1", op=3, value="a"))
+    assert log_values(writer.path) == ["b"]
+
+    # Other ops, tabs and command types are other keys; op 0 (a page's default) has none.
+    await writer.do(Keyed(tab="t1", op=4, value="c"))
+    await writer.do(Keyed(tab="t2", op=4, value="d"))
+    for _ in range(2):
+        await writer.do(Keyed(tab="t1", op=0, value="e"))
+        await writer.do(Forget(value="e"))
+    assert log_values(writer.path) == ["b", "c", "d"]
+    assert writer.repeats == 1 + 4 + 1
+
+
+async def test_outcomes_survive_a_restart_and_expire_after_the_window(tmp_path: Path, migrations: Path) -> None:
+    path = tmp_path / "app.db"
+    writer = Writer(path, migrations=migrations, repeat_window=3600)
+    await writer.start()
+    await writer.do(Keyed(tab="t1", op=1, value="a"))
+    await writer.close()
+
+    writer = Writer(path, migrations=migrations, repeat_window=3600)
+    await writer.start()
+    await writer.do(Keyed(tab="t1", op=1, value="a"))  # a retry after a restart: not applied
+    assert log_values(path) == ["a"]
+    await writer.do(Forget(value="a"))
+    with sqlite3.connect(path) as conn:  # the first outcome is older than the window now
+        conn.execute("UPDATE lith_outcome SET at = at - 7200")
+    await writer.do(Keyed(tab="t1", op=1, value="a"))
+    assert log_values(path) == ["a"]
+    await writer.close()
+
+    off = Writer(path, migrations=migrations, repeat_window=0)  # 0: no keys at all
+    await off.start()
+    await off.do(Forget(value="a"))
+    await off.do(Keyed(tab="t1", op=1, value="a"))
+    assert log_values(path) == ["a"]
+    await off.close()
+
+
+async def test_old_outcomes_are_pruned_at_start(tmp_path: Path, migrations: Path) -> None:
+    path = tmp_path / "app.db"
+    writer = Writer(path, migrations=migrations)
+    await writer.start()
+    for op in range(1, 4):
+        await writer.do(Keyed(tab="t1", op=op, value=f"v{op}"))
+    await writer.close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE lith_outcome SET at = at - 2 * 3600 WHERE key LIKE '%:1'")
+    await writer.start()
+    await writer.close()
+    assert rows(path, "SELECT count(*) FROM lith_outcome") == [(2,)]
+
+
+async def test_an_unpicklable_result_is_applied_once_and_its_repeat_says_so(writer: Writer) -> None:
+    from fastapi_lith import OutcomeLost
+
+    class Rowful(Command):
+        tab: str
+        op: int
+
+        def apply(self, tx: Tx) -> sqlite3.Row:
+            tx.execute(APPEND, {"value": f"row{self.op}"})
+            return tx.one("SELECT value FROM log WHERE value = ?", (f"row{self.op}",))
+
+    assert (await writer.do(Rowful(tab="t", op=1)))["value"] == "row1"
+    with pytest.raises(OutcomeLost, match="applied once"):
+        await writer.do(Rowful(tab="t", op=1))
+    assert log_values(writer.path) == ["row1"]
+
+
+# -- settings and integers --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"synchronous": "FULLL"}, "synchronous must be one of 'OFF', 'NORMAL', 'FULL', 'EXTRA', not 'FULLL'"),
+        ({"batch_size": 0}, "batch_size must be an integer at least 1, not 0"),
+        ({"batch_size": 2.5}, "batch_size must be an integer, not 2.5"),
+        ({"statement_cache": "no"}, "statement_cache must be True or False, not 'no'"),
+        ({"same_origin_only": 0}, "same_origin_only must be True or False, not 0"),
+        ({"repeat_window": -1}, "repeat_window must be a number at least 0, not -1"),
+    ],
+)
+def test_writer_settings_are_checked_when_built(tmp_path: Path, kwargs: dict, message: str) -> None:
+    from fastapi_lith import LithError
+
+    with pytest.raises(ValueError, match=re.escape(message)) as info:
+        Writer(tmp_path / "app.db", **kwargs)
+    assert isinstance(info.value, LithError)
+    assert Writer(tmp_path / "app.db", synchronous="full").synchronous == "FULL"
+
+
+def test_integers_sqlite_cannot_store_fail_validation() -> None:
+    from pydantic import BaseModel, ValidationError
+
+    class Row(BaseModel):
+        n: int
+
+    class Many(Command):
+        n: int = 0
+        rows: list[Row] = []
+
+    for bad in ({"n": 2**63}, {"n": -(2**63) - 1}, {"rows": [{"n": 1}, {"n": 2**64}]}):
+        with pytest.raises(ValidationError, match="SQLite's range") as info:
+            Many(**bad)
+        assert info.value.errors()[0]["type"] == "sqlite_int"
+    assert Many(n=2**63 - 1, rows=[{"n": -(2**63)}]).n == 2**63 - 1
+
+
+async def test_an_idempotency_key_header_keys_the_commands_of_a_request_in_order(writer: Writer) -> None:
+    from fastapi_lith.outcomes import RequestKey, request_key
+
+    async def route(key: str, values: list[str]) -> list[int]:
+        request_key.set(RequestKey(key))  # what the writer dependency does for the header
+        return [await writer.do(Append(value=v)) for v in values]
+
+    first = await asyncio.create_task(route("req-1", ["a", "b"]))
+    again = await asyncio.create_task(route("req-1", ["a", "b"]))  # the client's retry
+    assert again == first and log_values(writer.path) == ["a", "b"]
+    await asyncio.create_task(route("req-2", ["c"]))
+    assert await writer.do(Append(value="d")) == 4  # outside a request: no key
+    assert log_values(writer.path) == ["a", "b", "c", "d"]

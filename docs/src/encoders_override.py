@@ -12,7 +12,7 @@ from fastapi_lith.encoders import BrotliEncoder, Encoder, make_encoder, negotiat
 
 lith = Lith("app.db")
 app = FastAPI(lifespan=lith.lifespan)
-app.include_router(lith.router)
+lith.install(app)
 
 
 def force_gzip() -> None:

@@ -15,9 +15,18 @@ from pydantic import Field
 
 from fastapi_lith import Command, Db, Lith, Tx, Writer
 
+# The app's own wording for validation errors, by pydantic's error type; others keep pydantic's.
+WORDING = {
+    "greater_than_equal": "Pick a number from 1 to 100.",
+    "less_than_equal": "Pick a number from 1 to 100.",
+    "int_parsing": "Type a whole number.",
+    "json_invalid": "The page sent something unreadable: reload it and try again.",
+}
+
 lith = Lith(
     os.environ.get("COUNTER_DB", "counter.db"),
     migrations=Path(__file__).parent / "migrations",
+    messages=lambda error: WORDING.get(error["type"]),
 )
 
 # Statements are built once, at import: the writer compiles each one once and reuses it.
@@ -60,7 +69,7 @@ def outcome_view(db: Db, tab: str) -> h.Element:
 
 
 app = FastAPI(lifespan=lith.lifespan)
-app.include_router(lith.router)
+lith.install(app)  # the stream route, the body limit, errors as HTML for Datastar
 
 
 @app.post("/add", status_code=204, include_in_schema=False)

@@ -88,7 +88,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 
 app = FastAPI(title="Kanban", lifespan=lifespan)
-app.include_router(lith.router)
+lith.install(app)  # the stream route, the body limit, errors as HTML for Datastar
 
 
 async def run(cmd: TabCommand, writer: Writer) -> None:

@@ -16,6 +16,7 @@ lith = Lith(
 )
 # --8<-- [end:settings]
 app = FastAPI(lifespan=lith.lifespan)
+lith.install(app)
 
 
 # --8<-- [start:health]

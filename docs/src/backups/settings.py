@@ -16,3 +16,4 @@ lith = Lith(
 )
 # --8<-- [end:settings]
 app = FastAPI(lifespan=lith.lifespan)
+lith.install(app)

@@ -13,7 +13,7 @@ from fastapi_lith import Command, Db, Lith, Tx, Writer, fragment
 
 lith = Lith("board.db", migrations=Path(__file__).parent / "migrations")
 app = FastAPI(lifespan=lith.lifespan)
-app.include_router(lith.router)
+lith.install(app)
 
 card = sa.table("card", sa.column("id"), sa.column("board_id"), sa.column("title"), sa.column("lane"))
 

@@ -39,7 +39,7 @@ def counter_view(db: Db) -> h.Element:
 
 
 app = FastAPI(lifespan=lith.lifespan)     # migrates, starts the writer, the readers, the hub
-app.include_router(lith.router)           # GET /lith/stream, out of OpenAPI
+lith.install(app)                        # the stream route, the body limit, HTML errors
 
 
 # --8<-- [start:route]

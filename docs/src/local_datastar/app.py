@@ -13,7 +13,7 @@ STATIC = Path(__file__).parent / "static"  # holds datastar.js
 
 lith = Lith("app.db", datastar_url="/static/datastar.js")
 app = FastAPI(lifespan=lith.lifespan)
-app.include_router(lith.router)
+lith.install(app)
 app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
 

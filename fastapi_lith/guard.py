@@ -1,0 +1,168 @@
+"""Command routes, guarded: a bound on the body, and errors a Datastar page can show.
+
+Datastar ignores the body of a non-2xx response, so a refused command (400, 403, 413, 422) is
+answered with an HTML fragment *and* that fragment is pushed down the acting tab's stream, the
+tab named by the command's `tab` signal; its `op` signal comes back as `done`, so a button
+pending on `$op != $done` stops.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import htpy as h
+from fastapi.exceptions import RequestValidationError
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .streams import TAB_ID
+
+# An app's own wording for a validation error: pydantic's error dict in, the message out (None
+# keeps pydantic's). Its `type` says what failed ("string_too_short", "json_invalid", ...).
+Messages = Callable[[Mapping[str, Any]], str | None]
+
+
+class BodyTooLarge(HTTPException):
+    """A command's body passed `max_body`; `head` is what was read of it, for its tab and op."""
+
+    def __init__(self, limit: int, head: bytes) -> None:
+        super().__init__(413, f"The request is too large: at most {limit} bytes.")
+        self.head = head
+
+
+class BodyLimit:
+    """ASGI middleware: the body of a request to a route that takes the writer stops at
+    `max_body` bytes, 413 at once.
+
+    FastAPI reads the body before any dependency runs, so `Depends(lith.writer)` sees it too
+    late; the bound wraps `receive` instead. When the body is first read, routing is done and
+    `scope["route"]` names the route: it is bounded if `writer` is among the route's
+    dependencies (looked up once per route and remembered), so any FastAPI route that takes
+    `Depends(lith.writer)` is covered and every other route is left alone. A body is refused
+    as soon as it passes the limit, so memory holds at most the limit plus one chunk; a
+    `Content-Length` over the limit is refused before a byte is read, unless Datastar sent it:
+    then the first `max_body` bytes are read, for the tab to tell.
+    """
+
+    def __init__(self, app: ASGIApp, *, writer: object, max_body: int) -> None:
+        self.app = app
+        self.writer = writer
+        self.max_body = max_body
+        self._routes: dict[int, bool] = {}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.max_body
+        bounded: bool | None = None  # decided at the first read, once routing is done
+        chunks: list[bytes] = []
+        size = 0
+
+        async def bounded_receive() -> Message:
+            nonlocal bounded, size
+            if bounded is None:
+                bounded = self.takes_writer(scope.get("route"))
+                if bounded:
+                    # A command's request, as the writer dependency would mark it; the body is
+                    # kept for the error handlers: the tab and op of a refused command.
+                    state = scope.setdefault("state", {})
+                    state["lith_command"] = True
+                    state["lith_body"] = chunks
+                    headers = Headers(scope=scope)
+                    length = headers.get("content-length")
+                    if (
+                        length is not None and length.isdigit() and int(length) > limit
+                        and headers.get("datastar-request") != "true"  # else read on, to find its tab
+                    ):
+                        raise BodyTooLarge(limit, b"")
+            message = await receive()
+            if bounded and message["type"] == "http.request":
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limit:
+                    chunks.append(chunk[: limit - size + len(chunk)])
+                    raise BodyTooLarge(limit, b"".join(chunks))
+                chunks.append(chunk)
+            return message
+
+        await self.app(scope, bounded_receive, send)
+
+    def takes_writer(self, route: Any) -> bool:
+        if route is None:
+            return False
+        known = self._routes.get(id(route))
+        if known is None:
+            known = self._routes[id(route)] = _depends_on(getattr(route, "dependant", None), self.writer)
+        return known
+
+
+def _depends_on(dependant: Any, call: object) -> bool:
+    stack = [dependant] if dependant is not None else []
+    while stack:
+        dep = stack.pop()
+        if dep.call is call:
+            return True
+        stack.extend(dep.dependencies)
+    return False
+
+
+def is_command_request(request: Request) -> bool:
+    """A request Datastar sent, or one the writer dependency marked as a command's."""
+    return request.headers.get("datastar-request") == "true" or bool(
+        getattr(request.state, "lith_command", False)
+    )
+
+
+def received_body(request: Request, exc: Exception) -> Any:
+    """What the handlers can read of a refused command's body, without reading it again."""
+    if isinstance(exc, RequestValidationError):
+        return exc.body
+    if isinstance(exc, BodyTooLarge):
+        return exc.head
+    chunks = getattr(request.state, "lith_body", None)
+    return b"".join(chunks) if chunks else None
+
+
+_TAB = re.compile(rb'"tab"\s*:\s*"([A-Za-z0-9_-]{1,64})"')
+_OP = re.compile(rb'"op"\s*:\s*(\d{1,18})\b')
+
+
+def acting_tab(body: Any) -> tuple[str | None, int | None]:
+    """The `tab` and `op` signals of a command's body: parsed, or found in a cut-off body."""
+    if isinstance(body, str):
+        body = body.encode()
+    if isinstance(body, bytes):
+        try:
+            body = json.loads(body)
+        except ValueError:  # cut off at the limit, or not JSON: look for the two signals
+            tab, op = _TAB.search(body), _OP.search(body)
+            return (tab.group(1).decode() if tab else None), (int(op.group(1)) if op else None)
+    if not isinstance(body, dict):
+        return None, None
+    tab, op = body.get("tab"), body.get("op")
+    return (
+        tab if isinstance(tab, str) and TAB_ID.fullmatch(tab) else None,
+        op if type(op) is int else None,
+    )
+
+
+def validation_fragment(exc: RequestValidationError, element_id: str, messages: Messages | None = None) -> str:
+    """A short, escaped list of what was wrong, with an id Datastar can patch by."""
+    items = []
+    for error in exc.errors():
+        loc = [] if error.get("type") == "json_invalid" else error.get("loc", ())  # a byte offset
+        field = ".".join(str(part) for part in loc if part not in ("body", "query", "path"))
+        msg = (messages(error) if messages is not None else None) or error.get("msg", "invalid")
+        items.append(h.li[h.strong[field], ": ", msg] if field else h.li[msg])
+    return str(h.div(id=element_id, role="alert", class_="lith-error")[h.ul[items]])
+
+
+def http_error_fragment(exc: HTTPException, element_id: str) -> str:
+    """An HTTP error's detail in the same shape as a validation error's."""
+    return str(h.div(id=element_id, role="alert", class_="lith-error")[h.ul[h.li[str(exc.detail)]]])

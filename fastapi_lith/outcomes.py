@@ -1,0 +1,68 @@
+"""Exactly once: idempotency keys, and the first outcome of each keyed command.
+
+Datastar retries a POST after a network error, so a command whose transaction committed but
+whose answer was lost would apply twice. A keyed command's outcome is written in the same
+transaction as the command; a repeat within the window finds it and is not applied again.
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+from contextvars import ContextVar
+from typing import Any
+
+from .exceptions import OutcomeLost
+
+
+class RequestKey:
+    """A request's `Idempotency-Key` header, and how many commands its route has sent."""
+
+    __slots__ = ("key", "sent")
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.sent = 0
+
+    def next(self) -> str:
+        self.sent += 1
+        return f"header:{self.key}:{self.sent}"
+
+
+# Set by the writer dependency for the request it guards; `do` reads it in the same task.
+request_key: ContextVar[RequestKey | None] = ContextVar("lith_request_key", default=None)
+IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,200}")
+
+# The library's own table: each keyed command's first outcome, written in the command's own
+# transaction, so a repeat that finds no row knows the first never committed. A rowid table:
+# rows append in time order and only the small key index takes scattered inserts (keyed by
+# the key text, WITHOUT ROWID, each insert split pages all over the tree and cost far more).
+OUTCOMES_SCHEMA = """
+CREATE TABLE IF NOT EXISTS lith_outcome (key TEXT NOT NULL UNIQUE, at REAL NOT NULL, outcome BLOB);
+CREATE INDEX IF NOT EXISTS lith_outcome_at ON lith_outcome (at);
+"""
+FIND_OUTCOME = "SELECT outcome FROM lith_outcome WHERE key = ? AND at >= ?"
+RECORD_OUTCOME = "INSERT OR REPLACE INTO lith_outcome (key, at, outcome) VALUES (?, ?, ?)"
+PRUNE_OUTCOMES = "DELETE FROM lith_outcome WHERE at < ?"
+
+
+def dump_outcome(ok: bool, value: Any) -> bytes | None:
+    """The outcome as stored: NULL for the common `None` result, else a pickle."""
+    if ok and value is None:
+        return None
+    try:
+        return pickle.dumps((ok, value), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:  # noqa: BLE001 - an unpicklable result must not fail the command
+        lost = OutcomeLost(f"the command was applied once; its {'result' if ok else 'error'} "
+                           f"({type(value).__name__}) could not be stored: {exc}")
+        return pickle.dumps((False, lost), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def load_outcome(blob: bytes | None) -> tuple[bool, Any]:
+    if blob is None:
+        return True, None
+    try:
+        ok, value = pickle.loads(blob)
+    except Exception as exc:  # noqa: BLE001 - e.g. the result's class was renamed since
+        return False, OutcomeLost(f"the command was applied once; its outcome cannot be read back: {exc}")
+    return ok, value
