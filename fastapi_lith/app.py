@@ -24,6 +24,7 @@ from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from . import db, encoders
 from .backup import Backups
 from .encoders import Encoder
+from .feed import Feed, SqliteFeed
 from .hub import Hub
 from .streams import TAB_ID, Frame, Stream, body
 from .views import Render, ViewError, Views
@@ -72,8 +73,12 @@ class Lith:
         backup_folder: str | Path | None = None,
         backup_every: float = 3600.0,
         backup_keep: int = 24,
+        feed: Feed | None = None,
     ) -> None:
         self.path = Path(path)
+        # Any number of processes may serve one file (`--workers N`): by default every batch
+        # writes its topics to a table that every process's hub polls. See feed.py.
+        self.feed = feed if feed is not None else SqliteFeed(self.path)
         self.error_id = error_id
         self.tick = tick
         self.views = Views()
@@ -85,6 +90,7 @@ class Lith:
             statement_cache=statement_cache,
             same_origin_only=same_origin_only,
             max_body=max_body,
+            feed=self.feed,
         )
         self._reader_count = readers
         self.keepalive = keepalive
@@ -220,8 +226,9 @@ class Lith:
         if app is not None:
             self._install_error_handler(app)
         await self.writer.start()
+        await self.feed.start(self.writer)
         readers = db.Readers(self.path, size=self._reader_count)
-        hub = self._hub = Hub(self.views, readers, tick=self.tick)
+        hub = self._hub = Hub(self.views, readers, tick=self.tick, feed=self.feed)
         unsubscribe = self.writer.subscribe(hub.touched)
         self._engine = read_only_engine(self.path)
         if ticks:
@@ -235,6 +242,7 @@ class Lith:
                 await self.backups.stop()  # a copy in progress finishes first
             await hub.stop()
             await self.writer.close()
+            await self.feed.close()
             unsubscribe()
             readers.close()
             await self._engine.dispose()

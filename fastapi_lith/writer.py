@@ -16,7 +16,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import HTTPException
 from pydantic import BaseModel
@@ -25,6 +25,9 @@ from starlette.requests import Request
 from . import db
 from .db import Db
 from .statements import StatementCache
+
+if TYPE_CHECKING:
+    from .feed import Feed
 
 log = logging.getLogger("fastapi_lith.writer")
 
@@ -82,8 +85,14 @@ class Writer:
         statement_cache: bool = True,
         same_origin_only: bool = True,
         max_body: int = 64 * 1024,
+        feed: Feed | None = None,
     ) -> None:
         self.path = Path(path)
+        if feed is None:  # one process: its hub hears of commits through `subscribe` alone
+            from .feed import LocalFeed
+
+            feed = LocalFeed()
+        self.feed = feed
         self.migrations = migrations
         self.synchronous = synchronous
         self.batch_size = batch_size
@@ -130,10 +139,12 @@ class Writer:
             self.path, synchronous=self.synchronous, cached_statements=self._cached_statements
         )
         try:
-            if self.migrations is not None:
-                before, after = db.migrate(conn, self.migrations)
-                if after != before:
-                    log.info("%s: migrated from version %d to %d", self.path.name, before, after)
+            with self.feed.turn():  # processes starting at once migrate one after the other
+                if self.migrations is not None:
+                    before, after = db.migrate(conn, self.migrations)
+                    if after != before:
+                        log.info("%s: migrated from version %d to %d", self.path.name, before, after)
+                self.feed.setup(conn)
         except BaseException:
             conn.close()
             raise
@@ -243,6 +254,11 @@ class Writer:
                         log.exception("commit subscriber %r failed", fn)
 
     def _apply(self, batch: list[Command]) -> tuple[list[Any], list[BaseException | None], Topics]:
+        """Run one batch in this process's turn at the file (see `Feed.turn`), writer thread."""
+        with self.feed.turn():
+            return self._transaction(batch)
+
+    def _transaction(self, batch: list[Command]) -> tuple[list[Any], list[BaseException | None], Topics]:
         """Run one batch in one transaction, each command in its own savepoint (writer thread)."""
         conn = self._conn
         assert conn is not None
@@ -272,13 +288,15 @@ class Writer:
                 else:
                     cur.execute("RELEASE cmd")
             if lost is None:
+                topics = frozenset(touched)
                 try:
+                    self.feed.publish(conn, topics)  # other processes' hubs read it once committed
                     cur.execute("COMMIT")
                 except BaseException:
                     if conn.in_transaction:
                         conn.execute("ROLLBACK")
                     raise
-                return results, errors, frozenset(touched)
+                return results, errors, topics
             # Rare: an error that ends the transaction (SQLITE_FULL, an interrupted statement).
             # The command that caused it keeps its error; the others run again from the start.
             pending = [i for i in range(n) if errors[i] is None]
