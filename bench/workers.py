@@ -193,6 +193,13 @@ async def _produce(path: str, feed: str, producers: int, warmup: float, duration
     errors: Counter[str] = Counter()
     done = 0
     end = start + duration
+    batches: list[int] = []
+
+    async def count_batches() -> None:
+        await asyncio.sleep(max(0.0, start - time.time()))
+        batches.append(writer.batches)
+        await asyncio.sleep(max(0.0, end - time.time()))
+        batches.append(writer.batches)
 
     async def producer(k: int) -> None:
         nonlocal done
@@ -208,11 +215,14 @@ async def _produce(path: str, feed: str, producers: int, warmup: float, duration
                 done += 1
                 latencies.append(time.perf_counter() - t0)
 
-    await asyncio.gather(*(producer(k) for k in range(producers)))
+    await asyncio.gather(count_batches(), *(producer(k) for k in range(producers)))
     await writer.close()
     if isinstance(writer.feed, SqliteFeed):
         await writer.feed.close()
-    return {"done": done, "latencies": latencies, "errors": dict(errors)}
+    n = batches[1] - batches[0]
+    batch_seconds = list(writer.commit_seconds)[-(writer.batches - batches[0]):][:n] if n else []
+    return {"done": done, "latencies": latencies, "errors": dict(errors), "batches": n,
+            "batch_seconds": batch_seconds}
 
 
 def writer_run(tmp: Path, config: str, duration: float, warmup: float) -> dict[str, Any]:
@@ -240,6 +250,10 @@ def writer_run(tmp: Path, config: str, duration: float, warmup: float) -> dict[s
         "p50_ms": percentile(latencies, 50) * 1e3,
         "p99_ms": percentile(latencies, 99) * 1e3,
         "errors": dict(errors),
+        "batch_p50_ms": percentile([x for r in results for x in r["batch_seconds"]], 50) * 1e3,
+        "batch_p99_ms": percentile([x for r in results for x in r["batch_seconds"]], 99) * 1e3,
+        "per_tx": sum(r["done"] for r in results) / max(1, sum(r["batches"] for r in results)),
+        "shares": [round(r["done"] / max(1, sum(x["done"] for x in results)), 2) for r in results],
     }
 
 
@@ -269,6 +283,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--duration", type=float, default=4.0)
     parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument("--configs", default="1x200 local,1x200 feed,2x100 feed,2x100 busy")
     args = parser.parse_args()
     print_conditions(loop="asyncio")
     tmp = Path(tempfile.mkdtemp(prefix="lith-workers-"))
@@ -284,15 +299,16 @@ def main() -> None:
                 top = f"{max(values) * 1e3:.1f}" if values else "-"
                 print(f"| {name} | {ms(values, 50)} | {ms(values, 95)} | {ms(values, 99)} | {top} |")
         if args.what in ("writer", "both"):
-            configs = ["1x200 local", "1x200 feed", "2x100 feed", "2x100 busy"]
+            configs = args.configs.split(",")
             runs: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
             for _ in range(args.reps):
                 for config in configs:  # interleaved, so drifting load hits each alike
                     runs[config].append(writer_run(tmp, config, args.duration, args.warmup))
             print(f"\n## Writer, 200 producers, {args.reps} runs of {args.duration:.0f} s each, medians\n")
-            print("| config | commands/s | ratio to 1x200 local | p50 ms | p99 ms | errors |")
-            print("|---|---:|---:|---:|---:|---|")
-            base = statistics.median(r["rate"] for r in runs["1x200 local"])
+            print(f"| config | commands/s | ratio to {configs[0]} | p50 ms | p99 ms | commands per transaction "
+                  "| batch p50 / p99 ms (waiting for the turn included) | errors |")
+            print("|---|---:|---:|---:|---:|---:|---:|---|")
+            base = statistics.median(r["rate"] for r in runs[configs[0]])
             for config in configs:
                 rate = statistics.median(r["rate"] for r in runs[config])
                 p50 = statistics.median(r["p50_ms"] for r in runs[config])
@@ -300,9 +316,14 @@ def main() -> None:
                 errors: Counter[str] = Counter()
                 for r in runs[config]:
                     errors.update(r["errors"])
-                print(f"| {config} | {rate:,.0f} | {rate / base:.2f} | {p50:.1f} | {p99:.1f} | "
+                per_tx = statistics.median(r["per_tx"] for r in runs[config])
+                b50 = statistics.median(r["batch_p50_ms"] for r in runs[config])
+                b99 = statistics.median(r["batch_p99_ms"] for r in runs[config])
+                print(f"| {config} | {rate:,.0f} | {rate / base:.2f} | {p50:.1f} | {p99:.1f} | {per_tx:.0f} | "
+                      f"{b50:.2f} / {b99:.1f} | "
                       f"{sum(errors.values())} {dict(errors) or ''} |")
             print("\nper run (commands/s):", {c: [round(r["rate"]) for r in runs[c]] for c in configs})
+            print("per run, each process's share of the commands:", {c: [r["shares"] for r in runs[c]] for c in configs})
         print("\nload average at the end:", load_average())
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
