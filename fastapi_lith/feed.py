@@ -119,9 +119,9 @@ class SqliteFeed(Feed):
         self._outbox: list[Push] = []
         self._sending: asyncio.Task[None] | None = None
         # Counters the tests and benchmarks read.
-        self.polls = 0
-        self.reads = 0
-        self.gaps = 0
+        self.changed = 0  # polls that found data_version changed, so read the table
+        self.reads = 0  # entries read
+        self.gaps = 0  # times entries were pruned before this hub read them
 
     # -- the writer's side (writer thread) ---------------------------------------------------
 
@@ -177,7 +177,7 @@ class SqliteFeed(Feed):
             version = conn.execute("PRAGMA data_version").fetchone()[0]
             if version == self._version:
                 return None
-            self.polls += 1
+            self.changed += 1
             rows = conn.execute(
                 f"SELECT seq, origin, topics, pushes FROM {self.TABLE} WHERE seq > ? ORDER BY seq",
                 (self._last,),
