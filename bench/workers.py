@@ -194,12 +194,15 @@ async def _produce(path: str, feed: str, producers: int, warmup: float, duration
     done = 0
     end = start + duration
     batches: list[int] = []
+    cpu: list[float] = []  # this process's CPU time (every thread), less noisy than wall time here
 
     async def count_batches() -> None:
         await asyncio.sleep(max(0.0, start - time.time()))
         batches.append(writer.batches)
+        cpu.append(time.process_time())
         await asyncio.sleep(max(0.0, end - time.time()))
         batches.append(writer.batches)
+        cpu.append(time.process_time())
 
     async def producer(k: int) -> None:
         nonlocal done
@@ -221,7 +224,7 @@ async def _produce(path: str, feed: str, producers: int, warmup: float, duration
         await writer.feed.close()
     n = batches[1] - batches[0]
     batch_seconds = list(writer.commit_seconds)[-(writer.batches - batches[0]):][:n] if n else []
-    return {"done": done, "latencies": latencies, "errors": dict(errors), "batches": n,
+    return {"done": done, "latencies": latencies, "errors": dict(errors), "batches": n, "cpu": cpu[1] - cpu[0],
             "batch_seconds": batch_seconds}
 
 
@@ -252,6 +255,7 @@ def writer_run(tmp: Path, config: str, duration: float, warmup: float) -> dict[s
         "errors": dict(errors),
         "batch_p50_ms": percentile([x for r in results for x in r["batch_seconds"]], 50) * 1e3,
         "batch_p99_ms": percentile([x for r in results for x in r["batch_seconds"]], 99) * 1e3,
+        "cpu_us": sum(r["cpu"] for r in results) / max(1, sum(r["done"] for r in results)) * 1e6,
         "per_tx": sum(r["done"] for r in results) / max(1, sum(r["batches"] for r in results)),
         "shares": [round(r["done"] / max(1, sum(x["done"] for x in results)), 2) for r in results],
     }
@@ -306,8 +310,8 @@ def main() -> None:
                     runs[config].append(writer_run(tmp, config, args.duration, args.warmup))
             print(f"\n## Writer, 200 producers, {args.reps} runs of {args.duration:.0f} s each, medians\n")
             print(f"| config | commands/s | ratio to {configs[0]} | p50 ms | p99 ms | commands per transaction "
-                  "| batch p50 / p99 ms (waiting for the turn included) | errors |")
-            print("|---|---:|---:|---:|---:|---:|---:|---|")
+                  "| batch p50 / p99 ms (waiting for the turn included) | CPU µs per command | errors |")
+            print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
             base = statistics.median(r["rate"] for r in runs[configs[0]])
             for config in configs:
                 rate = statistics.median(r["rate"] for r in runs[config])
@@ -320,7 +324,7 @@ def main() -> None:
                 b50 = statistics.median(r["batch_p50_ms"] for r in runs[config])
                 b99 = statistics.median(r["batch_p99_ms"] for r in runs[config])
                 print(f"| {config} | {rate:,.0f} | {rate / base:.2f} | {p50:.1f} | {p99:.1f} | {per_tx:.0f} | "
-                      f"{b50:.2f} / {b99:.1f} | "
+                      f"{b50:.2f} / {b99:.1f} | {statistics.median(r['cpu_us'] for r in runs[config]):.1f} | "
                       f"{sum(errors.values())} {dict(errors) or ''} |")
             print("\nper run (commands/s):", {c: [round(r["rate"]) for r in runs[c]] for c in configs})
             print("per run, each process's share of the commands:", {c: [r["shares"] for r in runs[c]] for c in configs})
