@@ -15,6 +15,11 @@ Two measurements, each side by side in one run, processes started by this script
               1x200 feed    one process, 200 producers, the SQLite feed (the default now)
               2x100 feed    two processes of 100 producers each, taking turns through the lock file
               2x100 busy    the same without the lock file: SQLite's busy handler (sleep-polling)
+              199+1 feed    one process of 199 producers, one of 1: what the lone caller waits
+              199+1 busy    the same with the busy handler
+              hold+1 feed   one process holding the file 20 ms per transaction, back to back, and
+                            one producer of short commands in another: what it waits
+              hold+1 busy   the same with the busy handler
             Each process measures the same window of wall-clock time; configs interleave, each
             repeated, medians reported.
 
@@ -71,6 +76,16 @@ class Set(Command):
     def apply(self, tx: Tx) -> None:
         tx.execute("UPDATE counter SET count = ? WHERE id = 1", (self.value,))
         tx.touch("counter")
+
+
+class Hold(Command):
+    """A long transaction: the writer holds the file for 20 ms (a large import, say)."""
+
+    id: int
+
+    def apply(self, tx: Tx) -> None:
+        tx.execute("UPDATE counter SET count = count + 1 WHERE id = ?", (self.id,))
+        time.sleep(0.02)
 
 
 class BusyFeed(SqliteFeed):
@@ -179,12 +194,14 @@ async def _drain(stream: Stream) -> None:
 # -- writer -----------------------------------------------------------------------------------
 
 
-async def _produce(path: str, feed: str, producers: int, warmup: float, duration: float) -> dict[str, Any]:
+async def _produce(path: str, feed: str, producers: int, warmup: float, duration: float,
+                   command: str = "add") -> dict[str, Any]:
     """One process: `producers` closed-loop producers; counts what completes in the window.
 
     It says "ready" once its writer runs, and reads the window's start (wall clock) back, so
     that every process measures the same window."""
     db = Path(path)
+    kind = {"add": Add, "hold": Hold}[command]
     writer = Writer(db, migrations=db.parent / "migrations", feed=make_feed(feed, db))
     await writer.start()
     print("ready", flush=True)
@@ -210,7 +227,7 @@ async def _produce(path: str, feed: str, producers: int, warmup: float, duration
         while (now := time.time()) < end:
             t0 = time.perf_counter()
             try:
-                await writer.do(Add(id=rng.randint(1, ROWS)))
+                await writer.do(kind(id=rng.randint(1, ROWS)))
             except Exception as exc:  # noqa: BLE001 - counted and reported
                 errors[str(exc)[:60]] += 1
                 continue
@@ -228,14 +245,25 @@ async def _produce(path: str, feed: str, producers: int, warmup: float, duration
             "batch_seconds": batch_seconds}
 
 
+CONFIGS = {  # producers per process, the feed, and the first process's command
+    "1x200 local": ((200,), "local", "add"),
+    "1x200 feed": ((200,), "feed", "add"),
+    "2x100 feed": ((100, 100), "feed", "add"),
+    "2x100 busy": ((100, 100), "busy", "add"),
+    "199+1 feed": ((199, 1), "feed", "add"),
+    "199+1 busy": ((199, 1), "busy", "add"),
+    "hold+1 feed": ((1, 1), "feed", "hold"),
+    "hold+1 busy": ((1, 1), "busy", "hold"),
+}
+
+
 def writer_run(tmp: Path, config: str, duration: float, warmup: float) -> dict[str, Any]:
-    processes, feed = {"1x200 local": (1, "local"), "1x200 feed": (1, "feed"),
-                       "2x100 feed": (2, "feed"), "2x100 busy": (2, "busy")}[config]
+    split, feed, first = CONFIGS[config]
     path = fresh_db(tmp)
     # Migrate first, so that the processes start on an equal footing.
     asyncio.run(_migrate(path))
-    procs = [child("produce", path=str(path), feed=feed, producers=200 // processes, warmup=warmup,
-                   duration=duration) for _ in range(processes)]
+    procs = [child("produce", path=str(path), feed=feed, producers=n, warmup=warmup,
+                   duration=duration, command=first if i == 0 else "add") for i, n in enumerate(split)]
     for proc in procs:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     start = f"{time.time()}\n"
@@ -256,6 +284,9 @@ def writer_run(tmp: Path, config: str, duration: float, warmup: float) -> dict[s
         "batch_p50_ms": percentile([x for r in results for x in r["batch_seconds"]], 50) * 1e3,
         "batch_p99_ms": percentile([x for r in results for x in r["batch_seconds"]], 99) * 1e3,
         "cpu_us": sum(r["cpu"] for r in results) / max(1, sum(r["done"] for r in results)) * 1e6,
+        # The last process's callers alone: with 199 + 1, the one producer beside a busy writer.
+        "last_p50_ms": percentile(results[-1]["latencies"], 50) * 1e3,
+        "last_p99_ms": percentile(results[-1]["latencies"], 99) * 1e3,
         "per_tx": sum(r["done"] for r in results) / max(1, sum(r["batches"] for r in results)),
         "shares": [round(r["done"] / max(1, sum(x["done"] for x in results)), 2) for r in results],
     }
@@ -287,7 +318,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--duration", type=float, default=4.0)
     parser.add_argument("--warmup", type=float, default=1.0)
-    parser.add_argument("--configs", default="1x200 local,1x200 feed,2x100 feed,2x100 busy")
+    parser.add_argument("--configs", default=",".join(CONFIGS))
     args = parser.parse_args()
     print_conditions(loop="asyncio")
     tmp = Path(tempfile.mkdtemp(prefix="lith-workers-"))
@@ -327,6 +358,12 @@ def main() -> None:
                       f"{b50:.2f} / {b99:.1f} | {statistics.median(r['cpu_us'] for r in runs[config]):.1f} | "
                       f"{sum(errors.values())} {dict(errors) or ''} |")
             print("\nper run (commands/s):", {c: [round(r["rate"]) for r in runs[c]] for c in configs})
+            lone = [c for c in configs if "+1 " in c]
+            if lone:
+                print("\nThe one producer of the second process, beside 199 producers or one 20 ms "
+                      "transaction after another in the first (p50 / p99 ms, medians):",
+                      {c: f"{statistics.median(r['last_p50_ms'] for r in runs[c]):.2f} / "
+                          f"{statistics.median(r['last_p99_ms'] for r in runs[c]):.1f}" for c in lone})
             print("per run, each process's share of the commands:", {c: [r["shares"] for r in runs[c]] for c in configs})
         print("\nload average at the end:", load_average())
     finally:
