@@ -32,6 +32,7 @@ commands from 200 producers through `await writer.do(cmd)`.
 
     python bench/kanban.py                 # 3 runs of 30 s + the writer ceiling: ~2.5 min
     python bench/kanban.py --quick         # 10 s windows: ~1 min
+    python bench/kanban.py --quick --encodings zstd --light-rate 0 --no-ceiling --workers 1,2
     python bench/kanban.py --profile       # and a zstd run under py-spy (10 s), summarised
     python bench/kanban.py --what-if card-cache,move-sql --quick   # suggested fixes, patched in
     python bench/kanban.py --quick --old ../old-checkout --rounds 2  # old and new servers take turns
@@ -125,11 +126,28 @@ def board_layout(path: Path) -> tuple[list[int], list[int]]:
     return cards, lanes
 
 
+def proc_tree(pid: int) -> list[int]:
+    """The process and its children: `uvicorn --workers N` is a supervisor and N workers."""
+    children: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            children += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return [pid, *children]
+
+
 def proc_cpu(pid: int) -> float:
-    """Seconds of CPU (user + system, every thread) the process has used."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime (fields 14, 15)
+    """Seconds of CPU (user + system, every thread) the process and its children have used."""
+    total = 0.0
+    for p in proc_tree(pid):
+        try:
+            stat = Path(f"/proc/{p}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        total += (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime (fields 14, 15)
+    return total
 
 
 def proc_threads_cpu(pid: int) -> dict[str, float]:
@@ -146,9 +164,10 @@ def proc_threads_cpu(pid: int) -> dict[str, float]:
 
 
 def proc_runqueue_wait(pid: int) -> float:
-    """Seconds the process's threads spent runnable but waiting for a CPU (schedstat), summed."""
+    """Seconds the threads of the process and its children spent runnable but waiting for a CPU
+    (schedstat), summed."""
     total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
+    for task in (t for p in proc_tree(pid) for t in Path(f"/proc/{p}/task").iterdir()):
         try:
             total += int((task / "schedstat").read_text().split()[1])
         except (OSError, IndexError, ValueError):
@@ -157,19 +176,20 @@ def proc_runqueue_wait(pid: int) -> float:
 
 
 def proc_mem(pid: int) -> dict[str, float]:
-    """VmHWM and VmRSS in MiB."""
-    out = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(("VmHWM:", "VmRSS:")):
-            key, value = line.split(":", 1)
-            out[key] = int(value.split()[0]) / 1024
+    """VmHWM and VmRSS in MiB, summed over the process and its children."""
+    out = {"VmHWM": 0.0, "VmRSS": 0.0}
+    for p in proc_tree(pid):
+        for line in Path(f"/proc/{p}/status").read_text().splitlines():
+            if line.startswith(("VmHWM:", "VmRSS:")):
+                key, value = line.split(":", 1)
+                out[key] += int(value.split()[0]) / 1024
     return out
 
 
 def proc_loop(pid: int) -> str:
     """Which event loop the server really runs: uvloop's extension mapped into it, or asyncio."""
     try:
-        maps = Path(f"/proc/{pid}/maps").read_text()
+        maps = Path(f"/proc/{proc_tree(pid)[-1]}/maps").read_text()  # a worker, if any
     except OSError:
         return "unknown"
     return "uvloop" if "uvloop/loop." in maps else "asyncio"
@@ -234,9 +254,10 @@ class Server:
     """`python -m uvicorn examples.kanban.app:app` on a free port, `KANBAN_DB` = a seeded copy."""
 
     def __init__(self, db: Path, loop: str, log: Path, switch_interval: float = 0.0,
-                 what_if: tuple[str, ...] = (), tree: Tree | None = None) -> None:
+                 what_if: tuple[str, ...] = (), tree: Tree | None = None, workers: int = 1) -> None:
         self.db, self.loop, self.log_path = db, loop, log
         self.tree = tree or Tree("new", ROOT, PY, HTTP_IMPL)
+        self.workers = workers
         self.switch_interval = switch_interval
         self.what_if = what_if
         self.port = free_port()
@@ -246,6 +267,8 @@ class Server:
         env = dict(os.environ, KANBAN_DB=str(self.db), PYTHONUNBUFFERED="1")
         argv = ["examples.kanban.app:app", "--host", "127.0.0.1",
                 "--port", str(self.port), "--no-access-log", "--loop", self.loop, "--http", self.tree.http]
+        if self.workers > 1:  # processes on one database file, sharing commits through the feed
+            argv += ["--workers", str(self.workers)]
         cmd = [self.tree.py, "-m", "uvicorn", *argv]
         if self.switch_interval or self.what_if:  # diagnostics: the same server, patched at startup
             code = "import runpy, sys\n"
@@ -681,7 +704,8 @@ class Run:
         machine = ((mach1[0] - mach0[0]) / CLK_TCK) if mach0 and mach1 else float("nan")
         return {
             "encoding": self.encoding,
-            "label": f"{self.encoding} @{self.rate:g}/s" if self.rate else f"{self.encoding} unpaced",
+            "label": (f"{self.encoding} @{self.rate:g}/s" if self.rate else f"{self.encoding} unpaced")
+            + (f", {self.server.workers} processes" if self.server.workers > 1 else ""),
             "tabs": args.tabs,
             "rate_offered": self.rate,
             "window_s": wall,
@@ -749,8 +773,8 @@ def client_loop_runner(coro: Any) -> Any:
 
 
 def one_run(args: argparse.Namespace, tmp: Path, template: Path, encoding: str, rate: float,
-            profile_out: Path | None = None, tree: Tree | None = None) -> dict[str, Any]:
-    label = f"{encoding}-{rate:g}" + ("-profiled" if profile_out else "")
+            profile_out: Path | None = None, tree: Tree | None = None, workers: int = 1) -> dict[str, Any]:
+    label = f"{encoding}-{rate:g}-w{workers}" + ("-profiled" if profile_out else "")
     if tree is not None:
         label = f"{tree.name} {label}"
     if args.quiet > 0:
@@ -760,7 +784,8 @@ def one_run(args: argparse.Namespace, tmp: Path, template: Path, encoding: str, 
     shutil.copy(template, db)
     cards, lanes = board_layout(db)
     what_if = tuple(w for w in args.what_if.split(",") if w)
-    server = Server(db, args.server_loop, tmp / f"{label.replace(' ', '-')}.log", args.switch_interval, what_if, tree)
+    server = Server(db, args.server_loop, tmp / f"{label.replace(' ', '-')}.log", args.switch_interval, what_if, tree,
+                    workers)
     server.start()
     try:
         result = client_loop_runner(Run(args, encoding, rate, server, cards, lanes, profile_out).run())
@@ -1188,6 +1213,8 @@ def main() -> None:
     ap.add_argument("--cards", type=int, default=200)
     ap.add_argument("--rate", type=float, default=800.0, help="moves/s offered by all producers (0: unpaced)")
     ap.add_argument("--encodings", default="zstd,br")
+    ap.add_argument("--workers", default="1", metavar="N,...",
+                    help="uvicorn processes on the one database, each config run for each (e.g. 1,2)")
     ap.add_argument("--light-rate", type=float, default=40.0,
                     help="and one zstd run at this light load, to see latency below saturation (0: skip)")
     ap.add_argument("--server-loop", default="uvloop" if uvloop is not None else "asyncio",
@@ -1259,10 +1286,11 @@ def main() -> None:
         trees = [Tree.old(Path(args.old).resolve()), Tree("new", ROOT, PY, HTTP_IMPL)] if args.old else [None]
         for _ in range(args.rounds):
             for encoding, rate in plan:
-                for tree in trees:  # old and new take turns, run by run
-                    print(f"running {encoding} at {rate:g} moves/s{' (' + tree.name + ')' if tree else ''} ...",
-                          flush=True)
-                    results.append(one_run(args, tmp, template, encoding, rate, tree=tree))
+                for workers in (int(w) for w in args.workers.split(",")):
+                    for tree in trees:  # old and new take turns, run by run
+                        print(f"running {encoding} at {rate:g} moves/s, {workers} process(es)"
+                              f"{' (' + tree.name + ')' if tree else ''} ...", flush=True)
+                        results.append(one_run(args, tmp, template, encoding, rate, tree=tree, workers=workers))
         ceiling = None if args.no_ceiling else run_ceiling(args, tmp, template)
         profiled = None
         if args.profile:

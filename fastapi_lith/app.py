@@ -35,6 +35,7 @@ from .guard import (
     received_body,
     validation_fragment,
 )
+from .feed import Feed, SqliteFeed
 from .hub import Hub
 from .ops import Backups
 from .ops.litestream import WRITER_CHECKPOINT_PAGES
@@ -91,9 +92,13 @@ class Lith:
         replica: str | None = None,
         replica_sync_interval: float = 1.0,
         replica_check_every: float | None = 86400.0,
+        feed: Feed | None = None,
     ) -> None:
         """Every setting is checked here: a typo raises `SettingError` (a `ValueError`)."""
         self.path = Path(path)
+        # Any number of processes may serve one file (`--workers N`): by default every batch
+        # writes its topics to a table that every process's hub polls. See feed.py.
+        self.feed = feed if feed is not None else SqliteFeed(self.path)
         if not isinstance(error_id, str) or not _HTML_ID.fullmatch(error_id):
             raise SettingError(f"error_id must be an HTML id (a letter, then letters, digits, '-' or '_'), not {error_id!r}")
         self.error_id = error_id
@@ -108,6 +113,7 @@ class Lith:
             same_origin_only=same_origin_only,
             repeat_window=repeat_window,
             wal_autocheckpoint=WRITER_CHECKPOINT_PAGES if replica is not None else 1000,
+            feed=self.feed,
         )
         self._reader_count = settings.number("readers", readers, low=1, integer=True)
         self.max_body = settings.number("max_body", max_body, low=1, integer=True)
@@ -273,8 +279,9 @@ class Lith:
         if self.replica is not None:  # binary, credentials, and a missing file restored first
             await anyio.to_thread.run_sync(self.replica.prepare)
         await self.writer.start()
+        await self.feed.start(self.writer)
         readers = db.Readers(self.path, size=self._reader_count)
-        hub = self._hub = Hub(self.views, readers, tick=self.tick)
+        hub = self._hub = Hub(self.views, readers, tick=self.tick, feed=self.feed)
         unsubscribe = self.writer.subscribe(hub.touched)
         self._engine = read_only_engine(self.path)
         if ticks:
@@ -290,6 +297,7 @@ class Lith:
                 await self.backups.stop()  # a copy in progress finishes first
             await hub.stop()
             await self.writer.close()
+            await self.feed.close()
             unsubscribe()
             readers.close()
             await self._engine.dispose()

@@ -18,6 +18,7 @@ from statistics import quantiles
 from typing import Any
 
 from .db import Db, Readers
+from .feed import Feed, LocalFeed
 from .streams import Frame, Stream
 from .views import View, ViewError, Views
 
@@ -72,9 +73,10 @@ class Counters:
 class Hub:
     """Dirty tracking, ticks and fan-out for one app."""
 
-    def __init__(self, views: Views, readers: Readers, *, tick: float = 0.05) -> None:
+    def __init__(self, views: Views, readers: Readers, *, tick: float = 0.05, feed: Feed | None = None) -> None:
         self.views = views
         self.readers = readers
+        self.feed = feed if feed is not None else LocalFeed()
         self.interval = tick
         self.counters = Counters()
         self.instances: dict[str, Instance] = {}
@@ -105,7 +107,10 @@ class Hub:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            await self._wake.wait()
+            if self.feed.shared:
+                await self._wait_or_poll()
+            else:
+                await self._wake.wait()
             self._wake.clear()
             started = loop.time()
             try:
@@ -114,7 +119,37 @@ class Hub:
                 log.exception("tick failed")
             await asyncio.sleep(max(0.0, started + self.interval - loop.time()))
 
-    # -- inputs: commits, streams ------------------------------------------------------------
+    async def _wait_or_poll(self) -> None:
+        """Other processes commit too: ask the feed every `interval` until something is dirty."""
+        while True:
+            try:
+                self.poll()
+            except Exception:  # noqa: BLE001 - a broken poll must not end the hub
+                log.exception("feed poll failed")
+            if self._wake.is_set():
+                return
+            try:
+                async with asyncio.timeout(self.interval):
+                    await self._wake.wait()
+                return
+            except TimeoutError:
+                pass
+
+    # -- inputs: commits, other processes, streams ---------------------------------------------
+
+    def poll(self) -> None:
+        """Take what other processes committed from the feed: dirty views, pushes to tabs."""
+        changes = self.feed.poll()
+        if changes is None:
+            return
+        if changes.everything:
+            self.dirty.update(self.instances.values())
+            if self.dirty:
+                self._wake.set()
+        elif changes.topics:
+            self.touched(changes.topics)
+        for tab, frame in changes.pushes:
+            self._deliver(tab, frame)
 
     def touched(self, topics: Iterable[str]) -> None:
         """The writer's commit subscriber: mark every instance on these topics dirty."""
@@ -197,7 +232,11 @@ class Hub:
 
     def push(self, tab: str, frame: Frame) -> int:
         """Offer a frame outside any view to every stream of one tab (a rejected command's
-        error); returns how many streams got it."""
+        error), here and through the feed in other processes; returns how many here got it."""
+        self.feed.forward(tab, frame)
+        return self._deliver(tab, frame)
+
+    def _deliver(self, tab: str, frame: Frame) -> int:
         streams = [s for s in self.streams if s.tab == tab]
         for stream in streams:
             stream.offer(frame)
@@ -208,6 +247,7 @@ class Hub:
     async def tick(self) -> int:
         """Render each dirty instance that some watcher can take, once; returns how many."""
         started = time.perf_counter()
+        self.poll()
         ready = [
             i for i in self.dirty
             if not i.rendering and any(not s.holds(i.key) for s in i.watchers)

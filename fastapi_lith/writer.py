@@ -16,7 +16,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import HTTPException
 from pydantic import BaseModel, field_validator
@@ -38,6 +38,9 @@ from .outcomes import (
     request_key,
 )
 from .statements import StatementCache
+
+if TYPE_CHECKING:
+    from .feed import Feed
 
 log = logging.getLogger("fastapi_lith.writer")
 
@@ -118,8 +121,14 @@ class Writer:
         same_origin_only: bool = True,
         repeat_window: float = 3600.0,
         wal_autocheckpoint: int = 1000,
+        feed: Feed | None = None,
     ) -> None:
         self.path = Path(path)
+        if feed is None:  # one process: its hub hears of commits through `subscribe` alone
+            from .feed import LocalFeed
+
+            feed = LocalFeed()
+        self.feed = feed
         # SQLite's default; raised while Litestream replicates, since it checkpoints itself.
         self.wal_autocheckpoint = wal_autocheckpoint
         self.migrations = migrations
@@ -174,12 +183,14 @@ class Writer:
         )
         conn.execute(f"PRAGMA wal_autocheckpoint = {int(self.wal_autocheckpoint)}")
         try:
-            if self.migrations is not None:
-                before, after = db.migrate(conn, self.migrations)
-                if after != before:
-                    log.info("%s: migrated from version %d to %d", self.path.name, before, after)
-            conn.executescript(f"BEGIN IMMEDIATE;{OUTCOMES_SCHEMA};COMMIT;")
-            self._prune(conn.cursor())
+            with self.feed.turn():  # processes starting at once migrate one after the other
+                if self.migrations is not None:
+                    before, after = db.migrate(conn, self.migrations)
+                    if after != before:
+                        log.info("%s: migrated from version %d to %d", self.path.name, before, after)
+                conn.executescript(f"BEGIN IMMEDIATE;{OUTCOMES_SCHEMA};COMMIT;")
+                self._prune(conn.cursor())
+                self.feed.setup(conn)
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
@@ -343,6 +354,13 @@ class Writer:
     def _apply(
         self, batch: list[Command], keys: list[str | None] | None
     ) -> tuple[list[Any], list[BaseException | None], Topics, int]:
+        """Run one batch in this process's turn at the file (see `Feed.turn`), writer thread."""
+        with self.feed.turn():
+            return self._transaction(batch, keys)
+
+    def _transaction(
+        self, batch: list[Command], keys: list[str | None] | None
+    ) -> tuple[list[Any], list[BaseException | None], Topics, int]:
         """Run one batch in one transaction, each command in its own savepoint (writer thread).
 
         `keys` (None when no command has one) are the idempotency keys: a key with an outcome
@@ -398,13 +416,15 @@ class Writer:
                 else:
                     cur.execute("RELEASE cmd")
             if lost is None:
+                topics = frozenset(touched)
                 try:
+                    self.feed.publish(conn, topics)  # other processes' hubs read it once committed
                     cur.execute("COMMIT")
                 except BaseException:
                     if conn.in_transaction:
                         conn.execute("ROLLBACK")
                     raise
-                return results, errors, frozenset(touched), repeats
+                return results, errors, topics, repeats
             # Rare: an error that ends the transaction (SQLITE_FULL, an interrupted statement).
             # The command that caused it keeps its error; the others run again from the start.
             pending = [i for i in range(n) if errors[i] is None]

@@ -221,11 +221,14 @@ def test_usage() -> None:
     assert done.returncode == 64 and "--name is required" in done.stderr
 
 
-def test_the_unit_runs_one_uvicorn_per_database_and_restarts_on_failure(tmp_path: Path) -> None:
+def test_the_unit_runs_uvicorn_workers_on_one_database_and_restarts_on_failure(tmp_path: Path) -> None:
     unit = (DEPLOY / "lith@.service").read_text()
     assert "--timeout-graceful-shutdown" in unit and "Restart=on-failure" in unit
     exec_start = unit.split("ExecStart=")[1].split("\nKillSignal")[0]
-    assert "--workers" not in exec_start  # one process: one writer owns the file
+    # Processes on one file share its commits through the change feed (tests/test_workers.py);
+    # the env file may set WORKERS, the unit's own default applies otherwise.
+    assert "--workers ${WORKERS}" in exec_start
+    assert unit.index("Environment=WORKERS=") < unit.index("EnvironmentFile=")
     if shutil.which("systemd-analyze") is None:
         pytest.skip("systemd-analyze is not installed")
     # Point the unit at a folder that exists here, so the check can find the executable.

@@ -293,3 +293,24 @@ def test_without_fcntl_the_package_imports_and_only_the_lock_check_says_it_canno
     assert first.startswith("BackupError ") and "needs POSIX locks (fcntl)" in first, done.stdout
     assert "verdict    ok" in done.stdout
     assert sha(target) == before  # refused before anything was replaced
+async def test_several_processes_of_one_app_take_each_copy_once(tmp_path: Path) -> None:
+    """`--workers N`: every process runs the timer, one copies; when it stops, another takes over."""
+    db_path = tmp_path / "app.db"
+    with closing(sqlite3.connect(db_path)) as conn:
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("CREATE TABLE t (x)")
+    folder = tmp_path / "backups"
+    first, second = Backups(db_path, folder, every=3600, keep=5), Backups(db_path, folder, every=3600, keep=5)
+    await first.start()
+    await second.start()
+    try:
+        async with asyncio.timeout(10):
+            while not first.copies():
+                await asyncio.sleep(0.02)
+        await asyncio.sleep(0.3)
+        assert (first.taken, second.taken) == (1, 0) and len(first.copies()) == 1
+        await first.stop()  # the copying process ends: the other one leads from now on
+        assert second.lead()
+    finally:
+        await first.stop()
+        await second.stop()

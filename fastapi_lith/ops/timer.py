@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -60,6 +61,7 @@ class Backups:
         self._pool: ThreadPoolExecutor | None = None
         self._inflight: Future[BackupInfo] | None = None
         self._started_at: float | None = None  # when this process last started a copy
+        self._lead_fd: int | None = None  # the timer lock: held by the one process that copies
 
     def copies(self) -> list[Path]:
         """The timed copies in the folder, oldest first."""
@@ -137,9 +139,32 @@ class Backups:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+        if self._lead_fd is not None:
+            os.close(self._lead_fd)
+            self._lead_fd = None
+
+    def lead(self) -> bool:
+        """Whether this process takes the copies: several processes of one app (`--workers N`)
+        each run the timer, and only the holder of the folder's timer lock copies. The lock is
+        an `flock`, freed when its process ends, kill -9 too; another process then takes over."""
+        if self._lead_fd is None:
+            import fcntl  # Unix only: kept out of `import fastapi_lith`
+
+            self.folder.mkdir(parents=True, exist_ok=True)
+            lock = self.folder / f".{self.path.stem}-timer.lock"
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                return False
+            self._lead_fd = fd
+        return True
 
     async def run(self) -> None:
         """The timer loop: copy when due, forever (cancel to stop)."""
+        while not self.lead():  # another process of this app copies; take over if it ends
+            await asyncio.sleep(min(self.every, 60.0))
         while True:
             delay = self.next_due() - time.time()
             if delay > 0:
