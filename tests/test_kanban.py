@@ -373,9 +373,6 @@ def test_integers_sqlite_cannot_store_are_refused_on_every_route(server: Server,
     assert "Traceback" not in server.output
 
 
-def test_seeded_board_is_about_142_kb(tmp_path: Path) -> None:
-
-
 def test_seeded_board_is_about_156_kb(tmp_path: Path) -> None:
     from examples.kanban.seed import seed
     from examples.kanban.views import board_view, card_item
