@@ -261,3 +261,27 @@ def server_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[C
         server.close()
         if failed:
             print(f"--- output of {server.app} at {server.url} ---\n{server.output}")
+
+
+# --------------------------------------------------------------------------- PostgreSQL
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Any:
+    """The session's PostgreSQL (tests/pgcluster.py): skipped without it, failed on CI."""
+    try:
+        import pgcluster
+    except ImportError:
+        from . import pgcluster  # type: ignore[no-redef]
+    try:
+        return pgcluster.server()
+    except (pgcluster.Unavailable, ImportError) as exc:
+        if _bh.is_ci():
+            pytest.fail(f"PostgreSQL is required on CI: {exc}")
+        pytest.skip(f"no PostgreSQL: {exc}")
+
+
+@pytest.fixture
+def pg_url(pg_server: Any) -> str:
+    """A fresh, empty database on the session's server, as a `postgresql+psycopg://` URL."""
+    return pg_server.create_database()
