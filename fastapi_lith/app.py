@@ -35,7 +35,8 @@ from .guard import (
     received_body,
     validation_fragment,
 )
-from .feed import Feed, SqliteFeed
+from .backends import open_backend
+from .feed import Feed
 from .hub import Hub
 from .ops import Backups
 from .ops.litestream import WRITER_CHECKPOINT_PAGES
@@ -95,17 +96,19 @@ class Lith:
         feed: Feed | None = None,
     ) -> None:
         """Every setting is checked here: a typo raises `SettingError` (a `ValueError`)."""
-        self.path = Path(path)
-        # Any number of processes may serve one file (`--workers N`): by default every batch
-        # writes its topics to a table that every process's hub polls. See feed.py.
-        self.feed = feed if feed is not None else SqliteFeed(self.path)
+        # A file is SQLite; a postgresql+psycopg:// URL is PostgreSQL (see backends/).
+        self.backend = open_backend(path)
+        self.path = self.backend.path  # None on PostgreSQL
+        # Any number of processes may serve one database (`--workers N`, several hosts on
+        # PostgreSQL): by default every batch publishes its topics to a feed that every
+        # process's hub hears (a table on SQLite, NOTIFY on PostgreSQL). See feed.py.
+        self.feed = feed if feed is not None else self.backend.feed()
         if not isinstance(error_id, str) or not _HTML_ID.fullmatch(error_id):
             raise SettingError(f"error_id must be an HTML id (a letter, then letters, digits, '-' or '_'), not {error_id!r}")
         self.error_id = error_id
         self.tick = settings.number("tick", tick, low=0.001)
         self.views = Views()
-        self.writer = Writer(
-            self.path,
+        self.writer = self.backend.writer(
             migrations=migrations,
             synchronous=synchronous,
             batch_size=batch_size,
@@ -142,6 +145,8 @@ class Lith:
         for name, value in (("migrations", migrations), ("backup_folder", backup_folder)):
             if value is not None and not isinstance(value, (str, Path)):
                 raise SettingError(f"{name} must be a path or None, not {value!r}")
+        if self.path is None and (backup_folder is not None or replica is not None):
+            raise SettingError("backup_folder and replica copy a SQLite file: back up PostgreSQL with pg_dump")
         settings.number("backup_every", backup_every, low=1)
         settings.number("backup_keep", backup_keep, low=1, integer=True)
         # A consistent copy of the database every `backup_every` s, the newest `backup_keep` kept.
@@ -280,10 +285,10 @@ class Lith:
             await anyio.to_thread.run_sync(self.replica.prepare)
         await self.writer.start()
         await self.feed.start(self.writer)
-        readers = db.Readers(self.path, size=self._reader_count)
+        readers = self.backend.readers(self._reader_count)
         hub = self._hub = Hub(self.views, readers, tick=self.tick, feed=self.feed)
         unsubscribe = self.writer.subscribe(hub.touched)
-        self._engine = read_only_engine(self.path)
+        self._engine = self.backend.engine()
         if ticks:
             hub.start()
         if self.backups is not None:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy.dialects import sqlite
+from sqlalchemy.engine import Dialect
 from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.compiler import SQLCompiler
 
@@ -79,9 +80,9 @@ class Statement:
         return sql, out
 
 
-def compile_statement(stmt: ClauseElement, keys: Sequence[str] = ()) -> Statement:
+def compile_statement(stmt: ClauseElement, keys: Sequence[str] = (), dialect: Dialect = DIALECT) -> Statement:
     # column_keys makes `table.insert()` without .values() name exactly the given columns.
-    return Statement(stmt.compile(dialect=DIALECT, column_keys=list(keys)))
+    return Statement(stmt.compile(dialect=dialect, column_keys=list(keys)))
 
 
 class StatementCache:
@@ -92,9 +93,10 @@ class StatementCache:
     time (as it would anyway) without growing memory.
     """
 
-    def __init__(self, size: int = 512, *, enabled: bool = True) -> None:
+    def __init__(self, size: int = 512, *, enabled: bool = True, dialect: Dialect = DIALECT) -> None:
         self.size = size
         self.enabled = enabled
+        self.dialect = dialect  # SQLite's; the PostgreSQL backend passes its own
         self.compiled: dict[ClauseElement, Statement | dict[tuple[str, ...], Statement]] = {}
         self.misses = 0
 
@@ -116,7 +118,7 @@ class StatementCache:
     def _compile(
         self, stmt: ClauseElement, keys: tuple[str, ...], variants: Any
     ) -> Statement:
-        compiled = compile_statement(stmt, keys)
+        compiled = compile_statement(stmt, keys, self.dialect)
         if not self.enabled:
             return compiled
         self.misses += 1
@@ -125,7 +127,7 @@ class StatementCache:
                 del self.compiled[next(iter(self.compiled))]
             # Only INSERT and UPDATE can name columns by their parameters; other statements
             # skip the second compile that proves the parameters did not change the SQL.
-            if keys and (not stmt.is_dml or compile_statement(stmt).sql == compiled.sql):
+            if keys and (not stmt.is_dml or compile_statement(stmt, (), self.dialect).sql == compiled.sql):
                 self.compiled[stmt] = compiled
                 return compiled
             variants = self.compiled[stmt] = {}

@@ -1,0 +1,90 @@
+"""Where an app's data lives: a SQLite file on one host, or PostgreSQL for several.
+
+A backend opens what `Lith` needs: the writer (with its write connection and migrations), the
+readers, the default change feed and the engine of `Depends(lith.db)`. Everything else (commands,
+views, the hub, streams) is the same on both. `open_backend` picks one from what the app passes:
+a path is SQLite, a `postgresql+psycopg://` URL is PostgreSQL (needs `fastapi-lith[postgres]`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from .. import db
+from ..exceptions import SettingError
+from ..feed import Feed, SqliteFeed
+from ..writer import Writer
+
+
+class SqliteBackend:
+    """One SQLite file: WAL, one writer per process, a table as the change feed."""
+
+    name = "sqlite"
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.url: str | None = None
+
+    def feed(self) -> Feed:
+        return SqliteFeed(self.path)
+
+    def writer(self, **settings: Any) -> Writer:
+        return Writer(self.path, **settings)
+
+    def readers(self, size: int) -> Any:
+        return db.Readers(self.path, size=size)
+
+    def engine(self) -> AsyncEngine:
+        from ..app import read_only_engine
+
+        return read_only_engine(self.path)
+
+
+class PostgresBackend:
+    """A PostgreSQL database: a writer per process, NOTIFY as the change feed."""
+
+    name = "postgres"
+
+    def __init__(self, url: str) -> None:
+        try:
+            from . import postgres
+        except ImportError as exc:  # psycopg missing
+            raise SettingError(f"{url.split(':', 1)[0]} URLs need psycopg: pip install 'fastapi-lith[postgres]' ({exc})") from exc
+        self._pg = postgres
+        self.url = url
+        self.path: Path | None = None
+
+    def feed(self) -> Feed:
+        from ..pgfeed import NotifyFeed
+
+        return NotifyFeed(self.url)
+
+    def writer(self, **settings: Any) -> Writer:
+        return self._pg.PgWriter(self.url, **settings)
+
+    def readers(self, size: int) -> Any:
+        return self._pg.PgReaders(self.url, size=size)
+
+    def engine(self) -> AsyncEngine:
+        from sqlalchemy.ext.asyncio import create_async_engine
+
+        # Reads only, as the readers: a handler that tries to write fails loudly.
+        return create_async_engine(
+            "postgresql+psycopg://" + self.url.split("://", 1)[1],
+            connect_args={"options": "-c default_transaction_read_only=on"},
+        )
+
+
+Backend = SqliteBackend | PostgresBackend
+
+
+def open_backend(target: str | Path) -> Backend:
+    """SQLite for a path, PostgreSQL for a `postgresql://` or `postgresql+psycopg://` URL."""
+    if isinstance(target, str) and target.startswith(("postgresql:", "postgresql+psycopg:", "postgres:")):
+        return PostgresBackend(target)
+    if isinstance(target, str) and "://" in target:
+        raise SettingError(f"unknown database URL {target.split('://', 1)[0]}://: use a file path or postgresql+psycopg://")
+    return SqliteBackend(target)
