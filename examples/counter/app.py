@@ -34,7 +34,11 @@ counter = sa.table("counter", sa.column("id"), sa.column("count"))
 outcome = sa.table("outcome", sa.column("tab"), sa.column("op"), sa.column("message"))
 ADD = counter.update().where(counter.c.id == 1).values(count=counter.c.count + sa.bindparam("n"))
 COUNT = sa.select(counter.c.count).where(counter.c.id == 1)
-RECORD = "INSERT OR REPLACE INTO outcome (tab, op, message) VALUES (:tab, :op, :message)"
+# Plain SQL that SQLite and PostgreSQL both speak: `text` binds its parameters for either.
+RECORD = sa.text(
+    "INSERT INTO outcome (tab, op, message) VALUES (:tab, :op, :message)"
+    " ON CONFLICT (tab) DO UPDATE SET op = excluded.op, message = excluded.message"
+)
 LAST = sa.select(outcome.c.op, outcome.c.message).where(outcome.c.tab == sa.bindparam("tab"))
 
 
