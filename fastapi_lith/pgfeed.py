@@ -143,10 +143,10 @@ class NotifyFeed(Feed):
                 self._listening.set()
             try:
                 refs = []
+                # Never left early: notifications already read with the one at hand would be
+                # dropped. Stored pushes are read when it ends, within 0.2 s.
                 for note in conn.notifies(timeout=0.2):
                     refs.extend(self._take(note.payload))
-                    if refs or self._stop.is_set():
-                        break
                 if refs:
                     rows = conn.execute("SELECT body FROM lith_feed_push WHERE id = ANY(%s) ORDER BY id", (refs,))
                     for (body,) in rows.fetchall():

@@ -1,0 +1,94 @@
+"""The NOTIFY feed against a real server: commit-only delivery, the payload limit, large pushes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import psycopg
+
+from fastapi_lith import Frame
+from fastapi_lith.backends.postgres import connect
+from fastapi_lith.feed import Changes
+from fastapi_lith.pgfeed import LIMIT, NotifyFeed
+
+
+async def changes(feed: NotifyFeed, want: int = 1, timeout: float = 10.0) -> Changes:
+    """Everything the feed received until `want` topics or pushes arrived."""
+    topics: set[str] = set()
+    pushes: list = []
+    everything = False
+    async with asyncio.timeout(timeout):
+        while len(topics) + len(pushes) < want and not everything:
+            got = feed.poll()
+            if got is not None:
+                topics |= got.topics
+                pushes += got.pushes
+                everything |= got.everything
+            await asyncio.sleep(0.01)
+    return Changes(frozenset(topics), tuple(pushes), everything)
+
+
+async def test_topics_are_delivered_on_commit_only(pg_url: str) -> None:
+    sender, listener = NotifyFeed(pg_url), NotifyFeed(pg_url)
+    await listener.start(None)  # type: ignore[arg-type]
+    conn = connect(pg_url)
+    try:
+        sender.setup(conn)
+        conn.execute("BEGIN")
+        sender.publish(conn, {"board:1"})
+        conn.execute("ROLLBACK")
+        conn.execute("BEGIN")
+        sender.publish(conn, {"board:2", "tab:x"})
+        await asyncio.sleep(0.3)
+        assert listener.poll() is None  # not before COMMIT, and never the rolled-back batch
+        conn.execute("COMMIT")
+        got = await changes(listener, want=2)
+        assert got.topics == {"board:2", "tab:x"} and not got.everything
+        # Its own notifications do not come back to the sender: its hub heard them already.
+        await sender.start(None)  # type: ignore[arg-type]
+        conn.execute("BEGIN")
+        sender.publish(conn, {"board:3"})
+        conn.execute("COMMIT")
+        assert (await changes(listener)).topics == {"board:3"}
+        await asyncio.sleep(0.2)
+        assert sender.poll() is None
+    finally:
+        conn.close()
+        await listener.close()
+        await sender.close()
+
+
+async def test_many_topics_and_a_large_push_arrive_whole(pg_url: str) -> None:
+    sender, listener = NotifyFeed(pg_url), NotifyFeed(pg_url)
+    await listener.start(None)  # type: ignore[arg-type]
+    conn = connect(pg_url)
+    try:
+        sender.setup(conn)
+        topics = {f"card:{i:06d}:lane" for i in range(3000)}  # ~60 kB: several payloads
+        big = Frame.patch("lith-error", "<div id='lith-error'>" + "x" * (3 * LIMIT) + "</div>")
+        small = Frame.patch("lith-error", "<div id='lith-error'>no</div>")
+        conn.execute("BEGIN")
+        sender.publish(conn, topics, [("tab1", big), ("tab2", small)])
+        conn.execute("COMMIT")
+        got = await changes(listener, want=3002)
+        assert got.topics == topics
+        assert sorted((tab, f.html, f.event) for tab, f in got.pushes) == sorted(
+            (tab, f.html, f.event) for tab, f in (("tab1", big), ("tab2", small))
+        )
+        assert sender.stored == 1  # the large one went through the table
+    finally:
+        conn.close()
+        await listener.close()
+
+
+async def test_a_dropped_listener_reconnects_and_marks_everything(pg_url: str) -> None:
+    listener = NotifyFeed(pg_url)
+    await listener.start(None)  # type: ignore[arg-type]
+    try:
+        with psycopg.connect(pg_url.replace("postgresql+psycopg", "postgresql"), autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                          " WHERE application_name = 'lith-listen' AND datname = current_database()")
+        got = await changes(listener)
+        assert got.everything and listener.reconnects == 1
+    finally:
+        await listener.close()
