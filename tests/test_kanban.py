@@ -66,7 +66,15 @@ def add_card(page: Page, title: str, description: str = "") -> None:
     page.get_by_role("button", name="Add card").click()
 
 
-def rows(db_path: Path, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+def rows(db_path: Path | str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    """Query the app's database: the SQLite file, or the PostgreSQL URL of test_kanban_pg.py."""
+    if isinstance(db_path, str) and db_path.startswith("postgresql"):
+        import psycopg
+
+        from fastapi_lith.backends.postgres import dsn
+
+        with psycopg.connect(dsn(db_path)) as conn:
+            return conn.execute(sql.replace("?", "%s"), params).fetchall()  # type: ignore[arg-type]
     with sqlite3.connect(db_path) as conn:
         return conn.execute(sql, params).fetchall()
 

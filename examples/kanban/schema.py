@@ -36,7 +36,8 @@ BOARDS = (
     .group_by(board.c.id)
     .order_by(board.c.id)
 )
-INSERT_BOARD = board.insert().values(title=sa.bindparam("new_title"))
+# RETURNING, not the cursor's lastrowid: PostgreSQL has no lastrowid.
+INSERT_BOARD = board.insert().values(title=sa.bindparam("new_title")).returning(board.c.id)
 
 # -- lanes -------------------------------------------------------------------------------------
 
@@ -52,6 +53,7 @@ NEXT_LANE_POSITION = sa.select(sa.func.coalesce(sa.func.max(lane.c.position), -1
 INSERT_LANE = lane.insert().values(
     board_id=sa.bindparam("on_board"), title=sa.bindparam("new_title"), position=sa.bindparam("new_position")
 )
+NEW_LANE = INSERT_LANE.returning(lane.c.id)
 RENAME_LANE = lane.update().where(lane.c.id == sa.bindparam("lane_id")).values(title=sa.bindparam("new_title"))
 DELETE_LANE = lane.delete().where(lane.c.id == sa.bindparam("lane_id"))  # its cards cascade
 
@@ -117,22 +119,25 @@ DELETE_CARD = card.delete().where(card.c.id == sa.bindparam("card_id"))
 
 # -- per-tab outcomes --------------------------------------------------------------------------
 
-RECORD_OUTCOME = (
-    "INSERT OR REPLACE INTO outcome (tab, op, message, ok, at) VALUES (:tab, :op, :message, :ok, :at)"
+# SQL that SQLite and PostgreSQL both speak; `text` has the statement cache bind it for either.
+RECORD_OUTCOME = sa.text(
+    "INSERT INTO outcome (tab, op, message, ok, at) VALUES (:tab, :op, :message, :ok, :at)"
+    " ON CONFLICT (tab) DO UPDATE SET op = excluded.op, message = excluded.message, ok = excluded.ok, at = excluded.at"
 )
 LAST_OUTCOME = sa.select(outcome.c.op, outcome.c.message, outcome.c.ok).where(outcome.c.tab == sa.bindparam("tab"))
 FORGET_OUTCOMES = outcome.delete().where(outcome.c.at < sa.bindparam("before"))
 
 # -- presence ----------------------------------------------------------------------------------
 
-SEEN = (
+SEEN = sa.text(
     "INSERT INTO presence (board_id, viewer, name, seen_at) VALUES (:board_id, :viewer, :name, :seen_at)"
     " ON CONFLICT (board_id, viewer) DO UPDATE SET name = excluded.name, seen_at = excluded.seen_at"
 )
 LEAVING = (
     presence.update()
     .where(presence.c.board_id == sa.bindparam("on_board"), presence.c.viewer == sa.bindparam("for_viewer"))
-    .values(seen_at=sa.func.min(presence.c.seen_at, sa.bindparam("expire_at")))
+    # The smaller of the two, in words both databases know (SQLite's min(a, b) is PostgreSQL's least).
+    .values(seen_at=sa.case((presence.c.seen_at < sa.bindparam("expire_at"), presence.c.seen_at), else_=sa.bindparam("expire_at")))
 )
 EXPIRE = presence.delete().where(
     presence.c.board_id == sa.bindparam("board_id"), presence.c.seen_at < sa.bindparam("before")

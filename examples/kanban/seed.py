@@ -65,9 +65,9 @@ def insert_demo(db: Db, cards: int) -> int:
 
     Runs inside the caller's transaction: the app's startup command, or `seed` below.
     """
-    board_id = db.execute(s.INSERT_BOARD, {"new_title": BOARD_TITLE}).lastrowid
+    board_id = db.scalar(s.INSERT_BOARD, {"new_title": BOARD_TITLE})
     lane_ids = [
-        db.execute(s.INSERT_LANE, {"on_board": board_id, "new_title": title, "new_position": i}).lastrowid
+        db.scalar(s.NEW_LANE, {"on_board": board_id, "new_title": title, "new_position": i})
         for i, title in enumerate(LANES)
     ]
     for i, (title, description) in enumerate(demo_cards(cards)):
