@@ -13,7 +13,9 @@ from pathlib import Path
 import httpx
 import psycopg
 
-from browser import Server
+from playwright.sync_api import Page, expect
+
+from browser import Server, wait_for_datastar
 from fastapi_lith.backends.postgres import dsn
 from fastapi_lith.pgfeed import LISTENER_NAME
 from test_workers import APP, COMMAND_HEADERS, REPO, TESTS, Tab, add, client  # noqa: F401 - fixture
@@ -144,3 +146,24 @@ async def test_200_producers_over_two_processes_no_errors(
     assert count(pg_url) == 600
     for server in (a, b):
         assert "Traceback" not in server.output
+
+
+def test_chromium_tabs_on_different_processes_see_each_other(
+    server_factory: Callable[..., Server], pg_url: str, new_page: Callable[..., Page]
+) -> None:
+    pages = []
+    for server in (serve(server_factory, pg_url), serve(server_factory, pg_url)):
+        page = new_page()
+        page.goto(server.url)
+        wait_for_datastar(page)
+        pages.append(page)
+    first, second = pages
+    first.get_by_role("button", name="Add").click()
+    for page in pages:
+        expect(page.locator("#counter")).to_have_text("1")
+    second.fill("input[aria-label=amount]", "3")
+    second.get_by_role("button", name="Add").click()
+    for page in pages:
+        expect(page.locator("#counter")).to_have_text("4")
+    expect(second.locator(".message")).to_have_text("You added 3: 4.")
+    assert count(pg_url) == 4
