@@ -47,6 +47,9 @@ DIALECT = PGDialect_psycopg(paramstyle="format")
 # The advisory lock taken while a process migrates and creates the library's tables.
 MIGRATION_LOCK = 0x6C697468  # "lith"
 
+# The transaction-scoped advisory lock that writers of all processes take turns on (see PgWriter).
+WRITE_TURN = 0x6C697469
+
 # SQLSTATEs after which the whole batch runs again: serialization failure, deadlock.
 RETRYABLE = frozenset({"40001", "40P01"})
 
@@ -211,8 +214,15 @@ class _Retry(Exception):
 class PgWriter(Writer):
     """The writer of one process on PostgreSQL: SQLite's batches, savepoints and outcomes.
 
-    `retries` bounds how often a batch runs again after a deadlock or serialization failure,
-    waiting a random 1 ms up to `backoff` seconds (doubling) between runs.
+    With `take_turns` (the default) the writers of all processes take turns on an advisory
+    lock held for each batch's transaction, as they take turns at the file on SQLite: batches of
+    hundreds of commands touching rows in any order would otherwise deadlock each other, and
+    PostgreSQL only notices a deadlock after `deadlock_timeout` (1 s by default). The lock goes
+    with the transaction, so a process killed mid-batch releases it.
+
+    `retries` bounds how often a batch runs again after a deadlock or serialization failure
+    (with other clients of the database, or between writers that do not take turns), waiting a
+    random 1 ms up to `backoff` seconds (doubling) between runs.
     """
 
     def __init__(
@@ -225,6 +235,7 @@ class PgWriter(Writer):
         statement_cache: bool = True,
         same_origin_only: bool = True,
         repeat_window: float = 3600.0,
+        take_turns: bool = True,
         retries: int = 50,
         backoff: float = 0.1,
         feed: Any = None,
@@ -241,6 +252,7 @@ class PgWriter(Writer):
             feed=feed,
         )
         self.url = url
+        self.take_turns = settings.flag("take_turns", take_turns)
         self.retries = settings.number("retries", retries, low=0, integer=True)
         self.backoff = settings.number("backoff", backoff, low=0.001)
         self.statements = StatementCache(
@@ -316,6 +328,8 @@ class PgWriter(Writer):
         cur = conn.cursor()
         cur.execute("BEGIN")
         try:
+            if self.take_turns:
+                cur.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_TURN,), prepare=True)
             if keys is not None and time.monotonic() >= self._next_prune:
                 self._prune(cur)
             for i in range(n):

@@ -1,0 +1,299 @@
+"""The app on PostgreSQL: the writer against a naive route, and the NOTIFY feed's latency.
+
+Side by side in one run, processes started by this script, on one server (a throwaway cluster
+with PostgreSQL's default, durable settings unless LITH_PG_URL names one):
+
+  writer    commands/s and the callers' p50/p99 latency, no HTTP, closed loop (each producer
+            sends its next command when the previous one returned); each command inserts one
+            row and updates one of 1000 counter rows:
+              naive 1x200  one process, 200 producers, each command one async transaction
+                           (`async with engine.begin()`, SQLAlchemy + psycopg, its default pool
+                           of 5 + 10 connections): what a plain FastAPI route does per request
+              lith 1x200   one process, 200 producers, `Writer.do` (batches, savepoints, NOTIFY)
+              lith 2x100   two processes of 100 producers each, one writer each
+            configs interleave, each repeated, medians reported.
+  latency   commit in process A -> frame offered to a stream in process B (NOTIFY, B's listener,
+            B's next tick), against commit -> frame in A itself, per commit; A sets a counter
+            to 1, 2, 3, ... 20 to 80 ms apart. Both read one clock (CLOCK_MONOTONIC).
+
+    python bench/postgres.py                     # both, about 1 minute
+    python bench/postgres.py writer --reps 3 --duration 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path[:0] = [str(ROOT), str(HERE), str(ROOT / "tests")]
+
+from conditions import load_average, percentile, print_conditions  # noqa: E402
+from fastapi_lith import Command, Db, Frame, Lith, Stream, Tx  # noqa: E402
+
+ROWS = 1000
+SCHEMA = f"""
+CREATE TABLE counter (id integer PRIMARY KEY, count integer NOT NULL DEFAULT 0);
+INSERT INTO counter (id) SELECT generate_series(1, {ROWS});
+CREATE TABLE event (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, counter_id integer NOT NULL, at double precision NOT NULL);
+"""
+INSERT = "INSERT INTO event (counter_id, at) VALUES (%s, %s)"
+UPDATE = "UPDATE counter SET count = count + 1 WHERE id = %s"
+CONFIGS = ("naive 1x200", "lith 1x200", "lith 2x100")
+
+
+class Add(Command):
+    id: int
+
+    def apply(self, tx: Tx) -> None:
+        tx.execute(INSERT, (self.id, time.time()))
+        tx.execute(UPDATE, (self.id,))
+        tx.touch(f"counter:{self.id % 16}")
+
+
+class Set(Command):
+    value: int
+
+    def apply(self, tx: Tx) -> None:
+        tx.execute("UPDATE counter SET count = %s WHERE id = 1", (self.value,))
+        tx.touch("counter")
+
+
+def migrations(tmp: Path) -> Path:
+    folder = tmp / "migrations"
+    folder.mkdir(exist_ok=True)
+    (folder / "0001_counter.sql").write_text(SCHEMA)
+    return folder
+
+
+def child(role: str, **kwargs: Any) -> subprocess.Popen[str]:
+    args = [sys.executable, __file__, f"_{role}", json.dumps(kwargs)]
+    return subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def answer(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    out, _ = proc.communicate(timeout=300)
+    if proc.returncode:
+        raise SystemExit(f"a child process failed ({proc.returncode})")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+# -- writer -----------------------------------------------------------------------------------
+
+
+def fresh(server: Any, folder: Path) -> str:
+    """A new database, migrated as the app would: the naive route finds the same tables."""
+    from fastapi_lith.backends.postgres import connect, migrate
+
+    url = server.create_database("bench")
+    with connect(url) as conn:
+        migrate(conn, folder)
+    return url
+
+
+async def _produce(url: str, folder: str, kind: str, producers: int, start: float, warmup: float,
+                   duration: float) -> dict[str, Any]:
+    """One process: `producers` closed-loop producers; counts what completes in the window."""
+    if kind == "naive":
+        from sqlalchemy import text
+        from sqlalchemy.ext.asyncio import create_async_engine
+
+        engine = create_async_engine(url)
+        insert = text("INSERT INTO event (counter_id, at) VALUES (:id, :at)")
+        update = text("UPDATE counter SET count = count + 1 WHERE id = :id")
+
+        async def send(i: int) -> None:
+            async with engine.begin() as conn:  # one transaction per request, as a route would
+                await conn.execute(insert, {"id": i, "at": time.time()})
+                await conn.execute(update, {"id": i})
+
+        close = engine.dispose
+    else:
+        lith = Lith(url, migrations=folder)
+        await lith.writer.start()
+        await lith.feed.start(lith.writer)
+
+        async def send(i: int) -> None:
+            await lith.writer.do(Add(id=i))
+
+        async def close() -> None:
+            await lith.writer.close()
+            await lith.feed.close()
+
+    begin, end = start + warmup, start + warmup + duration
+    latencies: list[float] = []
+    errors = 0
+    rng = random.Random()
+
+    async def producer() -> None:
+        nonlocal errors
+        while time.time() < end:
+            t0 = time.time()
+            try:
+                await send(rng.randrange(1, ROWS + 1))
+            except Exception:  # noqa: BLE001 - counted: a caller that got an error
+                errors += 1
+                continue
+            t1 = time.time()
+            if begin <= t0 and t1 <= end:
+                latencies.append(t1 - t0)
+
+    await asyncio.sleep(max(0.0, start - time.time()))
+    await asyncio.gather(*(producer() for _ in range(producers)))
+    await close()
+    return {"done": len(latencies), "latencies": sorted(latencies), "errors": errors}
+
+
+def writer_run(url: str, folder: Path, config: str, duration: float, warmup: float) -> dict[str, Any]:
+    kind, shape = config.split()
+    processes, producers = (int(x) for x in shape.split("x"))
+    start = time.time() + 3  # every process imported and connected before the window
+    procs = [child("produce", url=url, folder=str(folder), kind=kind, producers=producers,
+                   start=start, warmup=warmup, duration=duration) for _ in range(processes)]
+    results = [answer(p) for p in procs]
+    latencies = sorted(x for r in results for x in r["latencies"])
+    return {"rate": sum(r["done"] for r in results) / duration, "latencies": latencies,
+            "errors": sum(r["errors"] for r in results)}
+
+
+# -- latency ----------------------------------------------------------------------------------
+
+
+class Recorder(Stream):
+    """A stream that notes when the hub offers each value of the counter."""
+
+    def __init__(self, tab: str) -> None:
+        super().__init__(tab)
+        self.offered: dict[int, float] = {}
+
+    def offer(self, frame: Frame) -> bool:
+        value = int(frame.html.rsplit(">", 2)[-2].split("<", 1)[0])
+        self.offered.setdefault(value, time.monotonic())
+        return super().offer(frame)
+
+
+def counter_app(url: str, folder: str, tick: float) -> Lith:
+    lith = Lith(url, migrations=folder, tick=tick)
+
+    @lith.view("counter", topics={"counter"})
+    def counter(db: Db) -> str:
+        return f'<p id="counter">{db.scalar("SELECT count FROM counter WHERE id = 1")}</p>'
+
+    return lith
+
+
+async def _watch(url: str, folder: str, tick: float, seconds: float) -> dict[str, Any]:
+    lith = counter_app(url, folder, tick)
+    async with lith.lifespan():
+        stream = Recorder("b")
+        await lith.hub.open(stream, ["counter"])
+        print("ready", flush=True)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            await stream.next(timeout=0.5)
+    return {"offered": stream.offered}
+
+
+async def _drain(stream: Stream) -> None:
+    while True:
+        await stream.next()
+
+
+async def latency(url: str, folder: Path, commits: int, tick: float) -> dict[str, Any]:
+    lith = counter_app(url, str(folder), tick)
+    async with lith.lifespan():
+        watcher = child("watch", url=url, folder=str(folder), tick=tick, seconds=commits * 0.05 + 8)
+        assert watcher.stdout is not None
+        assert watcher.stdout.readline().strip() == "ready"
+        local = Recorder("a")
+        await lith.hub.open(local, ["counter"])
+        committed: dict[int, float] = {}
+        value = 0
+        lith.writer.subscribe(lambda topics: committed.setdefault(value, time.monotonic()))
+        taking = asyncio.create_task(_drain(local))
+        rng = random.Random(13)
+        for value in range(1, commits + 1):
+            await lith.writer.do(Set(value=value))
+            await asyncio.sleep(rng.uniform(0.02, 0.08))
+        await asyncio.sleep(1)
+        taking.cancel()
+    offered_b = {int(k): v for k, v in answer(watcher)["offered"].items()}
+    cross = [offered_b[v] - t for v, t in committed.items() if v in offered_b]
+    here = [local.offered[v] - t for v, t in committed.items() if v in local.offered]
+    return {"commits": commits, "cross": cross, "local": here, "missing": commits - len(cross)}
+
+
+# -- main -------------------------------------------------------------------------------------
+
+
+def ms(values: list[float], q: float) -> str:
+    return f"{percentile(values, q) * 1e3:.1f}" if values else "-"
+
+
+def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1].startswith("_"):  # a child process
+        kwargs = json.loads(sys.argv[2])
+        fn = {"_watch": _watch, "_produce": _produce}[sys.argv[1]]
+        print(json.dumps(asyncio.run(fn(**kwargs))), flush=True)
+        return
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", nargs="?", choices=["latency", "writer", "both"], default="both")
+    parser.add_argument("--commits", type=int, default=200)
+    parser.add_argument("--tick", type=float, default=0.05)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=3.0)
+    parser.add_argument("--warmup", type=float, default=1.0)
+    args = parser.parse_args()
+    import os
+
+    import pgcluster
+
+    server = pgcluster.Existing(os.environ["LITH_PG_URL"]) if os.environ.get("LITH_PG_URL") else pgcluster.Cluster(durable=True)
+    print_conditions(loop="asyncio")
+    print("  server: PostgreSQL", "(LITH_PG_URL)" if os.environ.get("LITH_PG_URL") else "(a throwaway cluster, default durable settings: fsync on, synchronous_commit on)")
+    tmp = Path(tempfile.mkdtemp(prefix="lith-pg-bench-"))
+    folder = migrations(tmp)
+    try:
+        if args.what in ("latency", "both"):
+            url = server.create_database("bench")
+            r = asyncio.run(latency(url, folder, args.commits, args.tick))
+            print(f"\n## Latency, commit -> frame offered (tick {args.tick * 1e3:.0f} ms, {r['commits']} commits "
+                  f"20-80 ms apart; {r['missing']} values coalesced away in B)\n")
+            print("| path | p50 ms | p95 ms | p99 ms | max ms |")
+            print("|---|---:|---:|---:|---:|")
+            for name, values in (("A -> A (writer's subscriber)", r["local"]), ("A -> B (NOTIFY)", r["cross"])):
+                print(f"| {name} | {ms(values, 50)} | {ms(values, 95)} | {ms(values, 99)} | {ms(values, 100)} |")
+        if args.what in ("writer", "both"):
+            runs: dict[str, list[dict[str, Any]]] = {c: [] for c in CONFIGS}
+            for rep in range(args.reps):
+                order = CONFIGS if rep % 2 == 0 else tuple(reversed(CONFIGS))
+                for config in order:
+                    url = fresh(server, folder)  # each run on a fresh database
+                    runs[config].append(writer_run(url, folder, config, args.duration, args.warmup))
+            base = statistics.median(r["rate"] for r in runs["naive 1x200"])
+            print(f"\n## Writer, {args.reps} runs each of {args.duration:.0f} s, medians\n")
+            print("| config | commands/s | x naive | p50 ms | p99 ms | errors |")
+            print("|---|---:|---:|---:|---:|---:|")
+            for config in CONFIGS:
+                rate = statistics.median(r["rate"] for r in runs[config])
+                p50 = statistics.median(percentile(r["latencies"], 50) for r in runs[config]) * 1e3
+                p99 = statistics.median(percentile(r["latencies"], 99) for r in runs[config]) * 1e3
+                errors = sum(r["errors"] for r in runs[config])
+                print(f"| {config} | {rate:,.0f} | {rate / base:.1f} | {p50:.1f} | {p99:.1f} | {errors} |")
+        print("\nload average at the end:", load_average())
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
