@@ -327,6 +327,7 @@ class PgWriter(Writer):
         touched = tx._touched
         cur = conn.cursor()
         cur.execute("BEGIN")
+        held = False  # a savepoint `cmd` is open
         try:
             if self.take_turns:
                 cur.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_TURN,), prepare=True)
@@ -343,7 +344,10 @@ class PgWriter(Writer):
                         errors[i] = value
                     repeats += 1
                     continue
-                cur.execute("SAVEPOINT cmd")
+                # One round trip: the previous command's savepoint released (COMMIT releases the
+                # last one), this one's taken.
+                cur.execute(b"RELEASE SAVEPOINT cmd; SAVEPOINT cmd" if held else b"SAVEPOINT cmd")
+                held = True
                 mark = len(touched)
                 try:
                     result = batch[i].apply(tx)
@@ -353,11 +357,9 @@ class PgWriter(Writer):
                     errors[i] = exc
                     del touched[mark:]
                     cur.execute("ROLLBACK TO SAVEPOINT cmd")
-                    cur.execute("RELEASE SAVEPOINT cmd")
                     if key is not None:
                         cur.execute(RECORD_OUTCOME, (dump_outcome(False, exc), key), prepare=True)
                 else:
-                    cur.execute("RELEASE SAVEPOINT cmd")
                     results[i] = result
                     if key is not None and result is not None:
                         cur.execute(RECORD_OUTCOME, (dump_outcome(True, result), key), prepare=True)
