@@ -198,3 +198,42 @@ async def test_migrations(pg_url: str, tmp_path: Path) -> None:
     older = PgWriter(pg_url, migrations=folder, feed=LocalFeed())
     with pytest.raises(MigrationError, match="database version 3 is newer than the newest migration 2"):
         await older.start()
+
+
+def test_lith_picks_the_backend_from_what_it_is_given(pg_url: str, tmp_path: Path) -> None:
+    from fastapi_lith import Lith, SettingError
+    from fastapi_lith.pgfeed import NotifyFeed
+
+    lith = Lith(pg_url)
+    assert isinstance(lith.writer, PgWriter) and isinstance(lith.feed, NotifyFeed) and lith.path is None
+    with pytest.raises(SettingError, match="pg_dump"):
+        Lith(pg_url, backup_folder=tmp_path / "backups")
+    with pytest.raises(SettingError, match="unknown database URL mysql://"):
+        Lith("mysql://app@db/app")
+    assert Lith(tmp_path / "app.db").path == tmp_path / "app.db"
+
+
+async def test_lith_on_postgres_renders_what_commands_wrote(pg_url: str, migrations: Path) -> None:
+    from fastapi_lith import Db, Lith
+    from fastapi_lith.testing import Tabs
+
+    lith = Lith(pg_url, migrations=migrations)
+
+    @lith.view("counter", topics={"counter"})
+    def view(db: Db) -> str:
+        return f'<p id="counter">{db.scalar(COUNT)}</p>'
+
+    other = Lith(pg_url, migrations=migrations)  # a second app process, in this one
+    other.views = lith.views
+    async with Tabs(lith) as tabs, Tabs(other) as elsewhere:
+        tab = await tabs.open("counter")
+        far = await elsewhere.open("counter")
+        await tabs.do(Add(n=3))
+        await elsewhere.do(Add(n=4))
+        await tabs.tick()
+        assert tab.html("counter") in ('<p id="counter">3</p>', '<p id="counter">7</p>')
+        async with asyncio.timeout(10):  # each hears the other's commit through NOTIFY
+            while not (tab.html("counter") == far.html("counter") == '<p id="counter">7</p>'):
+                await tabs.tick()
+                await elsewhere.tick()
+                await asyncio.sleep(0.01)
