@@ -237,3 +237,24 @@ async def test_lith_on_postgres_renders_what_commands_wrote(pg_url: str, migrati
                 await tabs.tick()
                 await elsewhere.tick()
                 await asyncio.sleep(0.01)
+
+
+async def test_a_dropped_write_connection_costs_no_command(pg_url: str, migrations: Path) -> None:
+    from fastapi_lith.backends.postgres import WRITER_NAME
+
+    writer = PgWriter(pg_url, migrations=migrations, feed=LocalFeed())
+    await writer.start()
+    try:
+        assert await writer.do(Add(n=1)) == 1
+        with psycopg.connect(dsn(pg_url), autocommit=True) as admin:
+            killed = admin.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE application_name = %s AND datname = current_database()", (WRITER_NAME,)
+            ).fetchone()[0]
+        assert killed == 1
+        # Nothing of these had reached COMMIT: they run again on a new connection, no error.
+        assert await asyncio.gather(*(writer.do(Add(n=1)) for _ in range(20))) == list(range(2, 22))
+        assert writer.reconnects == 1
+    finally:
+        await writer.close()
+    assert rows(pg_url, "SELECT count FROM counter WHERE id = 1") == [(21,)]

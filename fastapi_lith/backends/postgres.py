@@ -50,6 +50,8 @@ MIGRATION_LOCK = 0x6C697468  # "lith"
 # The transaction-scoped advisory lock that writers of all processes take turns on (see PgWriter).
 WRITE_TURN = 0x6C697469
 
+WRITER_NAME = "lith-writer"  # application_name of the write connection (pg_stat_activity)
+
 # SQLSTATEs after which the whole batch runs again: serialization failure, deadlock.
 RETRYABLE = frozenset({"40001", "40P01"})
 
@@ -116,9 +118,9 @@ def lith_row(cursor: Any) -> Callable[[Sequence[Any]], Any]:
     return cls
 
 
-def connect(url: str, *, prepared: int = 512) -> psycopg.Connection[Any]:
+def connect(url: str, *, prepared: int = 512, name: str = "lith") -> psycopg.Connection[Any]:
     """One connection in autocommit mode: the library writes its own BEGIN and COMMIT."""
-    conn = psycopg.connect(dsn(url), autocommit=True, row_factory=lith_row)  # type: ignore[arg-type]
+    conn = psycopg.connect(dsn(url), autocommit=True, row_factory=lith_row, application_name=name)  # type: ignore[arg-type]
     conn.prepared_max = max(prepared, 1)
     return conn
 
@@ -260,10 +262,12 @@ class PgWriter(Writer):
         )
         self._prepared = max(cached_statements, 1)
         self._pg: psycopg.Connection[Any] | None = None
+        self._committing = False  # COMMIT was sent: if the connection drops now, nobody knows
+        self.reconnects = 0  # batches run again on a new connection after losing the old one
         self.retried = 0  # batches run again after a deadlock or serialization failure
 
     def _open(self) -> None:
-        conn = connect(self.url, prepared=self._prepared)
+        conn = connect(self.url, prepared=self._prepared, name=WRITER_NAME)
         try:
             conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK,))
             try:
@@ -298,11 +302,23 @@ class PgWriter(Writer):
         delay = 0.001
         attempt = 0
         while True:
-            if self._pg is None or self._pg.closed:  # lost with the server: nothing was pending
-                self._pg = connect(self.url, prepared=self._prepared)
+            if self._pg is None or self._pg.closed:
+                self._pg = connect(self.url, prepared=self._prepared, name=WRITER_NAME)
+            self._committing = False
             try:
                 with self.feed.turn():
                     return self._transaction(batch, keys)
+            except psycopg.OperationalError:
+                # The connection dropped (a restart, a failover, a terminated backend). Before
+                # COMMIT was sent nothing of the batch can have committed: run it again on a
+                # new connection. During COMMIT the outcome is unknown: the callers hear so.
+                if self._pg is None or not self._pg.closed or self._committing or attempt >= self.retries:
+                    raise
+                attempt += 1
+                self.reconnects += 1
+                log.warning("the write connection dropped; the batch of %d commands runs again", len(batch))
+                time.sleep(min(delay, self.backoff))
+                delay = min(delay * 2, self.backoff)
             except _Retry as exc:
                 attempt += 1
                 if attempt > self.retries:
@@ -365,6 +381,7 @@ class PgWriter(Writer):
                         cur.execute(RECORD_OUTCOME, (dump_outcome(True, result), key), prepare=True)
             topics = frozenset(touched)
             self.feed.publish(conn, topics)  # NOTIFY: delivered to the listeners on COMMIT only
+            self._committing = True
             try:
                 cur.execute("COMMIT")
             except psycopg.Error as exc:
