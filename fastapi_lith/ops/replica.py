@@ -101,6 +101,7 @@ class Replica:
         """
         self.binary = self.binary or litestream.find_binary()
         litestream.check_environment(self.url)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = _lock(self.path.with_name(f".{self.path.name}-restore.lock"), wait=True)
         try:
             return self.restore_if_missing()
