@@ -21,6 +21,7 @@ from playwright.sync_api import Page, expect
 
 from browser import NON_LOOPBACK_RE, Server, wait_for_datastar
 from fastapi_lith.scaffold import render_text
+from fastapi_lith import Command
 from fastapi_lith.testing import Tabs
 
 REPO = Path(__file__).resolve().parent.parent
@@ -278,3 +279,21 @@ async def test_the_apps_own_wording_is_what_the_page_shows(tmp_path: Path, monke
             unreadable = await client.post("/add", content=b"{", headers={**headers, "Content-Type": "application/json"})
     assert too_big.status_code == 422 and "Pick a number from 1 to 100." in too_big.text
     assert unreadable.status_code == 422 and "reload it and try again" in unreadable.text
+
+
+async def test_one_process_apps_write_no_feed_rows_and_take_no_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sqlite3
+
+    monkeypatch.chdir(tmp_path)
+    example = load(SRC / "one_process.py", "docs_one_process")
+    async with Tabs(example.lith):
+        await example.lith.writer.do(Bump())
+    with sqlite3.connect(tmp_path / "app.db") as conn:
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert "lith_feed" not in tables and not (tmp_path / "app.db-lock").exists()
+
+
+class Bump(Command):
+    def apply(self, tx: Any) -> None:
+        tx.execute("UPDATE counter SET count = count + 1 WHERE id = 1")
+        tx.touch("counter")

@@ -359,7 +359,7 @@ def test_a_command_retried_after_a_lost_answer_applies_once(server: Server, db_p
 
 
 def test_integers_sqlite_cannot_store_are_refused_on_every_route(server: Server, db_path: Path) -> None:
-    before = rows(db_path, "SELECT count(*), max(position) FROM card")
+    before = rows(db_path, "SELECT count(*), max(id), (SELECT group_concat(title) FROM lane) FROM card")
     huge = 2**63
     for path, cmd in [
         ("/cards", {"tab": "t1", "op": 1, "lane_id": huge, "title": "x"}),
@@ -375,7 +375,7 @@ def test_integers_sqlite_cannot_store_are_refused_on_every_route(server: Server,
             continue
         assert response.status_code == 422, (path, cmd, response.text)
         assert response.text.startswith('<div id="lith-error"') and "SQLite&#39;s range" in response.text
-    assert rows(db_path, "SELECT count(*), max(position) FROM card") == before
+    assert rows(db_path, "SELECT count(*), max(id), (SELECT group_concat(title) FROM lane) FROM card") == before
     stream = httpx.get(f"{server.url}/lith/stream?views=board/{huge}&tab=t1")
     assert stream.status_code == 400 and "outside SQLite's integers" in stream.text
     assert "Traceback" not in server.output

@@ -385,3 +385,25 @@ def test_replica_restore_refuses_a_running_app_and_leaves_litestreams_folder_alo
     done = run("replica", "restore", db_path, url)
     assert done.returncode == 0, done.stderr
     assert seq(db_path) == [1] and list(tmp_path.glob("app.db.replaced-*"))
+
+
+async def test_processes_of_one_app_run_one_litestream_and_another_takes_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--workers N`: each process builds the replica, the holder of the lock runs Litestream."""
+    import asyncio
+
+    monkeypatch.delenv("AWS_CA_BUNDLE", raising=False)
+    db_path, url = tmp_path / "app.db", f"file://{tmp_path / 'replica'}"
+    first = Lith(db_path, replica=url, replica_sync_interval=0.2, replica_check_every=None)
+    second = Lith(db_path, replica=url, replica_sync_interval=0.2, replica_check_every=None)
+    async with first.lifespan(ticks=False):
+        async with second.lifespan(ticks=False):
+            assert first.replica is not None and second.replica is not None
+            assert first.replica.health()["leader"] and first.replica.running
+            assert not second.replica.health()["leader"] and not second.replica.running
+            await first.replica.stop()  # the replicating process ends: the other one follows on
+            async with asyncio.timeout(30):
+                while not second.replica.running:
+                    await asyncio.sleep(0.05)
+            assert second.replica.health()["leader"]

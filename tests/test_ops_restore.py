@@ -3,6 +3,7 @@ database that a real running app holds open (refused) or not (done)."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -19,7 +20,7 @@ import pytest
 
 from browser import Server
 from fastapi_lith.cli import main
-from fastapi_lith.ops import backup, restore, verify
+from fastapi_lith.ops import Backups, backup, restore, verify
 from fastapi_lith.ops.files import checksum_path
 
 REPO = Path(__file__).resolve().parent.parent

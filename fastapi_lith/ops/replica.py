@@ -14,6 +14,11 @@ what is left and waits for it.
 Litestream runs under a small shell that holds the read end of a pipe from the app: when the
 app ends, however it ends (kill -9 too), the pipe closes and the shell stops Litestream, so no
 replicator outlives its app to race the next one on the same replica.
+
+Several processes of one app (`--workers N`) each build a `Replica`; one of them, the holder
+of a lock file beside the database, runs Litestream. The others wait on that lock and take
+over when its holder ends, kill -9 too. A missing database is restored under a second lock, so
+processes starting together on a fresh disk restore it once.
 """
 
 from __future__ import annotations
@@ -74,6 +79,7 @@ class Replica:
         self.binary = Path(binary) if binary is not None else None
         self.checks = ReplicaChecks(self, every=check_every) if check_every else None
         self.config_path = self.path.with_name(f".{self.path.name}-litestream.yml")
+        self.lead_path = self.path.with_name(f".{self.path.name}-litestream.lock")
         self.restarts = 0
         self.pid: int | None = None  # Litestream's own, once it said so
         self.restored = False  # this process restored the database from the replica
@@ -82,6 +88,8 @@ class Replica:
         self._stopping = False
         self._synced = asyncio.Event()
         self._said: deque[str] = deque(maxlen=5)  # its last lines above DEBUG, for an error
+        self._lead_fd: int | None = None  # held while this process runs Litestream
+        self._follower: asyncio.Task[None] | None = None  # waits to take over from another process
 
     # -- before the database opens ------------------------------------------------------------
 
@@ -93,7 +101,12 @@ class Replica:
         """
         self.binary = self.binary or litestream.find_binary()
         litestream.check_environment(self.url)
-        return self.restore_if_missing()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = _lock(self.path.with_name(f".{self.path.name}-restore.lock"), wait=True)
+        try:
+            return self.restore_if_missing()
+        finally:
+            os.close(fd)
 
     def restore_if_missing(self) -> bool:
         """A missing database file with a replica that holds a copy: restore it first.
@@ -132,15 +145,41 @@ class Replica:
     # -- the process ----------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Run Litestream (idempotent); the database must exist (start after the writer)."""
-        if self._task is not None:
+        """Run Litestream (idempotent); the database must exist (start after the writer).
+
+        Another process of the app already running it for this database: wait to take over.
+        """
+        if self._task is not None or self._follower is not None:
             return
         if self.binary is None:
             await asyncio.to_thread(self.prepare)
+        self._stopping = False
+        if self._lead():
+            await self._replicate()
+        else:
+            log.info("another process replicates %s; this one takes over if it ends", self.path.name)
+            self._follower = asyncio.create_task(self._follow(), name="lith-replica-follower")
+
+    def _lead(self) -> bool:
+        if self._lead_fd is None:
+            try:
+                self._lead_fd = _lock(self.lead_path, wait=False)
+            except BlockingIOError:
+                return False
+        return True
+
+    async def _follow(self) -> None:
+        while not self._lead():
+            await asyncio.sleep(self.sync_interval)
+        # The last holder's Litestream stops as its app's pipe closes: give it that moment.
+        await asyncio.sleep(self.sync_interval)
+        log.warning("took over replicating %s from a process that ended", self.path.name)
+        await self._replicate()
+
+    async def _replicate(self) -> None:
         litestream.write_config(
             self.config_path, litestream.config(self.path, self.url, sync_interval=self.sync_interval)
         )
-        self._stopping = False
         self._synced = asyncio.Event()  # of this loop: an app may start again on another
         await self._spawn()
         self._task = asyncio.create_task(self._watch(), name="lith-replica")
@@ -225,6 +264,22 @@ class Replica:
 
     async def stop(self, timeout: float = 20.0) -> None:
         """Let Litestream upload what is left and exit; kill it past `timeout` seconds."""
+        self._stopping = True
+        follower, self._follower = self._follower, None
+        if follower is not None:
+            follower.cancel()
+            try:
+                await follower
+            except asyncio.CancelledError:
+                pass
+        try:
+            await self._stop_litestream(timeout)
+        finally:
+            if self._lead_fd is not None:
+                os.close(self._lead_fd)
+                self._lead_fd = None
+
+    async def _stop_litestream(self, timeout: float) -> None:
         if self.checks is not None:
             await self.checks.stop()
         task, self._task = self._task, None
@@ -260,10 +315,26 @@ class Replica:
         last = last_check(self.path)  # recorded by the app's own checks or by `replica verify`
         return {
             "replicating": self.running,
+            "leader": self._lead_fd is not None,
             "restarts": self.restarts,
             "last_check": None if last is None else {"ok": last.ok, "at": last.at, "problems": last.problems},
         }
 
+
+
+def _lock(path: Path, *, wait: bool) -> int:
+    """An exclusive `flock` on `path`, held by the returned descriptor until it is closed; the
+    kernel frees it when the process ends, however it ends. BlockingIOError when taken and not
+    `wait`."""
+    import fcntl  # Unix only, as Litestream is: kept out of `import fastapi_lith`
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _exit(code: int) -> str:
