@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 
@@ -96,21 +97,22 @@ class Cluster:
 
 
 class Existing:
-    """A server named by LITH_PG_URL (postgresql://user@host/db): databases made on it."""
+    """A server named by LITH_PG_URL (postgresql://user:password@host/db): databases made on it."""
 
     def __init__(self, url: str) -> None:
-        self.base = url.replace("postgresql+psycopg://", "postgresql://")
+        self.base = "postgresql://" + url.split("://", 1)[1]
+
+    def _with_db(self, dbname: str) -> str:
+        return urlunsplit(urlsplit(self.base)._replace(path="/" + dbname))
 
     def dsn(self, dbname: str = "postgres") -> str:
-        return psycopg.conninfo.make_conninfo(self.base, dbname=dbname)
+        return self._with_db(dbname)
 
     def create_database(self, prefix: str = "lith") -> str:
         name = f"{prefix}_{secrets.token_hex(4)}"
         with psycopg.connect(self.base, autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
-        info = psycopg.conninfo.conninfo_to_dict(self.dsn(name))
-        host, port, user = info.get("host", ""), info.get("port", "5432"), info.get("user", "")
-        return f"postgresql+psycopg://{user}@/{name}?host={host}&port={port}"
+        return "postgresql+psycopg://" + self._with_db(name).split("://", 1)[1]
 
     def stop(self) -> None:
         pass
