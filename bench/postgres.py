@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import json
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -293,6 +294,7 @@ def main() -> None:
         print("\nload average at the end:", load_average())
     finally:
         server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
