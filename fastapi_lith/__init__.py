@@ -1,6 +1,7 @@
 """fastapi-lith: live, multiplayer HTML apps for FastAPI on SQLite and Datastar."""
 
-from .app import Lith
+from .app import DATASTAR_CDN, Lith
+from .commands import Command, Rejected, TabCommand, TabId, new_tab, pending, send, tab_signals
 from .db import Db
 from .exceptions import (
     DatabaseError,
@@ -16,9 +17,10 @@ from .exceptions import (
 )
 from .streams import Frame, Stream
 from .views import fragment
-from .writer import Command, Tx, Writer
+from .writer import Tx, Writer
 
 __all__ = [
+    "DATASTAR_CDN",
     "Command",
     "DatabaseError",
     "Db",
@@ -30,12 +32,19 @@ __all__ = [
     "NotOneRow",
     "NotRunning",
     "OutcomeLost",
+    "Rejected",
     "SettingError",
     "Stream",
+    "TabCommand",
+    "TabId",
     "Tx",
     "ViewError",
     "Writer",
     "WriterClosed",
     "fragment",
+    "new_tab",
+    "pending",
+    "send",
+    "tab_signals",
 ]
 __version__ = "0.1.0"

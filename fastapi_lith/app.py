@@ -6,13 +6,14 @@ import asyncio
 import logging
 import re
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import anyio
+import htpy as h
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException
 from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
@@ -23,16 +24,19 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
 
-from . import db, encoders, settings
+from . import db, encoders, outcomes, settings
+from .commands import TAB_ID, Command
 from .encoders import Encoder
 from .exceptions import LithError, NotRunning, SettingError, ViewError
 from .guard import (
     BodyLimit,
     Messages,
     acting_tab,
+    command_endpoint,
     http_error_fragment,
     is_command_request,
     received_body,
+    same_origin_reason,
     validation_fragment,
 )
 from .feed import Feed, SqliteFeed
@@ -40,7 +44,8 @@ from .hub import Hub
 from .ops import Backups
 from .ops.litestream import WRITER_CHECKPOINT_PAGES
 from .ops.replica import Replica
-from .streams import TAB_ID, Frame, Stream, StreamResponse, body
+from .streams import Frame, Stream, StreamResponse, body
+from .db import Db
 from .views import Render, Views
 from .writer import Writer
 
@@ -56,10 +61,7 @@ class Lith:
     lith = Lith("app.db", migrations="migrations/")
     app = FastAPI(lifespan=lith.lifespan)
     lith.install(app)
-
-    @app.post("/add", status_code=204, include_in_schema=False)
-    async def add(cmd: Add, writer: Writer = Depends(lith.writer)) -> None:
-        await writer.do(cmd)
+    lith.command(app, "/add", Add)  # POST /add: validate, apply, 204
     ```
     """
 
@@ -71,6 +73,7 @@ class Lith:
         synchronous: db.Synchronous = "NORMAL",
         readers: int = 2,
         batch_size: int = 512,
+        cached_statements: int = 512,
         statement_cache: bool = True,
         same_origin_only: bool = True,
         max_body: int = 64 * 1024,
@@ -89,6 +92,7 @@ class Lith:
         backup_keep: int = 24,
         repeat_window: float = 3600.0,
         messages: Messages | None = None,
+        outcome_hint: str = "",
         replica: str | None = None,
         replica_sync_interval: float = 1.0,
         replica_check_every: float | None = 86400.0,
@@ -104,11 +108,17 @@ class Lith:
         self.error_id = error_id
         self.tick = settings.number("tick", tick, low=0.001)
         self.views = Views()
+        # Every tab's outcome: the last message and the `done` signal (see commands.py).
+        if not isinstance(outcome_hint, str):
+            raise SettingError(f"outcome_hint must be a string, not {outcome_hint!r}")
+        self.outcome_hint = outcome_hint
+        self.views.register("outcome/{tab}", {"tab:{tab}"})(self._outcome_view)
         self.writer = Writer(
             self.path,
             migrations=migrations,
             synchronous=synchronous,
             batch_size=batch_size,
+            cached_statements=cached_statements,
             statement_cache=statement_cache,
             same_origin_only=same_origin_only,
             repeat_window=repeat_window,
@@ -171,7 +181,41 @@ class Lith:
         def board(db: Db, board_id: int) -> Element: ...
         ```
         """
+        if key == "outcome/{tab}" and self.views.get(key) is not None and self.views.get(key).render == self._outcome_view:
+            self.views.drop(key)  # the app's own outcome view replaces the built-in one
         return self.views.register(key, topics)
+
+    def _outcome_view(self, db: Db, tab: str) -> h.Element:
+        return outcomes.outcome_view(db, tab, hint=self.outcome_hint)
+
+    def command(
+        self, app: FastAPI | APIRouter, path: str, command: type[Command], *, dependencies: Sequence[Any] = ()
+    ) -> None:
+        """`POST path`: the body validated as `command`, applied by the writer, answered 204.
+
+        ```python
+        lith.command(app, "/cards/move", MoveCard)
+        lith.command(router, "/admin/purge", Purge, dependencies=[Depends(admin)])
+        ```
+
+        A normal FastAPI route, out of OpenAPI, guarded like any route taking
+        `Depends(lith.writer)`. A `Rejected` tab command answers 204 (its tab's outcome view
+        says why); another command's `Rejected` answers 409 with the message.
+        """
+        endpoint = command_endpoint(self.writer, command)
+        app.add_api_route(
+            path, endpoint, methods=["POST"], status_code=204, include_in_schema=False,
+            response_model=None, dependencies=list(dependencies) or None,
+        )
+
+    async def same_origin(self, request: Request) -> None:
+        """`Depends(lith.same_origin)`: refuse a cross-site request (403) on a route that cannot
+        take the writer's guard, such as a `navigator.sendBeacon` (it cannot send
+        `Datastar-Request`). Off with `same_origin_only=False`, like the writer's."""
+        if self.writer.same_origin_only:
+            reason = same_origin_reason(request)
+            if reason:
+                raise HTTPException(403, reason)
 
     @property
     def hub(self) -> Hub:
@@ -192,6 +236,17 @@ class Lith:
         # The stream needs no signals: without the filter every reconnect would carry the
         # page's form drafts in its query string.
         return f"@get('{url}', {{retry: 'always', retryMaxCount: Infinity, filterSignals: {{include: /^$/}}}})"
+
+    def datastar(self) -> Markup:
+        """Datastar's script and the notice shown if it cannot load: put it first in `<body>`.
+
+        Nothing on a live page works without Datastar, so a failed load says so.
+        """
+        show = "document.getElementById('no-datastar').hidden = false"
+        return Markup(h.fragment[
+            h.p("#no-datastar", role="alert", hidden=True)["Datastar did not load: reload to try again."],
+            h.script(type="module", src=self.datastar_url, onerror=show),
+        ])
 
     async def encoder(self, accept_encoding: str | None = Header(None)) -> Encoder:
         """`Depends(lith.encoder)`: the stream's compressor, from `Accept-Encoding`.

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import re
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -193,8 +192,6 @@ class StreamResponse(EventSourceResponse):
             raise SendTimeoutError() from None
 
 
-# Tab ids come from the page; they name per-tab views and travel in URLs and commands.
-TAB_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 KEEPALIVE = b": keep-alive\n\n"
 
 
