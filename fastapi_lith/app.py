@@ -7,7 +7,7 @@ import logging
 import re
 import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -25,9 +25,9 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
 
 from . import db, encoders, outcomes, settings
-from .commands import TAB_ID, Command
+from .commands import TAB_ID, Command, _Touch
 from .encoders import Encoder
-from .exceptions import LithError, NotRunning, SettingError, ViewError
+from .exceptions import LithError, NotRunning, SettingError, ViewError, WriterClosed
 from .guard import (
     BodyLimit,
     Messages,
@@ -172,6 +172,7 @@ class Lith:
         self._hub: Hub | None = None
         self._engine: AsyncEngine | None = None
         self._installed: weakref.WeakSet[FastAPI] = weakref.WeakSet()
+        self._later: set[asyncio.Task[None]] = set()
 
     def view(self, key: str, *, topics: set[str] | frozenset[str] | tuple[str, ...] = ()) -> Callable[[Render], Render]:
         """Register `fn(db, **params) -> HTML` as the view `key`, rendered when `topics` change.
@@ -207,6 +208,18 @@ class Lith:
             path, endpoint, methods=["POST"], status_code=204, include_in_schema=False,
             response_model=None, dependencies=list(dependencies) or None,
         )
+
+    def touch_later(self, delay: float, *topics: str) -> None:
+        """Mark `topics` changed in `delay` seconds, in every process: a view that depends on the
+        time (who is still here) re-renders when that time comes. Dropped at shutdown."""
+        async def touch() -> None:
+            await asyncio.sleep(delay)
+            with suppress(WriterClosed):  # shutting down: the next start renders afresh anyway
+                await self.writer.do(_Touch(topics=list(topics)))
+
+        task = asyncio.create_task(touch())
+        self._later.add(task)
+        task.add_done_callback(self._later.discard)
 
     async def same_origin(self, request: Request) -> None:
         """`Depends(lith.same_origin)`: refuse a cross-site request (403) on a route that cannot
@@ -348,6 +361,8 @@ class Lith:
                 await self.replica.start()
             yield
         finally:
+            for task in list(self._later):
+                task.cancel()
             if self.backups is not None:
                 await self.backups.stop()  # a copy in progress finishes first
             await hub.stop()

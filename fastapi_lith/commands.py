@@ -112,6 +112,16 @@ class TabCommand(Command):
         tx.touch(f"tab:{self.tab}")
 
 
+class _Touch(Command):
+    """Mark topics changed and nothing else: `Lith.touch_later`, through the writer so that every
+    process's hub hears of it."""
+
+    topics: list[str]
+
+    def apply(self, tx: Tx) -> None:
+        tx.touch(*self.topics)
+
+
 # -- the page's side ------------------------------------------------------------------------------
 
 
