@@ -99,7 +99,7 @@ def outcome_view(db: Db, tab: str, *, hint: str = "") -> Element:
     last = db.first(LAST_TAB, (tab,))
     if last is None:
         return h.div("#outcome.outcome", {"data-signals:done": "0"}, role="status")[
-            hint and h.p(".hint")[hint], h.div("#lith-error")
+            hint and h.p(".message.hint")[hint], h.div("#lith-error")
         ]
     signals = {"data-signals:done": str(last["op"])}
     if last["ok"]:
