@@ -40,7 +40,7 @@ from .guard import (
     validation_fragment,
 )
 from .feed import Feed, SqliteFeed
-from .hub import Hub
+from .hub import Hub, Subscription
 from .ops import Backups
 from .ops.litestream import WRITER_CHECKPOINT_PAGES
 from .ops.replica import Replica
@@ -290,7 +290,7 @@ class Lith:
             return PlainTextResponse("views is required: ?views=key1,key2&tab=…", 400)
         stream = Stream(tab)
         try:
-            await self.hub.open(stream, keys)
+            subscription = await self.hub.open(stream, keys)
         except ViewError as exc:
             return PlainTextResponse(str(exc), 400)
         shutdown = anyio.Event()
@@ -298,7 +298,7 @@ class Lith:
         if encoder.name:
             headers["Content-Encoding"] = encoder.name
         return StreamResponse(
-            self._body(stream, encoder, shutdown),
+            self._body(subscription, encoder, shutdown),
             headers=headers,
             ping=0,  # a raw ping would corrupt a compressed body: keep-alives go through the encoder
             send_timeout=self.send_timeout,
@@ -306,9 +306,10 @@ class Lith:
             shutdown_grace_period=1.0,
         )
 
-    async def _body(self, stream: Stream, encoder: Encoder, shutdown: anyio.Event) -> AsyncIterator[bytes]:
+    async def _body(self, subscription: Subscription, encoder: Encoder, shutdown: anyio.Event) -> AsyncIterator[bytes]:
         # Server shutdown (sse-starlette sees uvicorn's signal) ends the body cleanly, so the
         # page's `retry: 'always'` reconnects to the next process.
+        stream = subscription.stream
         watcher = asyncio.ensure_future(shutdown.wait())
         watcher.add_done_callback(lambda _: stream.end())
         try:
@@ -318,8 +319,7 @@ class Lith:
                 yield chunk
         finally:
             watcher.cancel()
-            if self._hub is not None:
-                self._hub.close(stream)
+            subscription.close()
 
     async def render(self, key: str, **params: Any) -> Markup:
         """A view's HTML for a page's first paint: the page and its stream share one function."""
@@ -425,7 +425,7 @@ class Lith:
         tab, op = acting_tab(body)
         if tab is None:
             return
-        self._hub.push(tab, Frame.patch(self.error_id, html, {"done": op} if op is not None else None))
+        self._hub.push(tab, Frame(self.error_id, html, {"done": op} if op is not None else None))
 
 
 _HTML_ID = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any, Protocol
 
 from datastar_py.sse import ServerSentEventGenerator
@@ -23,24 +22,44 @@ from . import fanout as _fanout
 from .encoders import Encoder
 
 
-@dataclass(frozen=True, slots=True, weakref_slot=True)
 class Frame:
-    """One render of one view instance: its HTML and the Datastar event, encoded once."""
+    """One render of one view instance: its HTML, and the signals to set with it, if any.
 
-    key: str
-    html: str
-    event: bytes
+    Frames know nothing of a transport: `sse_event(frame)` encodes one for SSE, once however
+    many streams send it, where the stream's bytes are made.
+    """
 
-    @classmethod
-    def patch(cls, key: str, html: str, signals: dict[str, Any] | None = None) -> Frame:
-        """A `datastar-patch-elements` event of `html`, then a signals patch if any."""
-        event = ServerSentEventGenerator.patch_elements(html)
-        if signals:
-            event += ServerSentEventGenerator.patch_signals(signals)
-        return cls(key, html, str(event).encode())
+    __slots__ = ("key", "html", "signals", "_sse", "__weakref__")
+
+    def __init__(self, key: str, html: str, signals: Mapping[str, Any] | None = None) -> None:
+        self.key = key
+        self.html = html
+        self.signals = signals
+        self._sse: bytes | None = None
+
+    def __repr__(self) -> str:
+        return f"Frame({self.key!r}, {len(self.html)} chars, signals={self.signals!r})"
+
+
+def sse_event(frame: Frame) -> bytes:
+    """The Datastar event of `frame`: a `datastar-patch-elements`, then a signals patch if any.
+
+    Cached on the frame: a tick's frame goes to every watcher of its view, and is formatted once.
+    """
+    event = frame._sse
+    if event is None:
+        text = ServerSentEventGenerator.patch_elements(frame.html)
+        if frame.signals:
+            text += ServerSentEventGenerator.patch_signals(dict(frame.signals))
+        event = frame._sse = str(text).encode()
+    return event
 
 
 class Watcher(Protocol):
+    """What a stream tells when it took frames: the hub may render those views for it again."""
+
+    keys: tuple[str, ...]
+
     def caught_up(self, keys: Iterable[str]) -> None: ...
 
 
@@ -49,14 +68,13 @@ class Stream:
 
     def __init__(self, tab: str) -> None:
         self.tab = tab
-        self.keys: tuple[str, ...] = ()
         self.skipped = 0
         self.taken = 0
         self.ended = False
         self.encodes = 0  # writes encoded by the fan-out for this stream
         self._pending: dict[str, Frame] = {}
         self._ready = asyncio.Event()
-        self._hub: Watcher | None = None
+        self.subscription: Watcher | None = None  # set by `watch`, from the hub's `open`
         # Set by `body`: the fan-out encodes pending frames, the body writes the bytes.
         self._encoder: Encoder | None = None
         self._fanout: _fanout.Fanout | None = None
@@ -65,6 +83,15 @@ class Stream:
         self.encoding = False  # the encoder is in a worker's hands
         self._out: bytes | BaseException | None = None
         self._timer: asyncio.TimerHandle | None = None  # wakes the body for keep-alives
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The view instances this stream watches."""
+        return self.subscription.keys if self.subscription is not None else ()
+
+    def watch(self, subscription: Watcher | None) -> None:
+        """Tell `subscription` whenever frames are taken (None: nobody, the stream was closed)."""
+        self.subscription = subscription
 
     def offer(self, frame: Frame) -> bool:
         """Hold `frame` for the tab, replacing an unsent one of the same view (then True)."""
@@ -91,8 +118,8 @@ class Stream:
         self._pending = {}
         self._ready.clear()
         self.taken += len(frames)
-        if self._hub is not None:
-            self._hub.caught_up(frames.keys())
+        if self.subscription is not None:
+            self.subscription.caught_up(frames.keys())
         return list(frames.values())
 
     # -- with the fan-out: frames go to a worker, ready bytes come back to the body ------------
@@ -106,9 +133,9 @@ class Stream:
         self._pending = {}
         self.taken += len(frames)
         self._busy = self.encoding = True
-        if self._hub is not None:
-            self._hub.caught_up(frames.keys())
-        return self, self._encoder, [f.event for f in frames.values()]
+        if self.subscription is not None:
+            self.subscription.caught_up(frames.keys())
+        return self, self._encoder, [sse_event(f) for f in frames.values()]
 
     def _encoded(self, out: bytes | BaseException) -> None:
         self.encoding = False
