@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any, Protocol
 
@@ -44,15 +45,22 @@ class Frame:
 def sse_event(frame: Frame) -> bytes:
     """The Datastar event of `frame`: a `datastar-patch-elements`, then a signals patch if any.
 
-    Cached on the frame: a tick's frame goes to every watcher of its view, and is formatted once.
+    Cached on the frame: a tick's frame goes to every watcher of its view, and is formatted once,
+    by whichever fan-out worker needs it first (the lock is taken only until it is cached).
     """
     event = frame._sse
     if event is None:
-        text = ServerSentEventGenerator.patch_elements(frame.html)
-        if frame.signals:
-            text += ServerSentEventGenerator.patch_signals(dict(frame.signals))
-        event = frame._sse = str(text).encode()
+        with _FORMATTING:
+            event = frame._sse
+            if event is None:
+                text = ServerSentEventGenerator.patch_elements(frame.html)
+                if frame.signals:
+                    text += ServerSentEventGenerator.patch_signals(dict(frame.signals))
+                event = frame._sse = str(text).encode()
     return event
+
+
+_FORMATTING = threading.Lock()
 
 
 class Watcher(Protocol):
@@ -124,7 +132,7 @@ class Stream:
 
     # -- with the fan-out: frames go to a worker, ready bytes come back to the body ------------
 
-    def _start_encode(self) -> tuple[Stream, Encoder, list[bytes]] | None:
+    def _start_encode(self) -> tuple[Stream, Encoder, list[Frame]] | None:
         """The fan-out takes the pending frames for a worker (None: nothing to do now)."""
         self._requested = False
         frames = self._pending
@@ -135,7 +143,7 @@ class Stream:
         self._busy = self.encoding = True
         if self.subscription is not None:
             self.subscription.caught_up(frames.keys())
-        return self, self._encoder, [sse_event(f) for f in frames.values()]
+        return self, self._encoder, list(frames.values())
 
     def _encoded(self, out: bytes | BaseException) -> None:
         self.encoding = False
