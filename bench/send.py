@@ -66,7 +66,7 @@ def make_app() -> Any:
 
     from fastapi_lith import Lith
     from fastapi_lith.encoders import IdentityEncoder
-    from fastapi_lith.streams import Frame, Stream, StreamResponse
+    from fastapi_lith.streams import Frame, Stream, StreamResponse, tab_body
 
     api = FastAPI()
     lith = Lith(Path(os.environ.get("SEND_DB", "send.db")))  # never started: only its _body
@@ -129,7 +129,7 @@ def make_app() -> Any:
         stream.offer(frame)
         shutdown = anyio.Event()
         return StreamResponse(
-            lith._body(feeder, IdentityEncoder(), shutdown),
+            tab_body(feeder, IdentityEncoder(), shutdown, keepalive=15.0, hibernate_after=30.0),
             ping=0, send_timeout=10.0, shutdown_event=shutdown, shutdown_grace_period=1.0,
         )
 

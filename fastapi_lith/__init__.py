@@ -1,4 +1,9 @@
-"""fastapi-lith: live, multiplayer HTML apps for FastAPI on SQLite and Datastar."""
+"""fastapi-lith: live, multiplayer HTML apps for FastAPI on SQLite and Datastar.
+
+Everything an app needs is here; other modules are the library's own, except
+`fastapi_lith.testing` (virtual tabs), `fastapi_lith.ops` (backups) and, for scripts,
+`fastapi_lith.db.connect` / `migrate`.
+"""
 
 from .app import DATASTAR_CDN, Lith
 from .commands import Command, Rejected, TabCommand, TabId, new_tab, pending, send, tab_signals
@@ -20,31 +25,14 @@ from .views import fragment
 from .writer import Tx, Writer
 
 __all__ = [
-    "DATASTAR_CDN",
-    "Command",
-    "DatabaseError",
-    "Db",
-    "Frame",
-    "Lith",
-    "LithError",
-    "MigrationError",
-    "MissingParameter",
-    "NotOneRow",
-    "NotRunning",
-    "OutcomeLost",
-    "Rejected",
-    "SettingError",
-    "Stream",
-    "TabCommand",
-    "TabId",
-    "Tx",
-    "ViewError",
-    "Writer",
-    "WriterClosed",
-    "fragment",
-    "new_tab",
-    "pending",
-    "send",
-    "tab_signals",
-]
+    # the app, its commands and views
+    "Lith", "Command", "TabCommand", "TabId", "Rejected", "Tx", "Db", "Writer", "fragment",
+    # the page's side of a tab
+    "new_tab", "tab_signals", "send", "pending", "DATASTAR_CDN",
+    # what the hub sends a tab
+    "Frame", "Stream",
+    # errors: every one is a LithError
+    "LithError", "DatabaseError", "MigrationError", "MissingParameter", "NotOneRow", "NotRunning",
+    "OutcomeLost", "SettingError", "ViewError", "WriterClosed",
+]  # fmt: skip
 __version__ = "0.1.0"

@@ -15,15 +15,17 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import htpy as h
-from fastapi import Depends
+from fastapi import Depends, FastAPI
+from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import HTMLResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .commands import TAB_ID, TAB_PATTERN, Command, Rejected, TabCommand
+from .streams import Frame
 
 # An app's own wording for a validation error: pydantic's error dict in, the message out (None
 # keeps pydantic's). Its `type` says what failed ("string_too_short", "json_invalid", ...).
@@ -120,6 +122,38 @@ def is_command_request(request: Request) -> bool:
     return request.headers.get("datastar-request") == "true" or bool(
         getattr(request.state, "lith_command", False)
     )
+
+
+def add_error_handlers(
+    app: FastAPI, *, error_id: str, messages: Messages | None, push: Callable[[str, Frame], None]
+) -> None:
+    """On a command request (one Datastar sent, or one the writer dependency marked) a 4xx
+    answer becomes an HTML fragment, also `push`ed to the acting tab with `done` set. Other
+    requests get the app's handlers as they were (FastAPI's own by default)."""
+    validation_fallback = app.exception_handlers.get(RequestValidationError, request_validation_exception_handler)
+    http_fallback = app.exception_handlers.get(HTTPException, http_exception_handler)
+
+    def tell(request: Request, exc: Exception, html: str) -> None:
+        tab, op = acting_tab(received_body(request, exc))
+        if tab is not None:
+            push(tab, Frame(error_id, html, {"done": op} if op is not None else None))
+
+    async def on_validation_error(request: Request, exc: Exception) -> Response:
+        if isinstance(exc, RequestValidationError) and is_command_request(request):
+            html = validation_fragment(exc, error_id, messages)
+            tell(request, exc, html)
+            return HTMLResponse(html, status_code=422)
+        return await validation_fallback(request, exc)  # type: ignore[misc]
+
+    async def on_http_error(request: Request, exc: Exception) -> Response:
+        if isinstance(exc, HTTPException) and 400 <= exc.status_code < 500 and is_command_request(request):
+            html = http_error_fragment(exc, error_id)
+            tell(request, exc, html)
+            return HTMLResponse(html, status_code=exc.status_code, headers=exc.headers)
+        return await http_fallback(request, exc)  # type: ignore[misc]
+
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(HTTPException, on_http_error)
 
 
 def received_body(request: Request, exc: Exception) -> Any:
