@@ -147,6 +147,16 @@ async def test_one_process_may_pass_the_in_process_feed(tmp_path: Path, monkeypa
     assert not (tmp_path / "app.db-lock").exists() and (tmp_path / "app.db").exists()  # no lock file
 
 
+async def test_an_apps_own_parts(tmp_path: Path) -> None:
+    example = load(SRC / "parts.py", "docs_parts")
+    lith = example.make_lith(tmp_path / "parts.db")
+    assert lith.writer.batch_size == 1
+    async with Tabs(lith) as tabs:
+        assert lith.hub.interval == 0.01
+        tab = await tabs.open("outcome/{tab}")
+        assert 'data-signals:done="0"' in tab.html("outcome/{tab}")
+
+
 # -- tab commands ------------------------------------------------------------------------------
 
 
