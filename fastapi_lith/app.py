@@ -203,7 +203,8 @@ class Lith:
         def board(db: Db, board_id: int) -> Element: ...
         ```
         """
-        if key == "outcome/{tab}" and self.views.get(key) is not None and self.views.get(key).render == self._outcome_view:
+        builtin = self.views.get(key)
+        if builtin is not None and builtin.render == self._outcome_view:
             self.views.drop(key)  # the app's own outcome view replaces the built-in one
         return self.views.register(key, topics)
 
