@@ -3,6 +3,7 @@ helpers, and command routes made by `lith.command`."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import sqlite3
 from collections.abc import Callable
@@ -12,7 +13,7 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from fastapi_lith import Command, Lith, Rejected, TabCommand, Tx, WriterClosed, pending, send, tab_signals
+from fastapi_lith import Lith, Rejected, TabCommand, Tx, WriterClosed, pending, send, tab_signals
 from fastapi_lith.testing import Tabs
 
 HERE = Path(__file__).parent
@@ -133,7 +134,7 @@ async def test_touch_later_re_renders_through_the_writer(tmp_path: Path) -> None
         for _ in range(500):
             if lith.writer.commands > commands:
                 break
-            await __import__("asyncio").sleep(0.01)
+            await asyncio.sleep(0.01)
         await tabs.tick()
         assert tab.html("clock") == '<p id="clock">2</p>'
         lith.touch_later(60, "clock")  # pending at shutdown: dropped, no error
