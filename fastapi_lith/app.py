@@ -23,6 +23,7 @@ from starlette.responses import Response
 
 from . import db, encoders, outcomes, settings
 from .commands import TAB_ID, Command, _Touch
+from .db import Db
 from .encoders import Encoder
 from .exceptions import LithError, NotRunning, SettingError, ViewError, WriterClosed
 from .guard import BodyLimit, Messages, add_error_handlers, command_endpoint, same_origin_reason
@@ -32,7 +33,6 @@ from .ops import Backups
 from .ops.litestream import WRITER_CHECKPOINT_PAGES
 from .ops.replica import Replica
 from .streams import Frame, stream_response
-from .db import Db
 from .views import Render, Views
 from .writer import Writer
 
@@ -133,7 +133,7 @@ class Lith:
             raise SettingError(f"outcome_hint must be a string, not {outcome_hint!r}")
         self.outcome_hint = outcome_hint
         self.views.register("outcome/{tab}", {"tab:{tab}"})(self._outcome_view)
-        self.writer = writer or Writer(
+        self.writer = writer if writer is not None else Writer(
             self.path,
             migrations=migrations,
             synchronous=synchronous,
