@@ -53,7 +53,7 @@ def main() -> None:
     pooled: dict[str, list[dict]] = defaultdict(list)
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            order = [("old", args.old, "ours"), ("new", new, "ours,keyed")]
+            order = [("old", args.old, "ours,keyed"), ("new", new, "ours,keyed,tab")]
             for side, checkout, variants in order if r % 2 == 0 else order[::-1]:
                 runs = run(checkout, variants, args, Path(tmp) / f"{side}{r}.json")
                 for key, values in runs.items():
@@ -64,17 +64,20 @@ def main() -> None:
     def med(key: str, field: str) -> float:
         return statistics.median(run[field] for run in pooled[key])
 
-    print("\n| sync | producers | old cmd/s | new cmd/s | new / old | new keyed cmd/s | keyed / old "
-          "| p50 ms old / new / keyed | CPU µs/cmd old / new / keyed | new / old CPU | others' cores |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: |")
+    print("\n| sync | producers | variant | old cmd/s | new cmd/s | new / old | p50 ms old / new "
+          "| CPU µs/cmd old / new | new / old CPU | others' cores |")
+    print("| --- | ---: | --- | ---: | ---: | ---: | --- | --- | ---: | ---: |")
     for sync in args.sync.split(","):
         for p in args.producers.split(","):
-            o, n, k = (f"{side}|{sync.upper()}|{p}" for side in ("old ours", "new ours", "new keyed"))
-            ro, rn, rk = med(o, "rate"), med(n, "rate"), med(k, "rate")
-            print(f"| {sync.upper()} | {p} | {ro:,.0f} | {rn:,.0f} | {rn / ro:.2f} | {rk:,.0f} | {rk / ro:.2f} "
-                  f"| {med(o, 'p50_ms'):.3f} / {med(n, 'p50_ms'):.3f} / {med(k, 'p50_ms'):.3f} "
-                  f"| {med(o, 'cpu_us'):.1f} / {med(n, 'cpu_us'):.1f} / {med(k, 'cpu_us'):.1f} "
-                  f"| {med(n, 'cpu_us') / med(o, 'cpu_us'):.2f} | {med(o, 'other_cores'):.2f} |")
+            # `tab` (a TabCommand, new only) is set against the old `keyed`: it also writes its
+            # tab's outcome row, which an app used to write by hand in `apply`.
+            for variant, old_variant in (("ours", "ours"), ("keyed", "keyed"), ("tab", "keyed")):
+                o, n = f"old {old_variant}|{sync.upper()}|{p}", f"new {variant}|{sync.upper()}|{p}"
+                ro, rn = med(o, "rate"), med(n, "rate")
+                print(f"| {sync.upper()} | {p} | {variant} | {ro:,.0f} | {rn:,.0f} | {rn / ro:.2f} "
+                      f"| {med(o, 'p50_ms'):.3f} / {med(n, 'p50_ms'):.3f} "
+                      f"| {med(o, 'cpu_us'):.1f} / {med(n, 'cpu_us'):.1f} "
+                      f"| {med(n, 'cpu_us') / med(o, 'cpu_us'):.2f} | {med(o, 'other_cores'):.2f} |")
     print(f"\nmedians of {args.rounds} runs per cell; {one_line(found)}")
 
 

@@ -82,6 +82,7 @@ from datastar_py.sse import ServerSentEventGenerator  # noqa: E402
 from fastapi_lith import Command, Db, Lith, Stream, Tx, fragment  # noqa: E402
 from fastapi_lith.statements import StatementCache  # noqa: E402
 from fastapi_lith.views import root_id  # noqa: E402
+from fastapi_lith.streams import sse_event  # noqa: E402
 
 from conditions import load_average, one_line, percentile, print_conditions  # noqa: E402
 
@@ -446,6 +447,8 @@ async def run_scenario(sc: Scenario, tmp: Path, seconds: float, warmup: float, *
                     return  # ended: the hub stopped
                 frame_counts[i] += len(frames)
                 last_html[i] = frames[-1].html
+                for frame in frames:  # the transport's work: the SSE event, formatted once per frame
+                    sse_event(frame)
 
         consumers = [asyncio.create_task(consumer(i, s)) for i, s in enumerate(keepers)]
 

@@ -66,7 +66,7 @@ def make_app() -> Any:
 
     from fastapi_lith import Lith
     from fastapi_lith.encoders import IdentityEncoder
-    from fastapi_lith.streams import Frame, Stream, StreamResponse
+    from fastapi_lith.streams import Frame, Stream, StreamResponse, tab_body
 
     api = FastAPI()
     lith = Lith(Path(os.environ.get("SEND_DB", "send.db")))  # never started: only its _body
@@ -104,8 +104,13 @@ def make_app() -> Any:
     class Feeder:
         """Offers the next frame the moment the fan-out takes one, until `n` were taken."""
 
+        keys = ("k",)
+
         def __init__(self, stream: Stream, n: int, frame: Frame) -> None:
             self.stream, self.left, self.frame = stream, n, frame
+
+        def close(self) -> None:
+            pass
 
         def caught_up(self, keys: Any) -> None:
             self.left -= 1
@@ -116,13 +121,15 @@ def make_app() -> Any:
 
     @api.get("/lith")
     async def ours(n: int, size: int) -> Any:
-        frame = Frame("k", "", chunks(1, size)[1])
+        frame = Frame("k", "")
+        frame._sse = chunks(1, size)[1]  # the event as sent, whatever its html
         stream = Stream("t")
-        stream._hub = Feeder(stream, n, frame)
+        feeder = Feeder(stream, n, frame)
+        stream.watch(feeder)
         stream.offer(frame)
         shutdown = anyio.Event()
         return StreamResponse(
-            lith._body(stream, IdentityEncoder(), shutdown),
+            tab_body(feeder, IdentityEncoder(), shutdown, keepalive=15.0, hibernate_after=30.0),
             ping=0, send_timeout=10.0, shutdown_event=shutdown, shutdown_grace_period=1.0,
         )
 

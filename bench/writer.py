@@ -62,7 +62,7 @@ from pydantic import Field  # noqa: E402
 from conditions import (  # noqa: E402
     OtherLoad, load_average, one_line, percentile, print_conditions, wait_for_quiet,
 )
-from fastapi_lith import Command, Tx, Writer  # noqa: E402
+from fastapi_lith import Command, TabCommand, Tx, Writer  # noqa: E402
 from fastapi_lith.statements import compile_statement  # noqa: E402
 
 try:
@@ -113,6 +113,19 @@ class KeyedAdd(Add):
 
     tab: str
     op: int
+
+
+class TabAdd(TabCommand):
+    """`Add` as a `TabCommand`: keyed like `KeyedAdd`, and each records its tab's outcome (the
+    message its outcome view shows) in the library's `lith_tab` (the `tab` variant)."""
+
+    id: int = Field(ge=1, le=ROWS)
+    n: int = Field(1, ge=1, le=100)
+
+    def apply(self, tx: Tx) -> None:
+        tx.execute(ADD, {"cid": self.id, "n": self.n})
+        tx.touch("counter")
+        self.say("Added.")
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -188,7 +201,7 @@ def _no_database(batch: list[Command], keys: Any = None) -> tuple[list[Any], lis
 
 
 async def _ours(path: Path, sync: str, producers: int, cache: bool, warmup: float, duration: float,
-                gclock: GcClock, loop_only: bool = False, keyed: bool = False) -> dict[str, Any]:
+                gclock: GcClock, loop_only: bool = False, keyed: bool = False, tabbed: bool = False) -> dict[str, Any]:
     writer = Writer(path, migrations=path.parent / "migrations", synchronous=sync, statement_cache=cache)
     await writer.start()
     if loop_only:  # diagnostic: what the event loop side alone allows (the batch hop stays)
@@ -205,7 +218,8 @@ async def _ours(path: Path, sync: str, producers: int, cache: bool, warmup: floa
         tab = f"tab{k}"
         while phase.running:
             # Built per call, as a request handler would; keyed: a new op per command, as a page's.
-            cmd = KeyedAdd(id=ids[i & _IDS_MASK], n=1, tab=tab, op=j + 1) if keyed else Add(id=ids[i & _IDS_MASK], n=1)
+            cmd = (TabAdd if tabbed else KeyedAdd)(id=ids[i & _IDS_MASK], n=1, tab=tab, op=j + 1) if keyed \
+                else Add(id=ids[i & _IDS_MASK], n=1)
             i += 1
             j += 1
             try:
@@ -277,9 +291,9 @@ def thread_cpu(clock: int | None) -> float:
 
 
 def run_ours(path: Path, sync: str, producers: int, warmup: float, duration: float, *, cache: bool = True,
-             loop: str = "asyncio", loop_only: bool = False, keyed: bool = False) -> dict[str, Any]:
+             loop: str = "asyncio", loop_only: bool = False, keyed: bool = False, tabbed: bool = False) -> dict[str, Any]:
     with GcClock() as gclock:
-        return _run_loop(_ours(path, sync, producers, cache, warmup, duration, gclock, loop_only, keyed), loop)
+        return _run_loop(_ours(path, sync, producers, cache, warmup, duration, gclock, loop_only, keyed, tabbed), loop)
 
 
 def _run_loop(coro: Any, loop: str) -> Any:
@@ -410,9 +424,10 @@ def run_floor(path: Path, sync: str, warmup: float, duration: float) -> dict[str
 VARIANTS = ("ours", "uvloop", "cacheoff", "naive", "floor")
 # Diagnostics, run only when asked (--only ours,gcfreeze,...): ours after gc.freeze(); ours with
 # the database work replaced by nothing (the ceiling the event loop side allows), on asyncio/uvloop.
-# `keyed`: ours with a `tab` and a new `op` per command, so each records its outcome (read by
+# `keyed`: ours with a `tab` and a new `op` per command, so each records its outcome; `tab`: the
+# same as a `TabCommand`, which also records its tab's outcome message (read by
 # bench/compare_writer.py).
-EXTRA_VARIANTS = ("keyed", "gcfreeze", "looponly", "looponly_uv")
+EXTRA_VARIANTS = ("keyed", "tab", "gcfreeze", "looponly", "looponly_uv")
 GOAL = {"NORMAL": 150_000, "FULL": 100_000}
 LITH_GO = {("NORMAL", 200): "80,530 (4-vCPU VPS)", ("FULL", 200): "34,893 (i5-13500)", ("FULL", 1): "526 (i5-13500)"}
 
@@ -433,7 +448,7 @@ def run_one(variant: str, tmp: Path, sync: str, producers: int, warmup: float, d
             result = run_ours(
                 path, sync, producers, warmup, duration,
                 cache=variant != "cacheoff", loop="uvloop" if variant in ("uvloop", "looponly_uv") else "asyncio",
-                loop_only=variant.startswith("looponly"), keyed=variant == "keyed",
+                loop_only=variant.startswith("looponly"), keyed=variant in ("keyed", "tab"), tabbed=variant == "tab",
             )
         finally:
             gc.unfreeze()

@@ -1,6 +1,12 @@
-"""fastapi-lith: live, multiplayer HTML apps for FastAPI on SQLite and Datastar."""
+"""fastapi-lith: live, multiplayer HTML apps for FastAPI on SQLite and Datastar.
 
-from .app import Lith
+Everything an app needs is here; other modules are the library's own, except
+`fastapi_lith.testing` (virtual tabs), `fastapi_lith.ops` (backups) and, for scripts,
+`fastapi_lith.db.connect` / `migrate`.
+"""
+
+from .app import DATASTAR_CDN, Lith
+from .commands import Command, Rejected, TabCommand, TabId, new_tab, pending, send, tab_signals
 from .db import Db
 from .exceptions import (
     DatabaseError,
@@ -16,26 +22,17 @@ from .exceptions import (
 )
 from .streams import Frame, Stream
 from .views import fragment
-from .writer import Command, Tx, Writer
+from .writer import Tx, Writer
 
 __all__ = [
-    "Command",
-    "DatabaseError",
-    "Db",
-    "Frame",
-    "Lith",
-    "LithError",
-    "MigrationError",
-    "MissingParameter",
-    "NotOneRow",
-    "NotRunning",
-    "OutcomeLost",
-    "SettingError",
-    "Stream",
-    "Tx",
-    "ViewError",
-    "Writer",
-    "WriterClosed",
-    "fragment",
-]
+    # the app, its commands and views
+    "Lith", "Command", "TabCommand", "TabId", "Rejected", "Tx", "Db", "Writer", "fragment",
+    # the page's side of a tab
+    "new_tab", "tab_signals", "send", "pending", "DATASTAR_CDN",
+    # what the hub sends a tab
+    "Frame", "Stream",
+    # errors: every one is a LithError
+    "LithError", "DatabaseError", "MigrationError", "MissingParameter", "NotOneRow", "NotRunning",
+    "OutcomeLost", "SettingError", "ViewError", "WriterClosed",
+]  # fmt: skip
 __version__ = "0.1.0"

@@ -6,42 +6,34 @@ import asyncio
 import logging
 import re
 import weakref
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import anyio
+import htpy as h
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException
-from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
-from fastapi.exceptions import RequestValidationError
 from markupsafe import Markup
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, PlainTextResponse, Response
+from starlette.responses import Response
 
-from . import db, encoders, settings
+from . import db, encoders, outcomes, settings
+from .commands import TAB_ID, Command, _Touch
+from .db import Db
 from .encoders import Encoder
-from .exceptions import LithError, NotRunning, SettingError, ViewError
-from .guard import (
-    BodyLimit,
-    Messages,
-    acting_tab,
-    http_error_fragment,
-    is_command_request,
-    received_body,
-    validation_fragment,
-)
 from .backends import open_backend
+from .exceptions import LithError, NotRunning, SettingError, ViewError, WriterClosed
 from .feed import Feed
+from .guard import BodyLimit, Messages, add_error_handlers, command_endpoint, same_origin_reason
 from .hub import Hub
 from .ops import Backups
 from .ops.litestream import WRITER_CHECKPOINT_PAGES
 from .ops.replica import Replica
-from .streams import TAB_ID, Frame, Stream, StreamResponse, body
+from .streams import Frame, stream_response
 from .views import Render, Views
 from .writer import Writer
 
@@ -57,10 +49,7 @@ class Lith:
     lith = Lith("app.db", migrations="migrations/")
     app = FastAPI(lifespan=lith.lifespan)
     lith.install(app)
-
-    @app.post("/add", status_code=204, include_in_schema=False)
-    async def add(cmd: Add, writer: Writer = Depends(lith.writer)) -> None:
-        await writer.do(cmd)
+    lith.command(app, "/add", Add)  # POST /add: validate, apply, 204
     ```
     """
 
@@ -68,10 +57,13 @@ class Lith:
         self,
         path: str | Path,
         *,
+        writer: Writer | None = None,
+        hub: Callable[..., Hub] = Hub,
         migrations: str | Path | None = None,
         synchronous: db.Synchronous = "NORMAL",
-        readers: int = 2,
+        readers: int | db.Readers = 2,
         batch_size: int = 512,
+        cached_statements: int = 512,
         statement_cache: bool = True,
         same_origin_only: bool = True,
         max_body: int = 64 * 1024,
@@ -90,35 +82,74 @@ class Lith:
         backup_keep: int = 24,
         repeat_window: float = 3600.0,
         messages: Messages | None = None,
+        outcome_hint: str = "",
         replica: str | None = None,
         replica_sync_interval: float = 1.0,
         replica_check_every: float | None = 86400.0,
         feed: Feed | None = None,
     ) -> None:
-        """Every setting is checked here: a typo raises `SettingError` (a `ValueError`)."""
+        """Every setting is checked here: a typo raises `SettingError` (a `ValueError`).
+
+        The settings, by part. Each part is built from its settings unless the app passes its
+        own (then its settings belong to that object, and passing both is an error):
+
+        - writer (`writer=Writer(...)`): `migrations`, `synchronous`, `batch_size`,
+          `cached_statements`, `statement_cache`, `same_origin_only`, `repeat_window`, `feed`;
+        - readers (`readers=Readers(...)`, or how many): the hub's render threads;
+        - hub (`hub=`, called as `hub(views, readers, tick=..., feed=...)`): `tick`;
+        - streams and encoders: `prefix`, `keepalive`, `hibernate_after`, `send_timeout`,
+          `zstd_window_log`, `brotli_quality`, `gzip_level` (replace the encoder with
+          `app.dependency_overrides[lith.encoder]`);
+        - command routes: `max_body`, `error_id`, `messages`, `outcome_hint`;
+        - backups: `backup_folder`, `backup_every`, `backup_keep`;
+        - replica: `replica`, `replica_sync_interval`, `replica_check_every`.
+        """
         # A file is SQLite; a postgresql+psycopg:// URL is PostgreSQL (see backends/).
         self.backend = open_backend(path)
         self.path = self.backend.path  # None on PostgreSQL
+        if writer is not None:
+            given = [name for name, value, default in (
+                ("migrations", migrations, None), ("synchronous", synchronous, "NORMAL"),
+                ("batch_size", batch_size, 512), ("cached_statements", cached_statements, 512),
+                ("statement_cache", statement_cache, True), ("same_origin_only", same_origin_only, True),
+                ("repeat_window", repeat_window, 3600.0), ("feed", feed, None),
+            ) if value != default]  # fmt: skip
+            if given:
+                raise SettingError(f"{', '.join(given)}: set on the Writer passed as writer=, not on Lith")
+            if not isinstance(writer, Writer) or writer.path != self.path:
+                raise SettingError(f"writer must be a Writer of {self.path}, not {writer!r}")
         # Any number of processes may serve one database (`--workers N`, several hosts on
         # PostgreSQL): by default every batch publishes its topics to a feed that every
         # process's hub hears (a table on SQLite, NOTIFY on PostgreSQL). See feed.py.
-        self.feed = feed if feed is not None else self.backend.feed()
+        self.feed = writer.feed if writer is not None else feed if feed is not None else self.backend.feed()
+        if not callable(hub):
+            raise SettingError(f"hub must be Hub or a function that builds one, not {hub!r}")
+        self._make_hub = hub
+        if writer is not None and replica is not None:  # Litestream checkpoints the WAL itself
+            writer.wal_autocheckpoint = WRITER_CHECKPOINT_PAGES
         if not isinstance(error_id, str) or not _HTML_ID.fullmatch(error_id):
             raise SettingError(f"error_id must be an HTML id (a letter, then letters, digits, '-' or '_'), not {error_id!r}")
         self.error_id = error_id
         self.tick = settings.number("tick", tick, low=0.001)
         self.views = Views()
-        self.writer = self.backend.writer(
+        # Every tab's outcome: the last message and the `done` signal (see commands.py).
+        if not isinstance(outcome_hint, str):
+            raise SettingError(f"outcome_hint must be a string, not {outcome_hint!r}")
+        self.outcome_hint = outcome_hint
+        self.views.register("outcome/{tab}", {"tab:{tab}"})(self._outcome_view)
+        self.writer = writer if writer is not None else self.backend.writer(
             migrations=migrations,
             synchronous=synchronous,
             batch_size=batch_size,
+            cached_statements=cached_statements,
             statement_cache=statement_cache,
             same_origin_only=same_origin_only,
             repeat_window=repeat_window,
             wal_autocheckpoint=WRITER_CHECKPOINT_PAGES if replica is not None else 1000,
             feed=self.feed,
         )
-        self._reader_count = settings.number("readers", readers, low=1, integer=True)
+        self._readers = readers if isinstance(readers, db.Readers) else None  # the app's: not closed here
+        self._reader_count = 0 if self._readers else settings.number("readers", readers, low=1, integer=True)
         self.max_body = settings.number("max_body", max_body, low=1, integer=True)
         self.keepalive = settings.number("keepalive", keepalive, low=0.001)
         self.hibernate_after = settings.number("hibernate_after", hibernate_after, low=0.001)
@@ -167,6 +198,7 @@ class Lith:
         self._hub: Hub | None = None
         self._engine: AsyncEngine | None = None
         self._installed: weakref.WeakSet[FastAPI] = weakref.WeakSet()
+        self._later: set[asyncio.Task[None]] = set()
 
     def view(self, key: str, *, topics: set[str] | frozenset[str] | tuple[str, ...] = ()) -> Callable[[Render], Render]:
         """Register `fn(db, **params) -> HTML` as the view `key`, rendered when `topics` change.
@@ -176,7 +208,54 @@ class Lith:
         def board(db: Db, board_id: int) -> Element: ...
         ```
         """
+        builtin = self.views.get(key)
+        if builtin is not None and builtin.render == self._outcome_view:
+            self.views.drop(key)  # the app's own outcome view replaces the built-in one
         return self.views.register(key, topics)
+
+    def _outcome_view(self, db: Db, tab: str) -> h.Element:
+        return outcomes.outcome_view(db, tab, hint=self.outcome_hint)
+
+    def command(
+        self, app: FastAPI | APIRouter, path: str, command: type[Command], *, dependencies: Sequence[Any] = ()
+    ) -> None:
+        """`POST path`: the body validated as `command`, applied by the writer, answered 204.
+
+        ```python
+        lith.command(app, "/cards/move", MoveCard)
+        lith.command(router, "/admin/purge", Purge, dependencies=[Depends(admin)])
+        ```
+
+        A normal FastAPI route, out of OpenAPI, guarded like any route taking
+        `Depends(lith.writer)`. A `Rejected` tab command answers 204 (its tab's outcome view
+        says why); another command's `Rejected` answers 409 with the message.
+        """
+        endpoint = command_endpoint(self.writer, command)
+        app.add_api_route(
+            path, endpoint, methods=["POST"], status_code=204, include_in_schema=False,
+            response_model=None, dependencies=list(dependencies) or None,
+        )
+
+    def touch_later(self, delay: float, *topics: str) -> None:
+        """Mark `topics` changed in `delay` seconds, in every process: a view that depends on the
+        time (who is still here) re-renders when that time comes. Dropped at shutdown."""
+        async def touch() -> None:
+            await asyncio.sleep(delay)
+            with suppress(WriterClosed):  # shutting down: the next start renders afresh anyway
+                await self.writer.do(_Touch(topics=list(topics)))
+
+        task = asyncio.create_task(touch())
+        self._later.add(task)
+        task.add_done_callback(self._later.discard)
+
+    async def same_origin(self, request: Request) -> None:
+        """`Depends(lith.same_origin)`: refuse a cross-site request (403) on a route that cannot
+        take the writer's guard, such as a `navigator.sendBeacon` (it cannot send
+        `Datastar-Request`). Off with `same_origin_only=False`, like the writer's."""
+        if self.writer.same_origin_only:
+            reason = same_origin_reason(request)
+            if reason:
+                raise HTTPException(403, reason)
 
     @property
     def hub(self) -> Hub:
@@ -197,6 +276,17 @@ class Lith:
         # The stream needs no signals: without the filter every reconnect would carry the
         # page's form drafts in its query string.
         return f"@get('{url}', {{retry: 'always', retryMaxCount: Infinity, filterSignals: {{include: /^$/}}}})"
+
+    def datastar(self) -> Markup:
+        """Datastar's script and the notice shown if it cannot load: put it first in `<body>`.
+
+        Nothing on a live page works without Datastar, so a failed load says so.
+        """
+        show = "document.getElementById('no-datastar').hidden = false"
+        return Markup(h.fragment[
+            h.p("#no-datastar", role="alert", hidden=True)["Datastar did not load: reload to try again."],
+            h.script(type="module", src=self.datastar_url, onerror=show),
+        ])
 
     async def encoder(self, accept_encoding: str | None = Header(None)) -> Encoder:
         """`Depends(lith.encoder)`: the stream's compressor, from `Accept-Encoding`.
@@ -219,44 +309,10 @@ class Lith:
 
     async def open_stream(self, request: Request, encoder: Encoder) -> Response:
         """Validate the views and the tab id (400 with a plain message), then stream."""
-        tab = request.query_params.get("tab", "")
-        if not TAB_ID.fullmatch(tab):
-            return PlainTextResponse("tab must be 1 to 64 letters, digits, '-' or '_'", 400)
-        keys = [k for v in request.query_params.getlist("views") for k in v.split(",") if k]
-        if not keys:
-            return PlainTextResponse("views is required: ?views=key1,key2&tab=…", 400)
-        stream = Stream(tab)
-        try:
-            await self.hub.open(stream, keys)
-        except ViewError as exc:
-            return PlainTextResponse(str(exc), 400)
-        shutdown = anyio.Event()
-        headers = {"Vary": "Accept-Encoding"}
-        if encoder.name:
-            headers["Content-Encoding"] = encoder.name
-        return StreamResponse(
-            self._body(stream, encoder, shutdown),
-            headers=headers,
-            ping=0,  # a raw ping would corrupt a compressed body: keep-alives go through the encoder
-            send_timeout=self.send_timeout,
-            shutdown_event=shutdown,
-            shutdown_grace_period=1.0,
+        return await stream_response(
+            self.hub.open, request, encoder,
+            keepalive=self.keepalive, hibernate_after=self.hibernate_after, send_timeout=self.send_timeout,
         )
-
-    async def _body(self, stream: Stream, encoder: Encoder, shutdown: anyio.Event) -> AsyncIterator[bytes]:
-        # Server shutdown (sse-starlette sees uvicorn's signal) ends the body cleanly, so the
-        # page's `retry: 'always'` reconnects to the next process.
-        watcher = asyncio.ensure_future(shutdown.wait())
-        watcher.add_done_callback(lambda _: stream.end())
-        try:
-            async for chunk in body(
-                stream, encoder, keepalive=self.keepalive, hibernate_after=self.hibernate_after
-            ):
-                yield chunk
-        finally:
-            watcher.cancel()
-            if self._hub is not None:
-                self._hub.close(stream)
 
     async def render(self, key: str, **params: Any) -> Markup:
         """A view's HTML for a page's first paint: the page and its stream share one function."""
@@ -285,8 +341,8 @@ class Lith:
             await anyio.to_thread.run_sync(self.replica.prepare)
         await self.writer.start()
         await self.feed.start(self.writer)
-        readers = self.backend.readers(self._reader_count)
-        hub = self._hub = Hub(self.views, readers, tick=self.tick, feed=self.feed)
+        readers = self._readers or self.backend.readers(self._reader_count)
+        hub = self._hub = self._make_hub(self.views, readers, tick=self.tick, feed=self.feed)
         unsubscribe = self.writer.subscribe(hub.touched)
         self._engine = self.backend.engine()
         if ticks:
@@ -298,13 +354,16 @@ class Lith:
                 await self.replica.start()
             yield
         finally:
+            for task in list(self._later):
+                task.cancel()
             if self.backups is not None:
                 await self.backups.stop()  # a copy in progress finishes first
             await hub.stop()
             await self.writer.close()
             await self.feed.close()
             unsubscribe()
-            readers.close()
+            if readers is not self._readers:
+                readers.close()
             await self._engine.dispose()
             self._engine = None
             self._hub = None
@@ -329,38 +388,12 @@ class Lith:
         """
         app.include_router(self.router)
         app.add_middleware(BodyLimit, writer=self.writer, max_body=self.max_body)
-        validation_fallback = app.exception_handlers.get(RequestValidationError, request_validation_exception_handler)
-        http_fallback = app.exception_handlers.get(StarletteHTTPException, http_exception_handler)
-
-        async def on_validation_error(request: Request, exc: Exception) -> Response:
-            if isinstance(exc, RequestValidationError) and is_command_request(request):
-                html = validation_fragment(exc, self.error_id, self.messages)
-                self._push_error(received_body(request, exc), html)
-                return HTMLResponse(html, status_code=422)
-            return await validation_fallback(request, exc)  # type: ignore[misc]
-
-        async def on_http_error(request: Request, exc: Exception) -> Response:
-            if (
-                isinstance(exc, StarletteHTTPException)
-                and 400 <= exc.status_code < 500
-                and is_command_request(request)
-            ):
-                html = http_error_fragment(exc, self.error_id)
-                self._push_error(received_body(request, exc), html)
-                return HTMLResponse(html, status_code=exc.status_code, headers=exc.headers)
-            return await http_fallback(request, exc)  # type: ignore[misc]
-
-        app.add_exception_handler(RequestValidationError, on_validation_error)
-        app.add_exception_handler(StarletteHTTPException, on_http_error)
+        add_error_handlers(app, error_id=self.error_id, messages=self.messages, push=self._push)
         self._installed.add(app)
 
-    def _push_error(self, body: Any, html: str) -> None:
-        if self._hub is None:
-            return
-        tab, op = acting_tab(body)
-        if tab is None:
-            return
-        self._hub.push(tab, Frame.patch(self.error_id, html, {"done": op} if op is not None else None))
+    def _push(self, tab: str, frame: Frame) -> None:
+        if self._hub is not None:
+            self._hub.push(tab, frame)
 
 
 _HTML_ID = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")

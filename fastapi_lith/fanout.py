@@ -18,9 +18,11 @@ import queue
 import threading
 from typing import TYPE_CHECKING, Any
 
+from . import streams as _streams  # streams imports this module: its names are read at call time
+
 if TYPE_CHECKING:
     from .encoders import Encoder
-    from .streams import Stream
+    from .streams import Frame, Stream
 
 __all__ = ["Fanout", "shared"]
 
@@ -30,7 +32,7 @@ _PER_WORKER = 16
 # CPU than compressing a few kilobytes (bench/send.py).
 INLINE_BELOW = 4096
 
-_Job = tuple["Stream", "Encoder", list[bytes]]
+_Job = tuple["Stream", "Encoder", list["Frame"]]
 _Result = tuple["Stream", "bytes | BaseException"]
 
 
@@ -63,11 +65,11 @@ class Fanout:
             job = stream._start_encode()
             if job is None:
                 continue
-            if sum(map(len, job[2])) >= INLINE_BELOW:
+            if sum(len(f.html) for f in job[2]) >= INLINE_BELOW:
                 jobs.append(job)
                 continue
             try:
-                out: bytes | BaseException = job[1].encode(*job[2])
+                out: bytes | BaseException = job[1].encode(*map(_streams.sse_event, job[2]))
             except BaseException as exc:  # noqa: BLE001 - raised in that stream's body
                 out = exc
             self.encodes += 1
@@ -96,9 +98,9 @@ class Fanout:
         while (item := self._queue.get()) is not None:
             loop, jobs = item
             results: list[_Result] = []
-            for stream, encoder, events in jobs:
-                try:
-                    results.append((stream, encoder.encode(*events)))
+            for stream, encoder, frames in jobs:
+                try:  # a frame's event is formatted here, off the loop, by its first stream
+                    results.append((stream, encoder.encode(*map(_streams.sse_event, frames))))
                 except BaseException as exc:  # noqa: BLE001 - raised in that stream's body
                     results.append((stream, exc))
             try:

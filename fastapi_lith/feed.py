@@ -154,7 +154,7 @@ class SqliteFeed(Feed):
     def publish(self, conn: sqlite3.Connection, topics: Collection[str], pushes: Sequence[Push] = ()) -> None:
         if not topics and not pushes:
             return
-        sent = json.dumps([[tab, f.key, f.html, f.event.decode()] for tab, f in pushes]) if pushes else None
+        sent = json.dumps([[tab, f.key, f.html, f.signals] for tab, f in pushes]) if pushes else None
         # Rows are only ever deleted below the newest, so the next seq is always the next number:
         # a gap in what a hub reads means entries were pruned before it saw them.
         seq = conn.execute(
@@ -210,7 +210,7 @@ class SqliteFeed(Feed):
             if not everything:
                 topics.update(json.loads(touched))
             if sent:
-                pushes.extend((tab, Frame(key, html, event.encode())) for tab, key, html, event in json.loads(sent))
+                pushes.extend((tab, Frame(key, html, signals)) for tab, key, html, signals in json.loads(sent))
         if not topics and not pushes and not everything:
             return None
         return Changes(frozenset(topics), tuple(pushes), everything)

@@ -8,19 +8,24 @@ pending on `$op != $done` stops.
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import htpy as h
+from fastapi import Depends, FastAPI
+from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .streams import TAB_ID
+from .commands import TAB_ID, TAB_PATTERN, Command, Rejected, TabCommand
+from .streams import Frame
 
 # An app's own wording for a validation error: pydantic's error dict in, the message out (None
 # keeps pydantic's). Its `type` says what failed ("string_too_short", "json_invalid", ...).
@@ -119,6 +124,38 @@ def is_command_request(request: Request) -> bool:
     )
 
 
+def add_error_handlers(
+    app: FastAPI, *, error_id: str, messages: Messages | None, push: Callable[[str, Frame], None]
+) -> None:
+    """On a command request (one Datastar sent, or one the writer dependency marked) a 4xx
+    answer becomes an HTML fragment, also `push`ed to the acting tab with `done` set. Other
+    requests get the app's handlers as they were (FastAPI's own by default)."""
+    validation_fallback = app.exception_handlers.get(RequestValidationError, request_validation_exception_handler)
+    http_fallback = app.exception_handlers.get(HTTPException, http_exception_handler)
+
+    def tell(request: Request, exc: Exception, html: str) -> None:
+        tab, op = acting_tab(received_body(request, exc))
+        if tab is not None:
+            push(tab, Frame(error_id, html, {"done": op} if op is not None else None))
+
+    async def on_validation_error(request: Request, exc: Exception) -> Response:
+        if isinstance(exc, RequestValidationError) and is_command_request(request):
+            html = validation_fragment(exc, error_id, messages)
+            tell(request, exc, html)
+            return HTMLResponse(html, status_code=422)
+        return await validation_fallback(request, exc)  # type: ignore[misc]
+
+    async def on_http_error(request: Request, exc: Exception) -> Response:
+        if isinstance(exc, HTTPException) and 400 <= exc.status_code < 500 and is_command_request(request):
+            html = http_error_fragment(exc, error_id)
+            tell(request, exc, html)
+            return HTMLResponse(html, status_code=exc.status_code, headers=exc.headers)
+        return await http_fallback(request, exc)  # type: ignore[misc]
+
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(HTTPException, on_http_error)
+
+
 def received_body(request: Request, exc: Exception) -> Any:
     """What the handlers can read of a refused command's body, without reading it again."""
     if isinstance(exc, RequestValidationError):
@@ -129,7 +166,7 @@ def received_body(request: Request, exc: Exception) -> Any:
     return b"".join(chunks) if chunks else None
 
 
-_TAB = re.compile(rb'"tab"\s*:\s*"([A-Za-z0-9_-]{1,64})"')
+_TAB = re.compile(rb'"tab"\s*:\s*"(' + TAB_PATTERN.encode() + rb')"')
 _OP = re.compile(rb'"op"\s*:\s*(\d{1,18})\b')
 
 
@@ -166,3 +203,57 @@ def validation_fragment(exc: RequestValidationError, element_id: str, messages: 
 def http_error_fragment(exc: HTTPException, element_id: str) -> str:
     """An HTTP error's detail in the same shape as a validation error's."""
     return str(h.div(id=element_id, role="alert", class_="lith-error")[h.ul[h.li[str(exc.detail)]]])
+
+
+def cross_site_reason(request: Request) -> str | None:
+    """Why a command request is refused, or None: it must be same-origin and from Datastar."""
+    if request.headers.get("datastar-request") != "true":
+        return "command requests must come from Datastar (Datastar-Request: true)"
+    return same_origin_reason(request)
+
+
+def same_origin_reason(request: Request) -> str | None:
+    """Why a request is refused as cross-site, or None when it is same-origin.
+
+    Routes that cannot carry `Datastar-Request` (a `navigator.sendBeacon`) check this alone.
+    """
+    site = request.headers.get("sec-fetch-site")
+    if site is not None:
+        return None if site == "same-origin" else f"cross-site request refused (Sec-Fetch-Site: {site})"
+    origin = request.headers.get("origin")
+    if origin is None:
+        return "cross-site request refused (no Sec-Fetch-Site or Origin header)"
+    host = request.headers.get("host", "")
+    if origin.split("://", 1)[-1] != host:
+        return f"cross-site request refused (Origin {origin} is not {host})"
+    return None
+
+
+def command_endpoint(writer: Callable[..., Any], command: type[Command]) -> Callable[..., Any]:
+    """The endpoint of `lith.command`: validate the body as `command`, apply it, answer 204.
+
+    A `Rejected` tab command still answers 204: the tab's outcome view already carries the
+    message (Datastar ignores an error's body). Any other command's `Rejected` is a 409 with the
+    message, which `Lith.install`'s handler shows in the page's `#lith-error`.
+    """
+
+    async def endpoint(cmd: Command, lith_writer: Any) -> Response:
+        try:
+            await lith_writer.do(cmd)
+        except Rejected as exc:
+            if not isinstance(cmd, TabCommand):
+                raise HTTPException(409, str(exc)) from None
+        return Response(status_code=204)
+
+    # FastAPI reads the signature: the body is `command`, the writer a dependency (which the
+    # body limit and the error handlers recognise).
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    endpoint.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [
+            inspect.Parameter("cmd", kind, annotation=command),
+            inspect.Parameter("lith_writer", kind, default=Depends(writer), annotation=Any),
+        ],
+        return_annotation=Response,
+    )
+    endpoint.__name__ = endpoint.__qualname__ = command.__name__
+    return endpoint

@@ -39,14 +39,32 @@ class Instance:
     rendered: asyncio.Event = field(default_factory=asyncio.Event)  # a first render was tried
 
     def render(self, db: Db) -> Frame | Exception:
-        """Render on a reader thread; the Datastar event is built here, once for all watchers."""
+        """Render on a reader thread, once for all watchers."""
         try:
             html = self.view.html(db, self.params)
         except Exception as exc:  # noqa: BLE001 - contained, counted and logged by the hub
             return exc
         if self.frame is not None and self.frame.html == html:
             return self.frame
-        return Frame.patch(self.key, html)
+        return Frame(self.key, html)
+
+
+class Subscription:
+    """One stream's watch on view instances, from `hub.open`: `close()` ends it."""
+
+    __slots__ = ("hub", "stream", "keys")
+
+    def __init__(self, hub: Hub, stream: Stream, keys: tuple[str, ...]) -> None:
+        self.hub = hub
+        self.stream = stream
+        self.keys = keys
+
+    def caught_up(self, keys: Iterable[str]) -> None:
+        """The stream took frames of `keys`: views held back for it may render again."""
+        self.hub.caught_up(keys)
+
+    def close(self) -> None:
+        self.hub.close(self.stream)
 
 
 @dataclass
@@ -168,7 +186,7 @@ class Hub:
                 self._wake.set()
                 return
 
-    async def open(self, stream: Stream, keys: Iterable[str]) -> None:
+    async def open(self, stream: Stream, keys: Iterable[str]) -> Subscription:
         """Watch view instances; the stream gets each one's current frame at once.
 
         Raises `ViewError` for a bad key or parameter, before subscribing to anything. A view
@@ -180,8 +198,8 @@ class Hub:
             if "tab" in params and params["tab"] != stream.tab:
                 raise ViewError(f"view {raw!r} belongs to another tab")
             resolved.append((view.key(params), view, params))
-        stream._hub = self
-        stream.keys = tuple(dict.fromkeys(key for key, _, _ in resolved))
+        subscription = Subscription(self, stream, tuple(dict.fromkeys(key for key, _, _ in resolved)))
+        stream.watch(subscription)
         self.streams.add(stream)
         fresh: list[Instance] = []  # no frame yet: rendering offers it to every watcher
         for key, view, params in resolved:
@@ -209,6 +227,7 @@ class Hub:
         # them all, and a brotli window sized from it fits the largest.
         for instance in waiting:
             await instance.rendered.wait()
+        return subscription
 
     def close(self, stream: Stream) -> None:
         """Stop watching; instances nobody watches any more are dropped with their frames."""
@@ -226,8 +245,7 @@ class Hub:
                         peers.discard(instance)
                         if not peers:
                             del self._by_topic[topic]
-        stream._hub = None
-        stream.keys = ()
+        stream.watch(None)
         self.streams.discard(stream)
 
     def push(self, tab: str, frame: Frame) -> int:

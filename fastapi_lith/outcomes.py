@@ -12,6 +12,11 @@ import re
 from contextvars import ContextVar
 from typing import Any
 
+import htpy as h
+from htpy import Element
+from sqlalchemy import text
+
+from .db import Db
 from .exceptions import OutcomeLost
 
 
@@ -45,6 +50,25 @@ FIND_OUTCOME = "SELECT outcome FROM lith_outcome WHERE key = ? AND at >= ?"
 RECORD_OUTCOME = "INSERT OR REPLACE INTO lith_outcome (key, at, outcome) VALUES (?, ?, ?)"
 PRUNE_OUTCOMES = "DELETE FROM lith_outcome WHERE at < ?"
 
+# Each tab's latest outcome, for its outcome view: one row per tab, written by the writer after
+# each `TabCommand` in the command's own transaction. An older op arriving late (a retry) does
+# not overwrite a newer one, so `done` never moves back and a newer button never hangs.
+TABS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS lith_tab (
+    tab TEXT PRIMARY KEY, op INTEGER NOT NULL, ok INTEGER NOT NULL, message TEXT, at REAL NOT NULL
+);
+"""
+# `text`: the statement cache binds them for SQLite and for PostgreSQL alike.
+RECORD_TAB = text(
+    "INSERT INTO lith_tab (tab, op, ok, message, at) VALUES (:tab, :op, :ok, :message, :at) "
+    "ON CONFLICT (tab) DO UPDATE SET op = excluded.op, ok = excluded.ok, "
+    "message = excluded.message, at = excluded.at WHERE excluded.op >= lith_tab.op"
+)
+LAST_TAB = text("SELECT op, ok, message FROM lith_tab WHERE tab = :tab")
+# A tab's outcome outlives the repeat window: a page left open for days still shows its last one.
+TAB_KEEP = 7 * 24 * 3600.0
+PRUNE_TABS = "DELETE FROM lith_tab WHERE at < ?"
+
 
 def dump_outcome(ok: bool, value: Any) -> bytes | None:
     """The outcome as stored: NULL for the common `None` result, else a pickle."""
@@ -66,3 +90,24 @@ def load_outcome(blob: bytes | None) -> tuple[bool, Any]:
     except Exception as exc:  # noqa: BLE001 - e.g. the result's class was renamed since
         return False, OutcomeLost(f"the command was applied once; its outcome cannot be read back: {exc}")
     return ok, value
+
+
+def outcome_view(db: Db, tab: str, *, hint: str = "") -> Element:
+    """The built-in `"outcome/{tab}"` view: the tab's last outcome, and `done` set to its op.
+
+    `ok_op` is set too when it succeeded, so a page can clear or close the form that sent it.
+    `#lith-error` is where a refused request's errors land (see `Lith.install`).
+    """
+    last = db.first(LAST_TAB, {"tab": tab})
+    if last is None:
+        return h.div("#outcome.outcome", {"data-signals:done": "0"}, role="status")[
+            hint and h.p(".message.hint")[hint], h.div("#lith-error")
+        ]
+    signals = {"data-signals:done": str(last["op"])}
+    if last["ok"]:
+        signals["data-signals:ok_op"] = str(last["op"])
+    kind = ".ok" if last["ok"] else ".failed"
+    return h.div("#outcome.outcome", signals, role="status")[
+        h.p(f".message{kind}", role=None if last["ok"] else "alert")[last["message"] or ""],
+        h.div("#lith-error"),
+    ]

@@ -10,38 +10,70 @@ from __future__ import annotations
 
 import asyncio
 import math
-import re
-from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any, Protocol
+
+import anyio
 
 from datastar_py.sse import ServerSentEventGenerator
 from sse_starlette import EventSourceResponse
 from sse_starlette.sse import SendTimeoutError
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
 from starlette.types import Message, Send
 
 from . import fanout as _fanout
+from .commands import TAB_ID
 from .encoders import Encoder
+from .exceptions import ViewError
 
 
-@dataclass(frozen=True, slots=True, weakref_slot=True)
 class Frame:
-    """One render of one view instance: its HTML and the Datastar event, encoded once."""
+    """One render of one view instance: its HTML, and the signals to set with it, if any.
 
-    key: str
-    html: str
-    event: bytes
+    Frames know nothing of a transport: `sse_event(frame)` encodes one for SSE, once however
+    many streams send it, where the stream's bytes are made.
+    """
 
-    @classmethod
-    def patch(cls, key: str, html: str, signals: dict[str, Any] | None = None) -> Frame:
-        """A `datastar-patch-elements` event of `html`, then a signals patch if any."""
-        event = ServerSentEventGenerator.patch_elements(html)
-        if signals:
-            event += ServerSentEventGenerator.patch_signals(signals)
-        return cls(key, html, str(event).encode())
+    __slots__ = ("key", "html", "signals", "_sse", "__weakref__")
+
+    def __init__(self, key: str, html: str, signals: Mapping[str, Any] | None = None) -> None:
+        self.key = key
+        self.html = html
+        self.signals = signals
+        self._sse: bytes | None = None
+
+    def __repr__(self) -> str:
+        return f"Frame({self.key!r}, {len(self.html)} chars, signals={self.signals!r})"
+
+
+def sse_event(frame: Frame) -> bytes:
+    """The Datastar event of `frame`: a `datastar-patch-elements`, then a signals patch if any.
+
+    Cached on the frame: a tick's frame goes to every watcher of its view, and is formatted once,
+    by whichever fan-out worker needs it first (the lock is taken only until it is cached).
+    """
+    event = frame._sse
+    if event is None:
+        with _FORMATTING:
+            event = frame._sse
+            if event is None:
+                text = ServerSentEventGenerator.patch_elements(frame.html)
+                if frame.signals:
+                    text += ServerSentEventGenerator.patch_signals(dict(frame.signals))
+                event = frame._sse = str(text).encode()
+    return event
+
+
+_FORMATTING = threading.Lock()
 
 
 class Watcher(Protocol):
+    """What a stream tells when it took frames: the hub may render those views for it again."""
+
+    keys: tuple[str, ...]
+
     def caught_up(self, keys: Iterable[str]) -> None: ...
 
 
@@ -50,14 +82,13 @@ class Stream:
 
     def __init__(self, tab: str) -> None:
         self.tab = tab
-        self.keys: tuple[str, ...] = ()
         self.skipped = 0
         self.taken = 0
         self.ended = False
         self.encodes = 0  # writes encoded by the fan-out for this stream
         self._pending: dict[str, Frame] = {}
         self._ready = asyncio.Event()
-        self._hub: Watcher | None = None
+        self.subscription: Watcher | None = None  # set by `watch`, from the hub's `open`
         # Set by `body`: the fan-out encodes pending frames, the body writes the bytes.
         self._encoder: Encoder | None = None
         self._fanout: _fanout.Fanout | None = None
@@ -66,6 +97,15 @@ class Stream:
         self.encoding = False  # the encoder is in a worker's hands
         self._out: bytes | BaseException | None = None
         self._timer: asyncio.TimerHandle | None = None  # wakes the body for keep-alives
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The view instances this stream watches."""
+        return self.subscription.keys if self.subscription is not None else ()
+
+    def watch(self, subscription: Watcher | None) -> None:
+        """Tell `subscription` whenever frames are taken (None: nobody, the stream was closed)."""
+        self.subscription = subscription
 
     def offer(self, frame: Frame) -> bool:
         """Hold `frame` for the tab, replacing an unsent one of the same view (then True)."""
@@ -92,13 +132,13 @@ class Stream:
         self._pending = {}
         self._ready.clear()
         self.taken += len(frames)
-        if self._hub is not None:
-            self._hub.caught_up(frames.keys())
+        if self.subscription is not None:
+            self.subscription.caught_up(frames.keys())
         return list(frames.values())
 
     # -- with the fan-out: frames go to a worker, ready bytes come back to the body ------------
 
-    def _start_encode(self) -> tuple[Stream, Encoder, list[bytes]] | None:
+    def _start_encode(self) -> tuple[Stream, Encoder, list[Frame]] | None:
         """The fan-out takes the pending frames for a worker (None: nothing to do now)."""
         self._requested = False
         frames = self._pending
@@ -107,9 +147,9 @@ class Stream:
         self._pending = {}
         self.taken += len(frames)
         self._busy = self.encoding = True
-        if self._hub is not None:
-            self._hub.caught_up(frames.keys())
-        return self, self._encoder, [f.event for f in frames.values()]
+        if self.subscription is not None:
+            self.subscription.caught_up(frames.keys())
+        return self, self._encoder, list(frames.values())
 
     def _encoded(self, out: bytes | BaseException) -> None:
         self.encoding = False
@@ -193,9 +233,66 @@ class StreamResponse(EventSourceResponse):
             raise SendTimeoutError() from None
 
 
-# Tab ids come from the page; they name per-tab views and travel in URLs and commands.
-TAB_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 KEEPALIVE = b": keep-alive\n\n"
+
+
+class Subscribed(Watcher, Protocol):
+    stream: Stream
+
+    def close(self) -> None: ...
+
+
+async def stream_response(
+    open_views: Callable[[Stream, list[str]], Awaitable[Subscribed]],
+    request: Request,
+    encoder: Encoder,
+    *,
+    keepalive: float,
+    hibernate_after: float,
+    send_timeout: float,
+) -> Response:
+    """`GET {prefix}/stream?views=key1,key2&tab=…`: one tab's SSE response, or a 400 saying why.
+
+    `open_views` is the hub's `open`: it subscribes a new stream and gives its first frames.
+    """
+    tab = request.query_params.get("tab", "")
+    if not TAB_ID.fullmatch(tab):
+        return PlainTextResponse("tab must be 1 to 64 letters, digits, '-' or '_'", 400)
+    keys = [k for v in request.query_params.getlist("views") for k in v.split(",") if k]
+    if not keys:
+        return PlainTextResponse("views is required: ?views=key1,key2&tab=…", 400)
+    try:
+        subscription = await open_views(Stream(tab), keys)
+    except ViewError as exc:
+        return PlainTextResponse(str(exc), 400)
+    shutdown = anyio.Event()
+    headers = {"Vary": "Accept-Encoding"}
+    if encoder.name:
+        headers["Content-Encoding"] = encoder.name
+    return StreamResponse(
+        tab_body(subscription, encoder, shutdown, keepalive=keepalive, hibernate_after=hibernate_after),
+        headers=headers,
+        ping=0,  # a raw ping would corrupt a compressed body: keep-alives go through the encoder
+        send_timeout=send_timeout,
+        shutdown_event=shutdown,
+        shutdown_grace_period=1.0,
+    )
+
+
+async def tab_body(
+    subscription: Subscribed, encoder: Encoder, shutdown: anyio.Event, *, keepalive: float, hibernate_after: float
+) -> AsyncIterator[bytes]:
+    """`body`, ended cleanly by server shutdown (sse-starlette sees uvicorn's signal), so the
+    page's `retry: 'always'` reconnects to the next process; the subscription closes after."""
+    stream = subscription.stream
+    watcher = asyncio.ensure_future(shutdown.wait())
+    watcher.add_done_callback(lambda _: stream.end())
+    try:
+        async for chunk in body(stream, encoder, keepalive=keepalive, hibernate_after=hibernate_after):
+            yield chunk
+    finally:
+        watcher.cancel()
+        subscription.close()
 
 
 async def body(

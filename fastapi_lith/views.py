@@ -121,6 +121,12 @@ class Views:
 
         return decorator
 
+    def get(self, pattern: str) -> View | None:
+        return self._views.get(pattern)
+
+    def drop(self, pattern: str) -> None:
+        del self._views[pattern]
+
     def resolve(self, key: str, params: dict[str, Any] | None = None) -> tuple[View, dict[str, Any]]:
         """Find the view of an instance key (`"board/3"`) or of a pattern plus parameters."""
         view = self._views.get(key)

@@ -1,4 +1,4 @@
-"""Linear writes: `Command`, `Tx` and the one `Writer` that owns the write connection.
+"""Linear writes: `Tx` and the one `Writer` that owns the write connection.
 
 Every change is a command. The writer applies commands in arrival order, up to `batch_size` in
 one `BEGIN IMMEDIATE` transaction, each in its own savepoint, so a failing command rolls back
@@ -19,19 +19,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastapi import HTTPException
-from pydantic import BaseModel, field_validator
-from pydantic_core import PydanticCustomError
 from starlette.requests import Request
 
 from . import db, settings
+from .commands import Command
 from .db import Db
 from .exceptions import WriterClosed
+from .guard import cross_site_reason
 from .outcomes import (
     FIND_OUTCOME,
     IDEMPOTENCY_KEY,
     OUTCOMES_SCHEMA,
     PRUNE_OUTCOMES,
+    PRUNE_TABS,
     RECORD_OUTCOME,
+    TAB_KEEP,
+    TABS_SCHEMA,
     RequestKey,
     dump_outcome,
     load_outcome,
@@ -46,44 +49,6 @@ log = logging.getLogger("fastapi_lith.writer")
 
 Topics = frozenset[str]
 Subscriber = Callable[[Topics], None]
-
-
-class Command(BaseModel):
-    """A change to the database: validated by Pydantic, applied by the writer.
-
-    `apply` is synchronous on purpose: it runs on the writer's thread inside a savepoint and
-    does database work only, nothing that waits on the network. Its return value reaches the
-    caller of `writer.do`; an exception it raises rolls back this command alone.
-    """
-
-    @field_validator("*")
-    @classmethod
-    def _fits_sqlite(cls, value: Any) -> Any:
-        # Every field of every command: an int SQLite cannot store is a validation error (a 422
-        # naming the field), not an OverflowError from deep inside `apply`.
-        if db.oversized_int(value) is not None:
-            raise PydanticCustomError(
-                "sqlite_int", "Input should be an integer from -2**63 to 2**63 - 1 (SQLite's range)"
-            )
-        return value
-
-    def apply(self, tx: Tx) -> Any:
-        raise NotImplementedError(f"{type(self).__name__}.apply(tx)")
-
-    def idempotency_key(self) -> str | None:
-        """The key a repeat of this command is known by, or None: then every send applies.
-
-        A command with a `tab` (str) and a positive `op` (int) field, as a page's actions carry,
-        is keyed by its class, tab and op: a retried POST of the same action finds its first
-        outcome instead of applying again. Override to key a command by something else.
-        """
-        fields = self.__dict__
-        op = fields.get("op")
-        if type(op) is int and op > 0:
-            tab = fields.get("tab")
-            if type(tab) is str:
-                return f"{type(self).__name__}:{tab}:{op}"
-        return None
 
 
 class Tx(Db):
@@ -188,7 +153,7 @@ class Writer:
                     before, after = db.migrate(conn, self.migrations)
                     if after != before:
                         log.info("%s: migrated from version %d to %d", self.path.name, before, after)
-                conn.executescript(f"BEGIN IMMEDIATE;{OUTCOMES_SCHEMA};COMMIT;")
+                conn.executescript(f"BEGIN IMMEDIATE;{OUTCOMES_SCHEMA};{TABS_SCHEMA};COMMIT;")
                 self._prune(conn.cursor())
                 self.feed.setup(conn)
         except BaseException:
@@ -200,7 +165,9 @@ class Writer:
 
     def _prune(self, cur: sqlite3.Cursor) -> None:
         """Forget outcomes older than the window (in the caller's transaction, if any)."""
-        cur.execute(PRUNE_OUTCOMES, (time.time() - self.repeat_window,))
+        now = time.time()
+        cur.execute(PRUNE_OUTCOMES, (now - self.repeat_window,))
+        cur.execute(PRUNE_TABS, (now - TAB_KEEP,))
         self._next_prune = time.monotonic() + min(self.repeat_window, 3600.0) / 4
 
     async def close(self) -> None:
@@ -382,7 +349,7 @@ class Writer:
             cur = conn.cursor()
             lost = None
             cur.execute("BEGIN IMMEDIATE")
-            if keys is not None and time.monotonic() >= self._next_prune:
+            if time.monotonic() >= self._next_prune:
                 self._prune(cur)
             for i in pending:
                 key = None if keys is None else keys[i]
@@ -398,8 +365,10 @@ class Writer:
                         continue
                 cur.execute("SAVEPOINT cmd")
                 mark = len(touched)
+                cmd = batch[i]
                 try:
-                    result = batch[i].apply(tx)
+                    result = cmd.apply(tx)
+                    cmd._settled(tx, None)
                     if key is not None:
                         cur.execute(RECORD_OUTCOME, (key, now, dump_outcome(True, result)))
                     results[i] = result
@@ -411,6 +380,7 @@ class Writer:
                         break
                     cur.execute("ROLLBACK TO cmd")
                     cur.execute("RELEASE cmd")
+                    cmd._settled(tx, exc)
                     if key is not None:
                         cur.execute(RECORD_OUTCOME, (key, now, dump_outcome(False, exc)))
                 else:
@@ -428,27 +398,3 @@ class Writer:
             # Rare: an error that ends the transaction (SQLITE_FULL, an interrupted statement).
             # The command that caused it keeps its error; the others run again from the start.
             pending = [i for i in range(n) if errors[i] is None]
-
-
-def cross_site_reason(request: Request) -> str | None:
-    """Why a command request is refused, or None: it must be same-origin and from Datastar."""
-    if request.headers.get("datastar-request") != "true":
-        return "command requests must come from Datastar (Datastar-Request: true)"
-    return same_origin_reason(request)
-
-
-def same_origin_reason(request: Request) -> str | None:
-    """Why a request is refused as cross-site, or None when it is same-origin.
-
-    Routes that cannot carry `Datastar-Request` (a `navigator.sendBeacon`) check this alone.
-    """
-    site = request.headers.get("sec-fetch-site")
-    if site is not None:
-        return None if site == "same-origin" else f"cross-site request refused (Sec-Fetch-Site: {site})"
-    origin = request.headers.get("origin")
-    if origin is None:
-        return "cross-site request refused (no Sec-Fetch-Site or Origin header)"
-    host = request.headers.get("host", "")
-    if origin.split("://", 1)[-1] != host:
-        return f"cross-site request refused (Origin {origin} is not {host})"
-    return None

@@ -353,3 +353,39 @@ def test_every_library_error_is_a_lith_error() -> None:
     assert {e.__name__ for e in errors} >= {"WriterClosed", "MigrationError", "ViewError", "SettingError", "NotRunning", "NotOneRow"}
     assert all(issubclass(e, LithError) for e in errors)
     assert issubclass(fastapi_lith.WriterClosed, RuntimeError) and issubclass(fastapi_lith.ViewError, ValueError)
+
+
+# -- parts an app may pass instead of their settings ----------------------------------------------
+
+
+async def test_an_apps_own_writer_readers_and_hub_are_used(tmp_path: Path) -> None:
+    from fastapi_lith import Lith, SettingError, Writer
+    from fastapi_lith.db import Readers
+    from fastapi_lith.hub import Hub
+
+    path = tmp_path / "parts.db"
+    writer = Writer(path, cached_statements=7)
+    readers = Readers(path, size=1)
+    built: list[Hub] = []
+
+    def hub(*args: object, **kwargs: object) -> Hub:
+        built.append(Hub(*args, **kwargs))  # type: ignore[arg-type]
+        return built[-1]
+
+    lith = Lith(path, writer=writer, readers=readers, hub=hub, tick=0.2)
+    assert lith.writer is writer and lith.feed is writer.feed
+    async with lith.lifespan():
+        assert built == [lith.hub] and lith.hub.readers is readers and lith.hub.interval == 0.2
+        assert await lith.hub.readers.run(lambda db: db.scalar("SELECT 1")) == 1
+    assert await readers.run(lambda db: db.scalar("SELECT 2")) == 2  # the app's: still open
+    readers.close()
+    with pytest.raises(SettingError, match="batch_size: set on the Writer"):
+        Lith(path, writer=writer, batch_size=10)
+    with pytest.raises(SettingError, match="writer must be a Writer of"):
+        Lith(tmp_path / "other.db", writer=writer)
+
+
+def test_cached_statements_reach_the_writer(tmp_path: Path) -> None:
+    from fastapi_lith import Lith
+
+    assert Lith(tmp_path / "a.db", cached_statements=3).writer.statements.size == 3

@@ -20,6 +20,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from browser import NON_LOOPBACK_RE, Server, wait_for_datastar
+from fastapi_lith import Rejected
 from fastapi_lith.scaffold import render_text
 from fastapi_lith import Command
 from fastapi_lith.testing import Tabs
@@ -136,6 +137,65 @@ def test_the_datastar_attribute_example_says_what_it_makes() -> None:
     assert dict(example.pending) == {"data-class": '{"pending": ($new_op == $op && $op != $done)}'}
 
 
+async def test_one_process_may_pass_the_in_process_feed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fastapi_lith.feed import LocalFeed
+
+    monkeypatch.chdir(tmp_path)
+    example = load(SRC / "local_feed.py", "docs_local_feed")
+    assert isinstance(example.lith.feed, LocalFeed)
+    async with Tabs(example.lith):
+        pass
+    assert not (tmp_path / "app.db-lock").exists() and (tmp_path / "app.db").exists()  # no lock file
+
+
+async def test_an_apps_own_parts(tmp_path: Path) -> None:
+    example = load(SRC / "parts.py", "docs_parts")
+    lith = example.make_lith(tmp_path / "parts.db")
+    assert lith.writer.batch_size == 1
+    async with Tabs(lith) as tabs:
+        assert lith.hub.interval == 0.01
+        tab = await tabs.open("outcome/{tab}")
+        assert 'data-signals:done="0"' in tab.html("outcome/{tab}")
+
+
+# -- tab commands ------------------------------------------------------------------------------
+
+
+async def test_a_tab_command_says_what_happened_or_why_not(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    example = load(SRC / "tabs.py", "docs_tabs")
+    async with Tabs(example.lith) as tabs:
+        tab = await tabs.open("outcome/{tab}")
+        assert "Nothing added from this tab yet." in tab.html("outcome/{tab}")
+        assert await tab.do(example.Add(tab=tab.id, op=1, n=60)) == 60
+        with pytest.raises(Rejected):
+            await tab.do(example.Add(tab=tab.id, op=2, n=60))
+        await tabs.tick()
+        html = tab.html("outcome/{tab}")
+        assert "The counter stops at 100: adding 60 would make 120." in html and 'data-signals:done="2"' in html
+
+
+def test_a_tab_commands_page_and_route(server_factory: Callable[..., Server], tmp_path: Path) -> None:
+    import httpx
+
+    server = server_factory("tabs:app", cwd=tmp_path, args=["--app-dir", str(SRC)])
+    import html
+
+    page = html.unescape(httpx.get(server.url + "/").text)
+    assert '"op": 0, "done": 0, "n": 1' in page and '$op = $op + 1; @post("/add"' in page
+    assert 'data-class="{"pending": ($op != $done)}"' in page
+    headers = {"Datastar-Request": "true", "Sec-Fetch-Site": "same-origin"}
+    for op, n in ((1, 99), (2, 5)):
+        answer = httpx.post(server.url + "/add", json={"tab": "t1", "op": op, "n": n}, headers=headers)
+        assert answer.status_code == 204  # the second is rejected: its tab is told, the route is fine
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "counter.db") as conn:
+        assert conn.execute("SELECT count FROM counter").fetchone() == (99,)
+        assert conn.execute("SELECT op, ok, message FROM lith_tab WHERE tab = 't1'").fetchone() == (
+            2, 0, "The counter stops at 100: adding 5 would make 104.")
+
+
 # -- the board of "Views and topics" and "Commands" --------------------------------------------
 
 
@@ -150,7 +210,7 @@ async def test_the_boards_views_commands_and_bulk_import(tmp_path: Path, monkeyp
         assert four.html("board/4") == '<ul id="board-4"></ul>'
 
         await three.do(board.RenameCard(card_id=1, title="Write better docs"))
-        with pytest.raises(LookupError):
+        with pytest.raises(Rejected, match="deleted a moment ago"):
             await three.do(board.RenameCard(card_id=99, title="Nothing"))
         await tabs.tick()
         assert "Write better docs" in three.html("board/3")
@@ -169,7 +229,7 @@ def test_the_boards_routes(server_factory: Callable[..., Server], tmp_path: Path
     server = server_factory("app:app", cwd=tmp_path, args=["--app-dir", str(SRC / "board")])
     headers = {"Datastar-Request": "true", "Sec-Fetch-Site": "same-origin"}
     missing = httpx.post(server.url + "/cards/rename", json={"card_id": 7, "title": "x"}, headers=headers)
-    assert missing.status_code == 404 and "no such card" in missing.text  # an HTML fragment for Datastar
+    assert missing.status_code == 409 and "deleted a moment ago" in missing.text  # an HTML fragment for Datastar
     assert missing.headers["content-type"].startswith("text/html")
     assert httpx.get(server.url + "/boards/1/count.json").json() == {"count": 0}
     stats = httpx.get(server.url + "/stats.json").json()

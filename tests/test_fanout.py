@@ -159,7 +159,7 @@ async def test_encodes_run_beside_the_loop_and_small_writes_on_it(tmp_path: Path
         ThreadNoting.threads.clear()
         frame = lith.hub.instances["board"].frame
         assert frame is not None
-        lith.hub.push("t", type(frame).patch("error", "<p id=error>rejected</p>"))  # 100-odd bytes
+        lith.hub.push("t", type(frame)("error", "<p id=error>rejected</p>"))  # 100-odd bytes
         await until(lambda: "rejected" in reader.text, "the small frame")
         assert ThreadNoting.threads == {threading.current_thread().name}
     await asyncio.wait_for(task, 10)
@@ -198,7 +198,7 @@ async def test_a_brotli_frame_that_outgrows_the_window_ends_its_body_cleanly(tmp
         assert encoder.lgwin == 16
         frame = lith.hub.instances["board"].frame
         assert frame is not None
-        big = type(frame).patch("board", frame.html * 40)
+        big = type(frame)("board", frame.html * 40)
         lith.hub.push("t", big)
         await asyncio.wait_for(reader.run(), 10)  # the body ends after sending it
         assert encoder.needs_restart and reader.closed and stream.ended

@@ -209,7 +209,7 @@ async def test_first_paint_renders_the_same_view(tmp_path: Path) -> None:
 
 async def test_ticks_on_a_timer(tmp_path: Path) -> None:
     lith, _ = make_lith(tmp_path)
-    from fastapi_lith.streams import Stream
+    from fastapi_lith.streams import Stream, sse_event
 
     async with lith.lifespan():
         stream = Stream("t1")
@@ -218,7 +218,7 @@ async def test_ticks_on_a_timer(tmp_path: Path) -> None:
         await lith.writer.do(Add(n=4))
         frames = await asyncio.wait_for(stream.next(), 2)
         assert [f.html for f in frames] == ['<p id="board-1">4</p>']
-        assert frames[0].event.startswith(b"event: datastar-patch-elements\n")
+        assert sse_event(frames[0]).startswith(b"event: datastar-patch-elements\n")
         lith.hub.close(stream)
 
 

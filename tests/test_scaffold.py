@@ -45,9 +45,9 @@ def test_the_project_has_every_part_and_no_placeholder_left(project: Path) -> No
     for rel in (".ci/run", "deploy/deploy.sh"):
         assert os.access(project / rel, os.X_OK), rel
     app = (project / "guestbook/app.py").read_text()
-    # the page's pending button follows the counter example's tab/op/done pattern
-    for piece in ("op: 0, done: 0", "$op = $op + 1; @post('/sign')", '"data-class:pending": "$op != $done"',
-                  '"data-signals:done"', "Backups(", '@app.get("/health"'):  # fmt: skip
+    # the same helpers as the examples: a tab command, its one-line route, the pending button
+    for piece in ("class Sign(TabCommand)", 'lith.command(app, "/sign", Sign)', 'send("/sign")',
+                  "h.button(pending())", "tab_signals(tab", "Backups(", '@app.get("/health"'):  # fmt: skip
         assert piece in app, piece
     compile(app, "app.py", "exec")
 

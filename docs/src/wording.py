@@ -2,10 +2,10 @@
 
 from pathlib import Path
 
-from fastapi import Depends, FastAPI
+from fastapi import FastAPI
 from pydantic import Field
 
-from fastapi_lith import Command, Lith, Tx, Writer
+from fastapi_lith import Command, Lith, Tx
 
 # --8<-- [start:wording]
 WORDING = {
@@ -32,6 +32,4 @@ class Add(Command):
         tx.execute("UPDATE counter SET count = count + :n WHERE id = 1", {"n": self.n})
 
 
-@app.post("/add", status_code=204, include_in_schema=False)
-async def add(cmd: Add, writer: Writer = Depends(lith.writer)) -> None:
-    await writer.do(cmd)
+lith.command(app, "/add", Add)

@@ -1,8 +1,8 @@
 """Every change to a board is a command: validated by Pydantic, applied by the one writer.
 
-Commands a person makes carry the page's `tab` and `op` signals. Each touches its board's topic
-(every tab's board re-renders) and its tab's topic (that tab's outcome view says what happened
-and which `op` landed, so the button that sent it stops pending).
+Commands a person makes are `TabCommand`s: they carry the page's `tab` and `op` signals, and the
+library's outcome view tells that tab what happened (`self.say`) or why nothing did (`Rejected`).
+Each touches its board's topic, so every tab's board re-renders.
 """
 
 from __future__ import annotations
@@ -13,12 +13,11 @@ from typing import Annotated
 
 from pydantic import ConfigDict, Field
 
-from fastapi_lith import Command, Db, Tx
+from fastapi_lith import Command, Db, Rejected, TabCommand, TabId, Tx
 
 from . import schema as s
 from .seed import insert_demo
 
-TAB_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 TITLE_MAX = 120
 
 Title = Annotated[str, Field(min_length=1, max_length=TITLE_MAX)]
@@ -29,41 +28,22 @@ RowId = Annotated[int, Field(ge=1)]
 
 PRESENCE_TTL = 15.0  # seconds one heartbeat keeps a viewer listed (the page beats every 10 s)
 LEAVE_GRACE = 3.0  # a viewer who left stays listed this long, so a reload never flickers
-OUTCOME_TTL = 7 * 24 * 3600.0  # outcomes of long-gone tabs are forgotten at startup
 
 
-class CommandError(ValueError):
-    """The board changed under the tab, so this command cannot apply.
-
-    Raised inside `apply`, it rolls back that command alone (the writer's savepoint); the route
-    then tells the tab why, see `app.run`.
-    """
-
-
-class TabCommand(Command):
-    """A command a person makes from a page: `tab` says who, `op` which of their requests."""
-
-    model_config = ConfigDict(str_strip_whitespace=True)
-
-    tab: str = Field(pattern=TAB_PATTERN)
-    op: int = Field(0, ge=0)
+class BoardCommand(TabCommand):
+    """A change a person makes to a board from a page."""
 
     def landed(self, tx: Tx, board_id: int, message: str) -> None:
-        """Record the tab's outcome and re-render the board for every tab watching it."""
-        record(tx, self.tab, self.op, message, ok=True)
-        tx.touch(f"board:{board_id}", f"tab:{self.tab}")
-
-
-def record(tx: Tx, tab: str, op: int, message: str, *, ok: bool) -> None:
-    """The tab's latest outcome: one row per tab, replaced by each of its commands."""
-    tx.execute(s.RECORD_OUTCOME, {"tab": tab, "op": op, "message": message, "ok": ok, "at": time.time()})
+        """Re-render the board for every tab watching it, and tell this tab what happened."""
+        tx.touch(f"board:{board_id}")
+        self.say(message)
 
 
 def find_lane(db: Db, lane_id: int) -> sqlite3.Row:
     """The lane, or the error a person sees when someone else deleted it a moment ago."""
     row = db.first(s.LANE, {"lane_id": lane_id})
     if row is None:
-        raise CommandError("That lane was deleted a moment ago by someone else, so nothing changed.")
+        raise Rejected("That lane was deleted a moment ago by someone else, so nothing changed.")
     return row
 
 
@@ -71,14 +51,14 @@ def find_card(db: Db, card_id: int) -> sqlite3.Row:
     """The card with its board, or the error for a card someone else deleted a moment ago."""
     row = db.first(s.CARD, {"card_id": card_id})
     if row is None:
-        raise CommandError("That card was deleted a moment ago by someone else, so nothing changed.")
+        raise Rejected("That card was deleted a moment ago by someone else, so nothing changed.")
     return row
 
 
 # -- cards -------------------------------------------------------------------------------------
 
 
-class AddCard(TabCommand):
+class AddCard(BoardCommand):
     """Add a card at the bottom of a lane."""
 
     lane_id: RowId
@@ -100,7 +80,7 @@ class AddCard(TabCommand):
         self.landed(tx, lane["board_id"], f"Added “{self.title}” to {lane['title']}.")
 
 
-class EditCard(TabCommand):
+class EditCard(BoardCommand):
     """Change a card's title and description."""
 
     card_id: RowId
@@ -116,7 +96,7 @@ class EditCard(TabCommand):
         self.landed(tx, card["board_id"], f"Saved “{self.title}”.")
 
 
-class MoveCard(TabCommand):
+class MoveCard(BoardCommand):
     """Put a card at `position` (0 is the top) in a lane of its board, its own lane or another."""
 
     card_id: RowId
@@ -127,7 +107,7 @@ class MoveCard(TabCommand):
         card = find_card(tx, self.card_id)
         lane = find_lane(tx, self.lane_id)
         if lane["board_id"] != card["board_id"]:
-            raise CommandError("That lane is on another board.")
+            raise Rejected("That lane is on another board.")
         # The card takes the place of the one now at `position` (the lane's end if none), which
         # moves down with every card below it: one UPDATE, not one per card of the lane.
         where = {"lane_id": self.lane_id, "card_id": self.card_id}
@@ -140,7 +120,7 @@ class MoveCard(TabCommand):
         self.landed(tx, card["board_id"], f"Moved “{card['title']}” to {lane['title']}.")
 
 
-class DeleteCard(TabCommand):
+class DeleteCard(BoardCommand):
     """Delete a card."""
 
     card_id: RowId
@@ -154,7 +134,7 @@ class DeleteCard(TabCommand):
 # -- lanes -------------------------------------------------------------------------------------
 
 
-class AddLane(TabCommand):
+class AddLane(BoardCommand):
     """Add a lane at the right end of a board."""
 
     board_id: RowId
@@ -162,7 +142,7 @@ class AddLane(TabCommand):
 
     def apply(self, tx: Tx) -> None:
         if tx.scalar(s.BOARD_TITLE, {"board_id": self.board_id}) is None:
-            raise CommandError("That board no longer exists.")
+            raise Rejected("That board no longer exists.")
         position = tx.scalar(s.NEXT_LANE_POSITION, {"board_id": self.board_id})
         tx.execute(
             s.INSERT_LANE, {"on_board": self.board_id, "new_title": self.title, "new_position": position}
@@ -170,7 +150,7 @@ class AddLane(TabCommand):
         self.landed(tx, self.board_id, f"Added the lane {self.title}.")
 
 
-class RenameLane(TabCommand):
+class RenameLane(BoardCommand):
     """Rename a lane."""
 
     lane_id: RowId
@@ -182,7 +162,7 @@ class RenameLane(TabCommand):
         self.landed(tx, lane["board_id"], f"Renamed {lane['title']} to {self.title}.")
 
 
-class DeleteLane(TabCommand):
+class DeleteLane(BoardCommand):
     """Delete a lane and the cards in it."""
 
     lane_id: RowId
@@ -195,17 +175,6 @@ class DeleteLane(TabCommand):
         self.landed(tx, lane["board_id"], f"Deleted the lane {lane['title']} and its {cards} {plural}.")
 
 
-class Rejected(TabCommand):
-    """Tell a tab why its command could not apply: the failed command wrote nothing, not even
-    its outcome (its savepoint rolled back), so this records the reason on its own."""
-
-    message: str = Field(max_length=500)
-
-    def apply(self, tx: Tx) -> None:
-        record(tx, self.tab, self.op, self.message, ok=False)
-        tx.touch(f"tab:{self.tab}")
-
-
 # -- presence ----------------------------------------------------------------------------------
 
 
@@ -215,12 +184,12 @@ class Heartbeat(Command):
     model_config = ConfigDict(str_strip_whitespace=True)
 
     board_id: RowId
-    viewer: str = Field(pattern=TAB_PATTERN)
+    viewer: TabId
     name: str = Field(min_length=1, max_length=40)
 
     def apply(self, tx: Tx) -> None:
         if tx.scalar(s.BOARD_TITLE, {"board_id": self.board_id}) is None:
-            raise CommandError("That board no longer exists.")
+            raise Rejected("That board no longer exists.")
         now = time.time()
         params = {"board_id": self.board_id, "viewer": self.viewer, "name": self.name, "seen_at": now}
         tx.execute(s.SEEN, params)
@@ -234,34 +203,22 @@ class Leave(Command):
     """A page going away: list the viewer a few seconds more, in case it is a reload."""
 
     board_id: RowId
-    viewer: str = Field(pattern=TAB_PATTERN)
+    viewer: TabId
 
     def apply(self, tx: Tx) -> None:
         expire_at = time.time() - PRESENCE_TTL + LEAVE_GRACE
         tx.execute(s.LEAVING, {"on_board": self.board_id, "for_viewer": self.viewer, "expire_at": expire_at})
 
 
-class Sweep(Command):
-    """Drop viewers whose time is up and re-render the list (sent when a grace period ends)."""
-
-    board_id: RowId
-
-    def apply(self, tx: Tx) -> None:
-        tx.execute(s.EXPIRE, {"board_id": self.board_id, "before": time.time() - PRESENCE_TTL})
-        tx.touch(f"presence:{self.board_id}")
-
-
 # -- startup -----------------------------------------------------------------------------------
 
 
 class Startup(Command):
-    """Seed a small demo board into an empty database, and forget stale presence and outcomes."""
+    """Seed a small demo board into an empty database, and forget stale presence."""
 
     demo_cards: int = Field(12, ge=0)
 
     def apply(self, tx: Tx) -> None:
-        now = time.time()
-        tx.execute(s.EXPIRE_ALL, {"before": now - PRESENCE_TTL})
-        tx.execute(s.FORGET_OUTCOMES, {"before": now - OUTCOME_TTL})
+        tx.execute(s.EXPIRE_ALL, {"before": time.time() - PRESENCE_TTL})
         if tx.scalar(s.FIRST_BOARD) is None:
             insert_demo(tx, self.demo_cards)

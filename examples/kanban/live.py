@@ -10,9 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from fastapi_lith import Lith
-from fastapi_lith.app import DATASTAR_CDN
-
+from fastapi_lith import DATASTAR_CDN, Lith
 
 
 def wording(error: Mapping[str, Any]) -> str | None:
@@ -34,4 +32,5 @@ lith = Lith(
     migrations=Path(__file__).parent / "migrations",
     datastar_url=os.environ.get("DATASTAR_URL", DATASTAR_CDN),
     messages=wording,
+    outcome_hint="Changes you make show up for everyone on this board at once.",
 )

@@ -18,9 +18,10 @@ from typing import Any
 import htpy as h
 from markupsafe import Markup
 
+from fastapi_lith import new_tab, pending, send
+
 from .commands import TITLE_MAX
 from .live import lith
-from .views import pending, send
 
 STYLE = Markup((Path(__file__).parent / "style.css").read_text(encoding="utf-8"))
 
@@ -48,7 +49,7 @@ class Visit:
     @classmethod
     def new(cls, board_id: int, title: str) -> Visit:
         name = f"{secrets.choice(ADJECTIVES)} {secrets.choice(ANIMALS)}"
-        return cls(board_id, title, secrets.token_urlsafe(9), "v" + secrets.token_urlsafe(9), name)
+        return cls(board_id, title, new_tab(), "v" + secrets.token_urlsafe(9), name)
 
 
 def signals(visit: Visit) -> dict[str, str]:
@@ -163,7 +164,7 @@ def field(id_: str, label: str, signal: str, *, limit: int | None = None, multil
 
 def submit(label: str, op_signal: str) -> h.Element:
     """A form's main button, pending while the op it sent has not landed."""
-    return h.button(".primary", pending(op_signal), type="submit")[label]
+    return h.button(".primary", pending(f"{op_signal} == $op"), type="submit")[label]
 
 
 def new_card_form(lane_picker: Markup) -> h.Element:

@@ -19,9 +19,6 @@ card = sa.table(
     sa.column("description"),
     sa.column("position"),
 )
-outcome = sa.table(
-    "outcome", sa.column("tab"), sa.column("op"), sa.column("message"), sa.column("ok"), sa.column("at")
-)
 presence = sa.table(
     "presence", sa.column("board_id"), sa.column("viewer"), sa.column("name"), sa.column("seen_at")
 )
@@ -116,16 +113,6 @@ MAKE_ROOM = (
     .values(position=card.c.position + 1)
 )
 DELETE_CARD = card.delete().where(card.c.id == sa.bindparam("card_id"))
-
-# -- per-tab outcomes --------------------------------------------------------------------------
-
-# SQL that SQLite and PostgreSQL both speak; `text` has the statement cache bind it for either.
-RECORD_OUTCOME = sa.text(
-    "INSERT INTO outcome (tab, op, message, ok, at) VALUES (:tab, :op, :message, :ok, :at)"
-    " ON CONFLICT (tab) DO UPDATE SET op = excluded.op, message = excluded.message, ok = excluded.ok, at = excluded.at"
-)
-LAST_OUTCOME = sa.select(outcome.c.op, outcome.c.message, outcome.c.ok).where(outcome.c.tab == sa.bindparam("tab"))
-FORGET_OUTCOMES = outcome.delete().where(outcome.c.at < sa.bindparam("before"))
 
 # -- presence ----------------------------------------------------------------------------------
 

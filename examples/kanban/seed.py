@@ -13,8 +13,7 @@ import random
 from pathlib import Path
 
 from fastapi_lith import Db
-from fastapi_lith import db as lith_db
-from fastapi_lith.statements import StatementCache
+from fastapi_lith.db import connect, migrate
 
 from . import schema as s
 
@@ -81,11 +80,11 @@ def insert_demo(db: Db, cards: int) -> int:
 
 def seed(path: str | Path, cards: int = 200) -> int:
     """Migrate the database at `path` and add a demo board of `cards` cards; returns its id."""
-    conn = lith_db.connect(path)
+    conn = connect(path)
     try:
-        lith_db.migrate(conn, MIGRATIONS)
+        migrate(conn, MIGRATIONS)
         conn.execute("BEGIN IMMEDIATE")
-        board_id = insert_demo(Db(conn, StatementCache()), cards)
+        board_id = insert_demo(Db(conn), cards)
         conn.execute("COMMIT")
         return board_id
     finally:

@@ -1,4 +1,4 @@
-"""Views: the board, its lane picker, who is here, and each tab's outcome.
+"""Views: the board, its lane picker and who is here (each tab's outcome view is the library's).
 
 The page's first paint and its stream render the same functions. A card's HTML is a cached
 fragment keyed by its row and its place, so a board of 200 cards re-renders only the cards
@@ -13,36 +13,15 @@ import zlib
 from collections import defaultdict
 
 import htpy as h
-from datastar_py import action_generator as action
-from datastar_py import attribute_generator as data
-from datastar_py.attributes import JSExpression as JS
 from markupsafe import Markup
 
-from fastapi_lith import Db, fragment
+from fastapi_lith import Db, fragment, send
 
 from . import schema as s
 from .commands import PRESENCE_TTL
 from .live import lith
 
 Attrs = dict[str, str]
-
-
-def send(url: str, **fields: str | int) -> str:
-    """A Datastar expression that sends one command: a fresh `op` id, then exactly `fields`.
-
-    `payload` replaces Datastar's default body (every signal), so a route receives its
-    command's fields only. Values are JavaScript: numbers, or signals such as `$new_title`.
-    Commands are never cancelled: by default Datastar aborts an element's request in flight
-    when the same element sends another, and two quick clicks are two intents.
-    """
-    payload = {name: JS(str(value)) for name, value in {"tab": "$tab", "op": "$op", **fields}.items()}
-    return f"$op = $op + 1; {action.post(url, payload=payload, request_cancellation='disabled')}"
-
-
-def pending(op_signal: str) -> Attrs:
-    """Attributes that mark a button busy from its click until its op's outcome arrives."""
-    busy = f"{op_signal} == $op && $op != $done"
-    return {**data.class_(pending=busy), **data.attr({"aria-busy": f"({busy}) ? 'true' : false"})}
 
 
 # -- the board ---------------------------------------------------------------------------------
@@ -178,29 +157,6 @@ def avatar(name: str) -> h.Element:
     initials = "".join(word[0] for word in name.split()[:2]).upper()
     colour = AVATAR_COLOURS[zlib.crc32(name.encode()) % len(AVATAR_COLOURS)]
     return h.li(".avatar", title=name, style=f"background: {colour}")[initials]
-
-
-# -- each tab's outcome ------------------------------------------------------------------------
-
-
-@lith.view("outcome/{tab}", topics={"tab:{tab}"})
-def outcome_view(db: Db, tab: str) -> h.Element:
-    """What this tab's last command did. `done` tells the page which op landed (so its button
-    stops pending) and `ok_op` which one succeeded (so its form clears or closes)."""
-    last = db.first(s.LAST_OUTCOME, {"tab": tab})
-    if last is None:
-        return h.div("#outcome.outcome", {"data-signals:done": "0"}, role="status")[
-            h.p(".hint")["Changes you make show up for everyone on this board at once."],
-            h.div("#lith-error"),
-        ]
-    signals = {"data-signals:done": str(last["op"])}
-    if last["ok"]:
-        signals["data-signals:ok_op"] = str(last["op"])
-    kind = ".ok" if last["ok"] else ".failed"
-    return h.div("#outcome.outcome", signals, role="status")[
-        h.p(f".message{kind}", role=None if last["ok"] else "alert")[last["message"]],
-        h.div("#lith-error"),
-    ]
 
 
 async def first_paint(board_id: int, tab: str) -> dict[str, Markup]:

@@ -29,12 +29,13 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg import pq
 from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
+from sqlalchemy import TextClause, text
 from sqlalchemy.sql import ClauseElement
 
 from .. import db, settings
 from ..db import Db
 from ..exceptions import MigrationError
-from ..outcomes import dump_outcome, load_outcome
+from ..outcomes import TAB_KEEP, dump_outcome, load_outcome
 from ..statements import Params, Statement, StatementCache
 from ..writer import Command, Topics, Tx, Writer
 
@@ -69,6 +70,13 @@ CLAIM_OUTCOME = (
 FIND_OUTCOME = "SELECT outcome FROM lith_outcome WHERE key = %s"
 RECORD_OUTCOME = "UPDATE lith_outcome SET outcome = %s WHERE key = %s"
 PRUNE_OUTCOMES = "DELETE FROM lith_outcome WHERE at < %s"
+# Each tab's latest outcome (see outcomes.py): the same table, in PostgreSQL's types.
+TABS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS lith_tab (
+    tab text PRIMARY KEY, op bigint NOT NULL, ok integer NOT NULL, message text, at double precision NOT NULL
+);
+"""
+PRUNE_TABS = "DELETE FROM lith_tab WHERE at < %s"
 
 SCHEMA_TABLE = "CREATE TABLE IF NOT EXISTS lith_schema (version integer NOT NULL)"
 
@@ -125,6 +133,20 @@ def connect(url: str, *, prepared: int = 512, name: str = "lith") -> psycopg.Con
     return conn
 
 
+_TEXTS: dict[str, TextClause] = {}
+
+
+def _as_text(sql: str) -> TextClause:
+    """A SQL string with `:name` parameters as SQLAlchemy's `text`, one object per string, so
+    the statement cache compiles it once for PostgreSQL and the app's SQL runs on both."""
+    clause = _TEXTS.get(sql)
+    if clause is None:
+        if len(_TEXTS) >= 1024:
+            _TEXTS.clear()
+        clause = _TEXTS[sql] = text(sql)
+    return clause
+
+
 class PgDb(Db):
     """`Db` over psycopg: compiled statements are prepared once per connection."""
 
@@ -132,7 +154,9 @@ class PgDb(Db):
 
     def execute(self, stmt: ClauseElement | str, params: Params | Sequence[Any] = None) -> Any:
         if stmt.__class__ is str:
-            return self._cursor.execute(stmt, params)  # type: ignore[arg-type]
+            if params is not None and not isinstance(params, Mapping):  # `%s` placeholders
+                return self._cursor.execute(stmt, params)  # type: ignore[arg-type]
+            stmt = _as_text(stmt)  # type: ignore[arg-type]  # `:name` placeholders, as on SQLite
         entry = self._compiled.get(stmt)
         if entry.__class__ is not Statement:
             entry = self._cache.statement(stmt, params)  # type: ignore[arg-type]
@@ -276,6 +300,7 @@ class PgWriter(Writer):
                     if after != before:
                         log.info("%s: migrated from version %d to %d", describe(self.url), before, after)
                 conn.execute(OUTCOMES_SCHEMA.encode())
+                conn.execute(TABS_SCHEMA.encode())
                 self._prune(conn.cursor())
                 self.feed.setup(conn)
             finally:
@@ -287,6 +312,7 @@ class PgWriter(Writer):
 
     def _prune(self, cur: Any) -> None:
         cur.execute(PRUNE_OUTCOMES, (time.time() - self.repeat_window,))
+        cur.execute(PRUNE_TABS, (time.time() - TAB_KEEP,))
         self._next_prune = time.monotonic() + min(self.repeat_window, 3600.0) / 4
 
     def _close_conn(self) -> None:
@@ -365,14 +391,17 @@ class PgWriter(Writer):
                 cur.execute(b"RELEASE SAVEPOINT cmd; SAVEPOINT cmd" if held else b"SAVEPOINT cmd")
                 held = True
                 mark = len(touched)
+                cmd = batch[i]
                 try:
-                    result = batch[i].apply(tx)
+                    result = cmd.apply(tx)
+                    cmd._settled(tx, None)
                 except Exception as exc:
                     if retryable(exc):
                         raise _Retry(str(exc)) from exc
                     errors[i] = exc
                     del touched[mark:]
                     cur.execute("ROLLBACK TO SAVEPOINT cmd")
+                    cmd._settled(tx, exc)
                     if key is not None:
                         cur.execute(RECORD_OUTCOME, (dump_outcome(False, exc), key), prepare=True)
                 else:

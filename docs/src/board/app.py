@@ -5,11 +5,11 @@ from pathlib import Path
 
 import htpy as h
 import sqlalchemy as sa
-from fastapi import Depends, FastAPI, HTTPException
+from fastapi import Depends, FastAPI
 from pydantic import BaseModel
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from fastapi_lith import Command, Db, Lith, Tx, Writer, fragment
+from fastapi_lith import Command, Db, Lith, Rejected, Tx, Writer, fragment
 
 lith = Lith("board.db", migrations=Path(__file__).parent / "migrations")
 app = FastAPI(lifespan=lith.lifespan)
@@ -57,19 +57,16 @@ class RenameCard(Command):
     title: str
 
     def apply(self, tx: Tx) -> None:
-        row = tx.one("SELECT board_id FROM card WHERE id = ?", (self.card_id,))  # LookupError if none
+        row = tx.first("SELECT board_id FROM card WHERE id = ?", (self.card_id,))
+        if row is None:          # rolls this command back; the route answers 409 with the reason
+            raise Rejected("That card was deleted a moment ago, so nothing changed.")
         tx.execute("UPDATE card SET title = :title WHERE id = :id", {"title": self.title, "id": self.card_id})
         tx.touch(f"board:{row['board_id']}")
 # --8<-- [end:raw]
 
 
 # --8<-- [start:route]
-@app.post("/cards/rename", status_code=204, include_in_schema=False)
-async def rename(cmd: RenameCard, writer: Writer = Depends(lith.writer)) -> None:
-    try:
-        await writer.do(cmd)
-    except LookupError:          # tx.one() found no such card
-        raise HTTPException(404, "no such card") from None
+lith.command(app, "/cards/rename", RenameCard)
 # --8<-- [end:route]
 
 

@@ -1,13 +1,12 @@
-import secrets
 from pathlib import Path
 
 import htpy as h
 import sqlalchemy as sa
-from fastapi import Depends, FastAPI
+from fastapi import FastAPI
 from fastapi.responses import HTMLResponse
 from pydantic import Field
 
-from fastapi_lith import Command, Db, Lith, Tx, Writer
+from fastapi_lith import Command, Db, Lith, Tx, new_tab
 
 # The database is opened in the working directory; migrations are found beside this file.
 lith = Lith("counter.db", migrations=Path(__file__).parent / "migrations")
@@ -43,25 +42,18 @@ lith.install(app)                        # the stream route, the body limit, HTM
 
 
 # --8<-- [start:route]
-@app.post("/add", status_code=204, include_in_schema=False)
-async def add(cmd: Add, writer: Writer = Depends(lith.writer)) -> None:
-    await writer.do(cmd)                  # returns once the batch holding it has committed
+lith.command(app, "/add", Add)            # POST /add: validated, applied by the writer, 204
 # --8<-- [end:route]
 
 
 # --8<-- [start:page]
-SHOW_NOTICE = "document.getElementById('no-datastar').hidden = false"
-
-
 @app.get("/", response_class=HTMLResponse, include_in_schema=False)
 async def page() -> str:
-    tab = secrets.token_urlsafe(9)        # one id per tab
+    tab = new_tab()                       # one id per tab
     return str(
         h.html[
-            # If Datastar cannot load (offline, a firewall), say so: nothing here works without it.
-            h.head[h.script(type="module", src=lith.datastar_url, onerror=SHOW_NOTICE)],
             h.body(data_signals="{n: 1}", data_init=lith.connect("counter", tab=tab))[
-                h.p("#no-datastar", role="alert", hidden=True)["Datastar did not load: reload to try again."],
+                lith.datastar(),          # the script, and a notice if it cannot load
                 await lith.render("counter"),                  # first paint, from the same view
                 h.button({"data-on:click": "@post('/add')"})["Add one"],
             ],

@@ -1,0 +1,160 @@
+"""Commands: `Command`, the per-tab `TabCommand`, `Rejected`, and how a page sends one.
+
+A page names itself with a `tab` id and numbers its clicks with an `op` signal. A `TabCommand`
+carries both; once it lands, the tab's outcome view (built in, `"outcome/{tab}"`) shows what
+happened and sets the page's `done` signal to that `op`, so the button that sent it stops
+pending. `raise Rejected("...")` in `apply` rolls the command back and tells the tab why.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import time
+from typing import TYPE_CHECKING, Annotated, Any
+
+from datastar_py import action_generator as _action
+from datastar_py import attribute_generator as _data
+from datastar_py.attributes import JSExpression as _JS
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+from pydantic_core import PydanticCustomError
+
+from . import db, outcomes
+from .exceptions import LithError
+
+if TYPE_CHECKING:
+    from .writer import Tx
+
+# Tab ids come from the page; they name per-tab views and travel in URLs and commands.
+TAB_PATTERN = r"[A-Za-z0-9_-]{1,64}"
+TAB_ID = re.compile(TAB_PATTERN)
+TabId = Annotated[str, Field(pattern=f"^{TAB_PATTERN}$")]
+
+# What a tab is told when its command failed for a reason `apply` did not give (a bug).
+FAILED = "Something went wrong, so nothing changed. Try again, or reload the page."
+
+
+class Rejected(LithError):
+    """Raised from `apply`: this command cannot apply, and the message says why, to a person.
+
+    The command's savepoint rolls back (nothing it wrote stays), a `TabCommand`'s tab is told the
+    message in its outcome view, and `writer.do` raises it to the caller. A command route made by
+    `lith.command` answers 204 for a tab command (the tab already has the message) and 409 with
+    the message for any other command.
+    """
+
+
+class Command(BaseModel):
+    """A change to the database: validated by Pydantic, applied by the writer.
+
+    `apply` is synchronous on purpose: it runs on the writer's thread inside a savepoint and
+    does database work only, nothing that waits on the network. Its return value reaches the
+    caller of `writer.do`; an exception it raises rolls back this command alone.
+    """
+
+    @field_validator("*")
+    @classmethod
+    def _fits_sqlite(cls, value: Any) -> Any:
+        # Every field of every command: an int SQLite cannot store is a validation error (a 422
+        # naming the field), not an OverflowError from deep inside `apply`.
+        if db.oversized_int(value) is not None:
+            raise PydanticCustomError(
+                "sqlite_int", "Input should be an integer from -2**63 to 2**63 - 1 (SQLite's range)"
+            )
+        return value
+
+    def apply(self, tx: Tx) -> Any:
+        raise NotImplementedError(f"{type(self).__name__}.apply(tx)")
+
+    def idempotency_key(self) -> str | None:
+        """The key a repeat of this command is known by, or None: then every send applies.
+
+        A command with a `tab` (str) and a positive `op` (int) field, as a page's actions carry,
+        is keyed by its class, tab and op: a retried POST of the same action finds its first
+        outcome instead of applying again. Override to key a command by something else.
+        """
+        fields = self.__dict__
+        op = fields.get("op")
+        if type(op) is int and op > 0:
+            tab = fields.get("tab")
+            if type(tab) is str:
+                return f"{type(self).__name__}:{tab}:{op}"
+        return None
+
+    def _settled(self, tx: Tx, error: BaseException | None) -> None:
+        """Called by the writer after `apply`, in the same transaction: inside the savepoint on
+        success, after its rollback on an error. Nothing to do for a plain command."""
+
+
+class TabCommand(Command):
+    """A command a person makes from a page: `tab` says who, `op` which of their clicks.
+
+    Declare only the command's own fields. In `apply`, `self.say("...")` sets the message the
+    tab's outcome view shows once the command commits.
+    """
+
+    model_config = ConfigDict(str_strip_whitespace=True)
+
+    tab: TabId
+    op: int = Field(0, ge=0)
+    _message: str | None = PrivateAttr(None)
+
+    def say(self, message: str) -> None:
+        """What the tab's outcome view shows once this command commits."""
+        self._message = message
+
+    def _settled(self, tx: Tx, error: BaseException | None) -> None:
+        if error is None:
+            ok, message = True, self._message
+        else:
+            ok, message = False, str(error) if isinstance(error, Rejected) else FAILED
+        tx.execute(outcomes.RECORD_TAB, {"tab": self.tab, "op": self.op, "ok": int(ok), "message": message, "at": time.time()})
+        tx.touch(f"tab:{self.tab}")
+
+
+class _Touch(Command):
+    """Mark topics changed and nothing else: `Lith.touch_later`, through the writer so that every
+    process's hub hears of it."""
+
+    topics: list[str]
+
+    def apply(self, tx: Tx) -> None:
+        tx.touch(*self.topics)
+
+
+# -- the page's side ------------------------------------------------------------------------------
+
+
+def new_tab() -> str:
+    """A fresh tab id for a page: random, URL-safe, matching `TAB_PATTERN`."""
+    return secrets.token_urlsafe(9)
+
+
+def tab_signals(tab: str, **signals: Any) -> dict[str, str]:
+    """The page's `data-signals` attribute: `tab`, `op` and `done`, then the app's own signals."""
+    if not TAB_ID.fullmatch(tab):
+        raise ValueError(f"bad tab id {tab!r}: 1 to 64 letters, digits, '-' or '_'")
+    return dict(_data.signals({"tab": tab, "op": 0, "done": 0, **signals}))
+
+
+def send(url: str, **fields: str | int) -> str:
+    """The Datastar expression that sends a command: a fresh `op`, then `@post(url)`.
+
+    With no `fields` the body is every signal of the page (Datastar's default); with `fields` it
+    is exactly `tab`, `op` and those fields, whose values are JavaScript (numbers, or signals
+    such as `$title`). Requests are never cancelled: two quick clicks are two intents.
+    """
+    if not fields:
+        return f"$op = $op + 1; {_action.post(url, request_cancellation='disabled')}"
+    payload = {name: _JS(str(value)) for name, value in {"tab": "$tab", "op": "$op", **fields}.items()}
+    return f"$op = $op + 1; {_action.post(url, payload=payload, request_cancellation='disabled')}"
+
+
+def pending(mine: str | None = None) -> dict[str, str]:
+    """Attributes that mark a button busy from its click until its `op` lands (`$op != $done`).
+
+    `mine` is a JavaScript condition that picks this button when several share the page's `op`
+    (e.g. `"$busy == 3"`): only it shows pending.
+    """
+    busy = "$op != $done" if mine is None else f"({mine}) && $op != $done"
+    return {**_data.class_(pending=busy), **_data.attr({"aria-busy": f"({busy}) ? 'true' : false"})}
