@@ -73,7 +73,7 @@ class NotifyFeed(Feed):
             return
         payloads = list(self._pack(sorted(topics)))
         for tab, frame in pushes:
-            body = json.dumps({"o": self.origin, "p": [tab, frame.key, frame.html, frame.event.decode()]})
+            body = json.dumps({"o": self.origin, "p": [tab, frame.key, frame.html, frame.signals]})
             if len(body.encode()) <= LIMIT:
                 payloads.append(body)
                 continue
@@ -173,8 +173,8 @@ class NotifyFeed(Feed):
         if "t" in note:
             self._inbox.append(("t", note["t"]))
         elif "p" in note:
-            tab, key, html, event = note["p"]
-            self._inbox.append(("p", (tab, Frame(key, html, event.encode()))))
+            tab, key, html, signals = note["p"]
+            self._inbox.append(("p", (tab, Frame(key, html, signals))))
         elif "a" in note:
             self._inbox.append(("a", None))
         return []

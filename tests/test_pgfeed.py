@@ -65,15 +65,15 @@ async def test_many_topics_and_a_large_push_arrive_whole(pg_url: str) -> None:
     try:
         sender.setup(conn)
         topics = {f"card:{i:06d}:lane" for i in range(3000)}  # ~60 kB: several payloads
-        big = Frame.patch("lith-error", "<div id='lith-error'>" + "x" * (3 * LIMIT) + "</div>")
-        small = Frame.patch("lith-error", "<div id='lith-error'>no</div>")
+        big = Frame("lith-error", "<div id='lith-error'>" + "x" * (3 * LIMIT) + "</div>")
+        small = Frame("lith-error", "<div id='lith-error'>no</div>")
         conn.execute("BEGIN")
         sender.publish(conn, topics, [("tab1", big), ("tab2", small)])
         conn.execute("COMMIT")
         got = await changes(listener, want=3002)
         assert got.topics == topics
-        assert sorted((tab, f.html, f.event) for tab, f in got.pushes) == sorted(
-            (tab, f.html, f.event) for tab, f in (("tab1", big), ("tab2", small))
+        assert sorted((tab, f.html, f.signals or {}) for tab, f in got.pushes) == sorted(
+            (tab, f.html, f.signals or {}) for tab, f in (("tab1", big), ("tab2", small))
         )
         assert sender.stored == 1  # the large one went through the table
     finally:
