@@ -1,8 +1,10 @@
 """fastapi-lith: live, multiplayer HTML apps for FastAPI on SQLite and Datastar."""
 
+from .accounts import ACCOUNT_NAME, Account, Accounts
 from .app import Lith
 from .db import Db
 from .exceptions import (
+    AccountUnavailable,
     DatabaseError,
     LithError,
     MigrationError,
@@ -11,6 +13,7 @@ from .exceptions import (
     NotRunning,
     OutcomeLost,
     SettingError,
+    UnknownAccount,
     ViewError,
     WriterClosed,
 )
@@ -19,6 +22,10 @@ from .views import fragment
 from .writer import Command, Tx, Writer
 
 __all__ = [
+    "ACCOUNT_NAME",
+    "Account",
+    "AccountUnavailable",
+    "Accounts",
     "Command",
     "DatabaseError",
     "Db",
@@ -33,6 +40,7 @@ __all__ = [
     "SettingError",
     "Stream",
     "Tx",
+    "UnknownAccount",
     "ViewError",
     "Writer",
     "WriterClosed",
