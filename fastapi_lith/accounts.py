@@ -178,7 +178,7 @@ class Accounts:
     async def delete(self, name: str) -> None:
         """Close account `name` and delete its files (its backups stay)."""
         path = self.path(name)
-        await self._close(name)
+        await self.close(name)
         for suffix in ("", "-wal", "-shm"):
             Path(f"{path}{suffix}").unlink(missing_ok=True)
 
@@ -278,7 +278,9 @@ class Accounts:
             log.exception("account %s did not close cleanly", account.name)
         self.closed += 1
 
-    async def _close(self, name: str) -> None:
+    async def close(self, name: str) -> None:
+        """Close account `name` now, its writer drained and its streams ended (pages reconnect
+        and open it again): for a restore from the shell while the app runs."""
         if name in self._open:
             self._begin_close(name)
         closing = self._closing.get(name)

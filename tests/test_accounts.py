@@ -6,6 +6,8 @@ import asyncio
 import gc
 import os
 import sqlite3
+import subprocess
+import sys
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -246,3 +248,69 @@ def test_accounts_settings_are_checked_when_built(tmp_path: Path) -> None:
         Accounts(tmp_path, feed=None)
     with pytest.raises(TypeError):
         Accounts(tmp_path, synchronus="FULL")
+
+
+# -- the command line: every account, or the ones named ----------------------------------------
+
+
+async def test_the_command_line_backs_up_verifies_and_restores_every_account(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fastapi_lith.cli import main
+
+    folder, copies = tmp_path / "accounts", tmp_path / "copies"
+    accounts, app = make_app(folder, write_migrations(tmp_path / "m", INIT))
+    async with accounts.lifespan(app):
+        for n, name in enumerate(("acme", "globex", "initech"), 1):
+            await accounts.create(name)
+            async with accounts.use(name) as lith:
+                await lith.writer.do(Add(n=n))
+        # Copies are taken while the app runs, each account in its own folder.
+        assert main(["accounts", "backup", str(folder), str(copies)]) == 0
+        assert "3 of 3 accounts done" in capsys.readouterr().out
+        assert sorted(p.name for p in copies.iterdir()) == ["acme", "globex", "initech"]
+        assert main(["accounts", "verify", str(copies)]) == 0
+        assert "3 of 3 copies ok" in capsys.readouterr().out
+        for name in ("acme", "globex", "initech"):
+            async with accounts.use(name) as lith:
+                await lith.writer.do(Add(n=100))
+        # acme is open in the app: its restore is refused, the others (closed) go back.
+        await accounts.close("globex")
+        await accounts.close("initech")
+        async with accounts.use("acme"):
+            restored = await asyncio.to_thread(
+                subprocess.run,
+                [sys.executable, "-m", "fastapi_lith", "accounts", "restore", str(copies), str(folder)],
+                capture_output=True, text=True, timeout=60,
+            )
+        assert restored.returncode == 1, restored
+        assert "acme: FAILED" in restored.stderr and "is open in another process" in restored.stderr
+        assert "2 of 3 accounts done, 1 failed" in restored.stdout
+        assert main(["accounts", "list", str(folder), "--account", "globex"]) == 0
+        assert capsys.readouterr().out.startswith("globex  version 1")
+        assert main(["accounts", "verify", str(copies), "--account", "nobody"]) == 1
+        assert "no account nobody" in capsys.readouterr().err
+    counts = {}
+    for name in ("acme", "globex", "initech"):
+        with sqlite3.connect(folder / f"{name}.db") as conn:
+            counts[name] = conn.execute("SELECT count FROM counter").fetchone()[0]
+    assert counts == {"acme": 101, "globex": 2, "initech": 3}
+    # Corrupt one copy: verify names it, and the others still pass.
+    broken = sorted((copies / "globex").glob("globex-*.db"))[-1]
+    broken.write_bytes(broken.read_bytes()[:100] + b"x" * 100 + broken.read_bytes()[200:])
+    assert main(["accounts", "verify", str(copies)]) == 1
+    assert "2 of 3 copies ok; failed: globex" in capsys.readouterr().out
+
+
+def test_the_command_line_migrates_every_account(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fastapi_lith.cli import main
+
+    folder = tmp_path / "accounts"
+    folder.mkdir()
+    for name in ("a", "b"):
+        sqlite3.connect(folder / f"{name}.db").close()
+    migrations = write_migrations(tmp_path / "m", INIT)
+    assert main(["accounts", "migrate", str(folder), "--migrations", str(migrations)]) == 0
+    assert "a: migrated from version 0 to 1" in capsys.readouterr().out
+    assert main(["accounts", "migrate", str(folder), "--migrations", str(migrations), "--account", "b"]) == 0
+    assert "b: already at version 1" in capsys.readouterr().out
