@@ -314,3 +314,31 @@ def test_the_command_line_migrates_every_account(tmp_path: Path, capsys: pytest.
     assert "a: migrated from version 0 to 1" in capsys.readouterr().out
     assert main(["accounts", "migrate", str(folder), "--migrations", str(migrations), "--account", "b"]) == 0
     assert "b: already at version 1" in capsys.readouterr().out
+
+
+async def test_the_account_can_come_from_the_host_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    monkeypatch.chdir(tmp_path)
+    source = Path(__file__).resolve().parent.parent / "docs" / "src" / "accounts" / "by_host.py"
+    spec = importlib.util.spec_from_file_location("docs_accounts_by_host", source)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    accounts, app = module.accounts, module.app
+    async with accounts.lifespan(app):
+        await accounts.create("acme")
+        async with accounts.use("acme") as lith:
+            await lith.writer.do(Add(n=7))
+        await accounts.create("globex")
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport) as client:
+            acme = await client.get("http://acme.example.com/")
+            assert acme.text == '<h1>acme</h1><p id="counter">7</p>'
+            globex = await client.get("http://globex.example.com:8000/")
+            assert globex.text == '<h1>globex</h1><p id="counter">0</p>'
+            assert (await client.get("http://initech.example.com/")).status_code == 404
+            assert (await client.get("http://localhost/")).status_code == 404
+            stream = await client.get("http://acme.example.com/lith/stream?views=nope&tab=t1")
+            assert stream.status_code == 400  # the stream route is there, in acme
+    assert sorted(p.name for p in (tmp_path / "accounts").glob("*.db")) == ["acme.db", "globex.db"]
