@@ -290,10 +290,13 @@ class Accounts:
     async def _reap(self) -> None:
         while True:
             await asyncio.sleep(min(self.idle_after / 2, 5.0))
-            now = time.monotonic()
-            for account in list(self._open.values()):
-                if account.idle() and now - account.last_used >= self.idle_after:
-                    self._begin_close(account.name)
+            try:
+                now = time.monotonic()
+                for account in list(self._open.values()):
+                    if account.idle() and now - account.last_used >= self.idle_after:
+                        self._begin_close(account.name)
+            except Exception:  # noqa: BLE001 - a broken pass must not stop the closing of idle accounts
+                log.exception("closing idle accounts failed")
 
     @asynccontextmanager
     async def lifespan(self, app: FastAPI | None = None) -> AsyncIterator[None]:

@@ -24,7 +24,9 @@ def serve(server_factory: Callable[..., Server], folder: Path) -> Server:
 
 
 def create(server: Server, name: str) -> None:
-    response = httpx.post(f"{server.url}/accounts", data={"name": name}, follow_redirects=False)
+    response = httpx.post(
+        f"{server.url}/accounts", data={"name": name}, headers={"Sec-Fetch-Site": "same-origin"}, follow_redirects=False
+    )
     assert response.status_code == 303 and response.headers["location"] == f"/a/{name}/"
 
 
@@ -40,8 +42,13 @@ def test_two_teams_side_by_side_never_see_each_others_changes(
     server = serve(server_factory, folder)
     assert httpx.get(f"{server.url}/a/acme/").status_code == 404
     assert not folder.exists() or list(folder.iterdir()) == []  # a GET made no file
+    assert httpx.post(f"{server.url}/accounts", data={"name": "acme"}).status_code == 403  # no origin
     create(server, "acme")
-    create(server, "globex")
+    home = new_page()  # globex is made by the home page's form, as a person would
+    home.goto(server.url + "/")
+    home.locator("input[name=name]").fill("globex")
+    home.get_by_role("button", name="Create").click()
+    expect(home.locator("h1")).to_have_text("Team globex")
     pages: dict[str, list[Page]] = {}
     for name in ("acme", "globex"):
         for _ in range(2):  # two tabs per team
@@ -73,7 +80,6 @@ def test_two_teams_side_by_side_never_see_each_others_changes(
     acme[0].reload()  # first paint comes from the team's own file too
     expect(acme[0].locator("#counter")).to_have_text("3")
     assert (count(folder, "acme"), count(folder, "globex")) == (3, 1)
-    home = new_page()
     home.goto(server.url + "/")
     expect(home.get_by_role("link")).to_have_text(["acme", "globex"])
 
