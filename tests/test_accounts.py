@@ -342,3 +342,28 @@ async def test_the_account_can_come_from_the_host_name(tmp_path: Path, monkeypat
             stream = await client.get("http://acme.example.com/lith/stream?views=nope&tab=t1")
             assert stream.status_code == 400  # the stream route is there, in acme
     assert sorted(p.name for p in (tmp_path / "accounts").glob("*.db")) == ["acme.db", "globex.db"]
+
+
+async def test_each_account_replicates_to_its_own_replica(tmp_path: Path) -> None:
+    from fastapi_lith.cli import main
+
+    replicas = tmp_path / "replicas"
+    accounts, app = make_app(
+        tmp_path / "accounts", write_migrations(tmp_path / "m", INIT),
+        replica=f"file://{replicas}/{{account}}", replica_check_every=None,
+    )  # fmt: skip
+    async with accounts.lifespan(app):
+        for n, name in enumerate(("acme", "globex"), 1):
+            await accounts.create(name)
+            async with accounts.use(name) as lith:
+                assert lith.replica is not None and lith.replica.url == f"file://{replicas}/{name}"
+                await lith.writer.do(Add(n=n))
+        await accounts.close("acme")  # closing an account uploads its last commit
+        await accounts.close("globex")
+    assert sorted(p.name for p in replicas.iterdir()) == ["acme", "globex"]
+    for n, name in enumerate(("acme", "globex"), 1):
+        restored = tmp_path / "restored" / f"{name}.db"
+        restored.parent.mkdir(exist_ok=True)
+        assert main(["replica", "restore", str(restored), f"file://{replicas}/{name}"]) == 0
+        with sqlite3.connect(restored) as conn:
+            assert conn.execute("SELECT count FROM counter").fetchone()[0] == n
