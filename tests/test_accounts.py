@@ -204,7 +204,7 @@ def rss_kib() -> int:
 
 
 async def test_a_thousand_accounts_in_turn_with_max_open_50_hold_resources_for_50(tmp_path: Path) -> None:
-    accounts, app = make_app(tmp_path / "accounts", write_migrations(tmp_path / "m", INIT), max_open=50, idle_after=0.5)
+    accounts, app = make_app(tmp_path / "accounts", write_migrations(tmp_path / "m", INIT), max_open=50, idle_after=0.5, readers=1)
     async with accounts.lifespan(app):
         fds, threads, rss = open_fds(), threading.active_count(), rss_kib()
         peak_fds = peak_threads = 0
