@@ -197,19 +197,25 @@ class Accounts:
     # -- open, use, close --------------------------------------------------------------------
 
     async def get(self, name: str) -> Account:
-        """The open account `name`, opened now if need be.
+        """The open account `name`, opened now if need be (hold it open with `use`).
 
         Raises `UnknownAccount` if it has no file, `AccountUnavailable` if it cannot open (a
         migration failed: the message says which); other accounts are not affected.
         """
+        account = await self._acquire(name)
+        self._release(account)
+        return account
+
+    async def _acquire(self, name: str) -> Account:
+        """Open account `name` if need be and hold it: it cannot close until `_release`."""
         if not self._running:
             raise LithError("the app is not running: use accounts.lifespan")
         path = self.path(name)
-        while True:
+        while True:  # never two writers on one file: a close under way ends first
             closing = self._closing.get(name)
-            if closing is None:
+            if closing is None or closing.done():  # done: its entry goes at the next loop turn
                 break
-            await asyncio.shield(closing)  # never two writers on one file
+            await asyncio.shield(closing)
         account = self._open.get(name)
         if account is None:
             if not path.is_file():
@@ -219,9 +225,19 @@ class Accounts:
             self._evict()
         else:
             self._open.move_to_end(name)
-        assert account.ready is not None
-        await asyncio.shield(account.ready)
+        # Held before waiting: an account being opened for someone is never the one evicted.
+        account.leases += 1
+        try:
+            assert account.ready is not None
+            await asyncio.shield(account.ready)
+        except BaseException:
+            self._release(account)
+            raise
         return account
+
+    def _release(self, account: Account) -> None:
+        account.leases -= 1
+        account.last_used = time.monotonic()
 
     async def _start(self, account: Account) -> None:
         try:
@@ -237,13 +253,11 @@ class Accounts:
     @asynccontextmanager
     async def use(self, name: str) -> AsyncIterator[Lith]:
         """Hold account `name` open for work outside a request (a job, a script)."""
-        account = await self.get(name)
-        account.leases += 1
+        account = await self._acquire(name)
         try:
             yield account.lith
         finally:
-            account.leases -= 1
-            account.last_used = time.monotonic()
+            self._release(account)
 
     def open_names(self) -> list[str]:
         """The accounts open now, least recently used first."""
@@ -327,19 +341,17 @@ class Accounts:
         async def current(request: Request, name: str = Depends(name_of)) -> AsyncIterator[Account]:
             """The request's account, open and held open until the response is done."""
             try:
-                account = await self.get(name)
+                account = await self._acquire(name)
             except UnknownAccount as exc:
                 raise HTTPException(404, str(exc)) from None
             except AccountUnavailable as exc:
                 raise HTTPException(503, str(exc)) from None
-            account.leases += 1
             request.state.lith_account = account
             _current.set(account)
             try:
                 yield account
             finally:
-                account.leases -= 1
-                account.last_used = time.monotonic()
+                self._release(account)
 
         return current
 

@@ -367,3 +367,33 @@ async def test_each_account_replicates_to_its_own_replica(tmp_path: Path) -> Non
         assert main(["replica", "restore", str(restored), f"file://{replicas}/{name}"]) == 0
         with sqlite3.connect(restored) as conn:
             assert conn.execute("SELECT count FROM counter").fetchone()[0] == n
+
+
+async def test_concurrent_requests_across_more_accounts_than_max_open_lose_nothing(tmp_path: Path) -> None:
+    """Accounts open, get evicted and close idle under the requests: every command lands once."""
+    accounts, app = make_app(
+        tmp_path / "accounts", write_migrations(tmp_path / "m", INIT), max_open=3, idle_after=0.05, readers=1
+    )
+    names = [f"t{i}" for i in range(10)]
+    async with accounts.lifespan(app):
+        for name in names:
+            await accounts.create(name)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+
+            async def send(i: int) -> int:
+                if i % 7 == 0:
+                    await asyncio.sleep(0.06)  # now and then long enough for idle accounts to close
+                return (await client.post(f"/a/{names[i % 10]}/add", json={"n": 1})).status_code
+
+            statuses = await asyncio.wait_for(asyncio.gather(*(send(i) for i in range(400))), 120)
+        assert set(statuses) == {200}
+        assert accounts.opened > 10  # accounts were closed and opened again meanwhile
+        for _ in range(200):
+            if not accounts.open_names():
+                break
+            await asyncio.sleep(0.05)
+        assert accounts.open_names() == [] and accounts.closed == accounts.opened
+    for name in names:
+        with sqlite3.connect(tmp_path / "accounts" / f"{name}.db") as conn:
+            assert conn.execute("SELECT count FROM counter").fetchone()[0] == 40
