@@ -16,6 +16,8 @@ import httpx
 import pytest
 from fastapi import Depends, FastAPI
 from fastapi.responses import HTMLResponse
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from fastapi_lith import Accounts, AccountUnavailable, Command, Db, SettingError, Stream, Tx, UnknownAccount, Writer
 
@@ -65,6 +67,10 @@ def make_app(folder: Path, migrations: Path, **kwargs: object) -> tuple[Accounts
     @accounts.router.post("/add")
     async def add(cmd: Add, writer: Writer = Depends(accounts.writer)) -> int:
         return await writer.do(cmd)
+
+    @accounts.router.get("/count")
+    async def count(conn: AsyncConnection = Depends(accounts.db)) -> int:
+        return (await conn.execute(text("SELECT count FROM counter"))).scalar_one()
 
     @accounts.router.get("/", response_class=HTMLResponse)
     async def page() -> str:
@@ -123,6 +129,7 @@ async def test_two_accounts_with_the_same_view_key_never_see_each_other(served: 
     assert streams["globex"].take() == []
     assert '<p id="counter">0</p>' in (await client.get("/a/globex/")).text
     assert '<p id="counter">5</p>' in (await client.get("/a/acme/")).text
+    assert [(await client.get(f"/a/{name}/count")).json() for name in ("acme", "globex")] == [5, 0]
     for name, stream in streams.items():
         (await accounts.get(name)).lith.hub.close(stream)
 
@@ -397,3 +404,24 @@ async def test_concurrent_requests_across_more_accounts_than_max_open_lose_nothi
     for name in names:
         with sqlite3.connect(tmp_path / "accounts" / f"{name}.db") as conn:
             assert conn.execute("SELECT count FROM counter").fetchone()[0] == 40
+
+
+async def test_a_refused_command_is_shown_to_its_tab_in_its_own_account(served: tuple[Accounts, httpx.AsyncClient]) -> None:
+    accounts, client = served
+    await accounts.create("acme")
+    await accounts.create("globex")
+    streams = {name: Stream("t9") for name in ("acme", "globex")}  # the same tab id in both
+    for name, stream in streams.items():
+        await (await accounts.get(name)).lith.hub.open(stream, ["counter"])
+        stream.take()
+    refused = await client.post("/a/acme/add", json={"n": "many", "tab": "t9", "op": 3}, headers=SAME_ORIGIN)
+    assert refused.status_code == 422 and refused.text.startswith('<div id="lith-error"')
+    frames = streams["acme"].take()
+    assert len(frames) == 1 and "<strong>n</strong>" in frames[0].html and b'"done":3' in frames[0].event
+    assert streams["globex"].take() == []
+    too_big = await client.post("/a/acme/add", content=b'{"n": 1, "pad": "' + b"x" * 70_000 + b'"}', headers=SAME_ORIGIN)
+    assert too_big.status_code == 413  # the body limit covers Depends(accounts.writer)
+    for name, stream in streams.items():
+        (await accounts.get(name)).lith.hub.close(stream)
+    with sqlite3.connect(accounts.path("acme")) as conn:
+        assert conn.execute("SELECT count FROM counter").fetchone()[0] == 0
