@@ -20,7 +20,7 @@ import re
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -444,9 +444,6 @@ class Accounts:
         if hub is None or tab is None:
             return
         hub.push(tab, Frame.patch(self.error_id, html, {"done": op} if op is not None else None))
-
-    def __iter__(self) -> Iterator[Account]:
-        return iter(list(self._open.values()))
 
 
 _PREFIX = re.compile(r"(/([A-Za-z0-9._~-]+|\{account\}))+")
