@@ -264,17 +264,20 @@ class Accounts:
         return list(self._open)
 
     def _evict(self) -> None:
-        """Past `max_open`, close the least recently used idle accounts, streamless ones first."""
+        """Past `max_open`, close the least recently used idle accounts.
+
+        One with a stream open or a request in flight is not idle: the limit bounds what
+        accounts nobody uses hold, so it is passed for the moment rather than a live page
+        cut off (it would reconnect and cut off another).
+        """
         excess = len(self._open) - self.max_open
         if excess <= 0:
             return
-        idle = [a for a in self._open.values() if a.idle()]
-        quiet = [a for a in idle if a.lith._hub is None or not a.lith._hub.streams]
-        victims = (quiet + [a for a in idle if a not in quiet])[:excess]
+        victims = [a for a in self._open.values() if a.idle()][:excess]
         for account in victims:
             self._begin_close(account.name)
-        if len(victims) < excess:  # every open account is busy: the limit is exceeded for now
-            log.warning("%d accounts open, over max_open=%d: none is idle", len(self._open), self.max_open)
+        if len(victims) < excess:
+            log.warning("%d accounts open, over max_open=%d: the others are in use", len(self._open), self.max_open)
 
     def _begin_close(self, name: str) -> asyncio.Task[None]:
         account = self._open.pop(name)

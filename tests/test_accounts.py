@@ -425,3 +425,20 @@ async def test_a_refused_command_is_shown_to_its_tab_in_its_own_account(served: 
         (await accounts.get(name)).lith.hub.close(stream)
     with sqlite3.connect(accounts.path("acme")) as conn:
         assert conn.execute("SELECT count FROM counter").fetchone()[0] == 0
+
+
+async def test_max_open_never_closes_an_account_a_page_is_watching(tmp_path: Path) -> None:
+    accounts, app = make_app(tmp_path / "accounts", write_migrations(tmp_path / "m", INIT), max_open=1, idle_after=60)
+    async with accounts.lifespan(app):
+        for name in ("acme", "globex", "initech"):
+            await accounts.create(name)
+        acme = await accounts.get("acme")
+        stream = Stream("t1")
+        await acme.lith.hub.open(stream, ["counter"])
+        await accounts.get("globex")  # over the limit: acme has a stream, so it stays
+        assert accounts.open_names() == ["acme", "globex"] and not stream.ended
+        await accounts.get("initech")  # globex was idle: it goes, acme stays
+        assert accounts.open_names() == ["acme", "initech"] and not stream.ended
+        acme.lith.hub.close(stream)
+        await accounts.get("globex")  # now acme is the least recently used idle one
+        assert accounts.open_names() == ["globex"]
