@@ -8,6 +8,9 @@
    behind (RSS and live Python objects after N more accounts opened and closed).
 3. Cold open: `GET /a/NAME/` (the page with its first render, through FastAPI in process) of an
    account that is closed, against the same GET once it is open.
+4. Isolation: 2 producers of small commands while another producer sends large writes (a
+   20,000-row insert each), either into another account or into the same one: the small
+   commands' p50/p99 in both cases, and the ratio.
 
     python bench/accounts.py            # about a minute and a half
     python bench/accounts.py --quick
@@ -44,6 +47,41 @@ class Add(Command):
     def apply(self, tx: Tx) -> None:
         tx.execute("UPDATE counter SET count = count + :n WHERE id = 1", {"n": self.n})
         tx.touch("counter")
+
+
+class Bulk(Command):
+    """A large write: 20,000 rows in one command."""
+
+    def apply(self, tx: Tx) -> None:
+        tx.execute("CREATE TABLE IF NOT EXISTS bulk (x INTEGER)")
+        tx.conn.executemany("INSERT INTO bulk VALUES (?)", ((i,) for i in range(20000)))
+        tx.execute("DELETE FROM bulk")
+
+
+async def isolation(accounts: Accounts, small: str, large: str, seconds: float) -> dict[str, float]:
+    """Small commands' latency in `small` while `large` takes large writes."""
+    latencies: list[float] = []
+    stop = False
+
+    async def bulk(lith: object) -> None:
+        while not stop:
+            await lith.writer.do(Bulk())  # type: ignore[attr-defined]
+
+    async def producer(lith: object) -> None:
+        while not stop:
+            started = time.perf_counter()
+            await lith.writer.do(Add())  # type: ignore[attr-defined]
+            latencies.append((time.perf_counter() - started) * 1000)
+            await asyncio.sleep(0.002)
+
+    async with accounts.use(small) as s, accounts.use(large) as big:
+        tasks = [asyncio.ensure_future(bulk(big)), *(asyncio.ensure_future(producer(s)) for _ in range(2))]
+        await asyncio.sleep(0.5)
+        latencies.clear()
+        await asyncio.sleep(seconds)
+        stop = True
+        await asyncio.gather(*tasks)
+    return {"p50": percentile(latencies, 50), "p99": percentile(latencies, 99), "n": len(latencies)}
 
 
 def build(root: Path, **kwargs: object) -> tuple[Accounts, FastAPI]:
@@ -206,6 +244,23 @@ async def main() -> None:
         print(f"  cold (closed)  median {statistics.median(cold):6.2f} ms  p90 {percentile(cold, 90):6.2f} ms")
         print(f"  warm (open)    median {statistics.median(warm):6.2f} ms  p90 {percentile(warm, 90):6.2f} ms")
         print(f"  ratio cold / warm {statistics.median(cold) / statistics.median(warm):.1f}\n")
+        accounts, app = build(root / "isolation", max_open=100, idle_after=600)
+        async with accounts.lifespan(app):
+            for name in ("small", "large"):
+                await accounts.create(name)
+            runs: dict[str, list[dict[str, float]]] = {"other account": [], "same account": []}
+            for _ in range(rounds):
+                runs["other account"].append(await isolation(accounts, "small", "large", seconds))
+                runs["same account"].append(await isolation(accounts, "small", "small", seconds))
+        print("4. Small commands beside large writes (20,000 rows each), medians")
+        print(f"  {'large writes go to':<22}{'p50 ms':>9}{'p99 ms':>9}{'commands':>10}")
+        iso = {}
+        for label, results in runs.items():
+            iso[label] = {k: statistics.median(r[k] for r in results) for k in results[0]}
+            m = iso[label]
+            print(f"  {label:<22}{m['p50']:>9.2f}{m['p99']:>9.2f}{m['n']:>10.0f}")
+        a, b = iso["other account"], iso["same account"]
+        print(f"  ratio other / same: p50 {a['p50'] / b['p50']:.2f}, p99 {a['p99'] / b['p99']:.2f}\n")
         print("load average at the end:", load_average())
     finally:
         shutil.rmtree(root, ignore_errors=True)
