@@ -5,10 +5,12 @@ Everything an app needs is here; other modules are the library's own, except
 `fastapi_lith.db.connect` / `migrate`.
 """
 
+from .accounts import ACCOUNT_NAME, Account, Accounts
 from .app import DATASTAR_CDN, Lith
 from .commands import Command, Rejected, TabCommand, TabId, new_tab, pending, send, tab_signals
 from .db import Db
 from .exceptions import (
+    AccountUnavailable,
     DatabaseError,
     LithError,
     MigrationError,
@@ -17,6 +19,7 @@ from .exceptions import (
     NotRunning,
     OutcomeLost,
     SettingError,
+    UnknownAccount,
     ViewError,
     WriterClosed,
 )
@@ -31,8 +34,10 @@ __all__ = [
     "new_tab", "tab_signals", "send", "pending", "DATASTAR_CDN",
     # what the hub sends a tab
     "Frame", "Stream",
+    # one database per account
+    "Accounts", "Account", "ACCOUNT_NAME",
     # errors: every one is a LithError
-    "LithError", "DatabaseError", "MigrationError", "MissingParameter", "NotOneRow", "NotRunning",
-    "OutcomeLost", "SettingError", "ViewError", "WriterClosed",
+    "LithError", "AccountUnavailable", "DatabaseError", "MigrationError", "MissingParameter", "NotOneRow",
+    "NotRunning", "OutcomeLost", "SettingError", "UnknownAccount", "ViewError", "WriterClosed",
 ]  # fmt: skip
 __version__ = "0.1.0"

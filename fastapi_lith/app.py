@@ -193,12 +193,20 @@ class Lith:
             if replica is not None
             else None
         )
-        self.router = APIRouter(prefix=prefix, include_in_schema=False)
-        self.router.add_api_route("/stream", self._stream_endpoint(), methods=["GET"])
+        self._router: APIRouter | None = None
         self._hub: Hub | None = None
         self._engine: AsyncEngine | None = None
         self._installed: weakref.WeakSet[FastAPI] = weakref.WeakSet()
         self._later: set[asyncio.Task[None]] = set()
+
+    @property
+    def router(self) -> APIRouter:
+        """The stream route, `GET {prefix}/stream`; built on first use, as `Accounts` serves
+        many `Lith`s through one route of its own and never needs theirs."""
+        if self._router is None:
+            self._router = APIRouter(prefix=self.prefix, include_in_schema=False)
+            self._router.add_api_route("/stream", self._stream_endpoint(), methods=["GET"])
+        return self._router
 
     def view(self, key: str, *, topics: set[str] | frozenset[str] | tuple[str, ...] = ()) -> Callable[[Render], Render]:
         """Register `fn(db, **params) -> HTML` as the view `key`, rendered when `topics` change.

@@ -7,6 +7,7 @@
     python -m fastapi_lith status  DB --migrations DIR
     python -m fastapi_lith new     DIR [--name NAME]
     python -m fastapi_lith replica status|restore|verify DB REPLICA
+    python -m fastapi_lith accounts list|backup|verify|restore|migrate ...   # one file per account
 
 Exit status: 0 done, 1 refused or failed (the message says why), 2 bad usage.
 """
@@ -15,12 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sqlite3
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from . import __version__, db
 from .exceptions import LithError
@@ -103,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
                            help="the app's replica_sync_interval: how far the replica may trail (default 1)")  # fmt: skip
             q.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=lambda args, usage=p.print_help: usage(sys.stderr) or 2)  # no ACTION given
+
+    add_accounts_commands(sub)
 
     p = sub.add_parser("new", help="write a new project")
     p.add_argument("dir", metavar="DIR", type=Path)
@@ -254,3 +259,131 @@ def cmd_new(args: argparse.Namespace) -> int:
           f"  make run       # http://127.0.0.1:8000")  # fmt: skip
     return 0
 
+
+
+# --------------------------------------------------------------------------- accounts
+#
+# An `Accounts` folder holds NAME.db per account; its copies go to DEST/NAME/NAME-STAMP.db, the
+# layout `backup_folder` uses. Every action takes all accounts, or those named by --account.
+
+
+def add_accounts_commands(sub: Any) -> None:
+    p = sub.add_parser("accounts", help="one database per account: list, backup, verify, restore, migrate")
+    actions = p.add_subparsers(metavar="ACTION")
+    q = actions.add_parser("list", help="the accounts in FOLDER, with their version and size")
+    q.add_argument("folder", metavar="FOLDER", type=Path)
+    q.set_defaults(func=cmd_accounts_list)
+    q = actions.add_parser("backup", help="copy each account (safe while the app runs) to DEST/NAME/")
+    q.add_argument("folder", metavar="FOLDER", type=Path)
+    q.add_argument("dest", metavar="DEST", type=Path)
+    q.set_defaults(func=cmd_accounts_backup)
+    q = actions.add_parser("verify", help="check the newest copy of each account in DEST")
+    q.add_argument("dest", metavar="DEST", type=Path)
+    q.add_argument("--json", action="store_true", help="print the reports as JSON")
+    q.set_defaults(func=cmd_accounts_verify)
+    q = actions.add_parser("restore", help="put back the newest copy of each account (refused for one held open)")
+    q.add_argument("dest", metavar="DEST", type=Path)
+    q.add_argument("folder", metavar="FOLDER", type=Path)
+    q.add_argument("--no-keep", action="store_true", help="delete each replaced database instead of keeping it")
+    q.set_defaults(func=cmd_accounts_restore)
+    q = actions.add_parser("migrate", help="apply pending migrations to each account not held open")
+    q.add_argument("folder", metavar="FOLDER", type=Path)
+    q.add_argument("--migrations", metavar="DIR", type=Path, required=True, help="the folder of numbered .sql files")
+    q.set_defaults(func=cmd_accounts_migrate)
+    for q in actions.choices.values():
+        q.add_argument("--account", metavar="NAME", action="append", dest="accounts",
+                       help="only this account (repeat for several); default: every account")  # fmt: skip
+    p.set_defaults(func=lambda args, usage=p.print_help: usage(sys.stderr) or 2)
+
+
+def _accounts_in(folder: Path, only: list[str] | None, *, copies: bool = False) -> list[str]:
+    from .accounts import ACCOUNT_NAME, SUFFIX
+
+    if not folder.is_dir():
+        raise LithError(f"{folder}: no such folder")
+    found = sorted(
+        p.name if copies else p.stem
+        for p in (folder.iterdir() if copies else folder.glob(f"*{SUFFIX}"))
+        if ACCOUNT_NAME.fullmatch(p.name if copies else p.stem) and (p.is_dir() if copies else p.is_file())
+    )
+    if only:
+        missing = sorted(set(only) - set(found))
+        if missing:
+            raise LithError(f"no account {', '.join(missing)} in {folder}")
+        return [name for name in found if name in only]
+    return found
+
+
+def _newest_copy(dest: Path, name: str) -> Path:
+    pattern = re.compile(rf"^{re.escape(name)}-{files.STAMP_RE}\.db$")
+    found = sorted(p for p in (dest / name).iterdir() if pattern.match(p.name))
+    if not found:
+        raise LithError(f"{dest / name}: no copy of account {name}")
+    return found[-1]
+
+
+def _each(names: list[str], action: Callable[[str], str]) -> int:
+    """Run `action` for every account, on past a failure; exit 1 if any failed."""
+    failed = 0
+    for name in names:
+        try:
+            print(f"{name}: {action(name)}")
+        except (LithError, sqlite3.Error) as exc:
+            failed += 1
+            print(f"{name}: FAILED: {exc}", file=sys.stderr)
+    print(f"{len(names) - failed} of {len(names)} accounts done" + (f", {failed} failed" if failed else ""))
+    return 1 if failed else 0
+
+
+def cmd_accounts_list(args: argparse.Namespace) -> int:
+    for name in _accounts_in(args.folder, args.accounts):
+        path = args.folder / f"{name}.db"
+        with open_ro(path) as conn:
+            version = db.user_version(conn)
+        print(f"{name}  version {version}  {files.mb(path.stat().st_size)}")
+    return 0
+
+
+def cmd_accounts_backup(args: argparse.Namespace) -> int:
+    names = _accounts_in(args.folder, args.accounts)
+    return _each(names, lambda name: backup(args.folder / f"{name}.db", f"{args.dest / name}/").summary())
+
+
+def cmd_accounts_verify(args: argparse.Namespace) -> int:
+    names = _accounts_in(args.dest, args.accounts, copies=True)
+    reports = {name: verify(_newest_copy(args.dest, name)) for name in names}
+    if args.json:
+        print(json.dumps({name: r.as_dict() for name, r in reports.items()}, indent=2))
+    else:
+        for report in reports.values():
+            print("\n".join(report.lines()))
+    bad = [name for name, r in reports.items() if not r.ok]
+    print(f"{len(names) - len(bad)} of {len(names)} copies ok" + (f"; failed: {', '.join(bad)}" if bad else ""))
+    return 1 if bad else 0
+
+
+def cmd_accounts_restore(args: argparse.Namespace) -> int:
+    names = _accounts_in(args.dest, args.accounts, copies=True)
+    args.folder.mkdir(parents=True, exist_ok=True)
+    return _each(names, lambda name: restore(
+        _newest_copy(args.dest, name), args.folder / f"{name}.db", keep_replaced=not args.no_keep
+    ).summary())  # fmt: skip
+
+
+def cmd_accounts_migrate(args: argparse.Namespace) -> int:
+    db.find_migrations(args.migrations)  # a missing folder fails before any file is touched
+    names = _accounts_in(args.folder, args.accounts)
+
+    def migrate(name: str) -> str:
+        path = args.folder / f"{name}.db"
+        busy = holders(path)
+        if busy:
+            raise db.MigrationError(f"open in another process ({'; '.join(busy)}): the app migrates it when it opens it")
+        conn = db.connect(path)
+        try:
+            before, after = db.migrate(conn, args.migrations)
+        finally:
+            conn.close()
+        return f"already at version {after}" if before == after else f"migrated from version {before} to {after}"
+
+    return _each(names, migrate)

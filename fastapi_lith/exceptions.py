@@ -50,3 +50,11 @@ class OutcomeLost(LithError):
     The command was applied once and is not applied again; only its result (or its error)
     could not be stored, because it could not be pickled.
     """
+
+
+class UnknownAccount(LithError, LookupError):
+    """No account has that name (or the name cannot be one): a request for it is a 404."""
+
+
+class AccountUnavailable(LithError, RuntimeError):
+    """An account's database cannot open (a migration failed); other accounts still serve."""
