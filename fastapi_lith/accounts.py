@@ -29,26 +29,16 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException
 from fastapi import Path as PathParam
-from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
-from fastapi.exceptions import RequestValidationError
 from markupsafe import Markup
 from sqlalchemy.ext.asyncio import AsyncConnection
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, Response
+from starlette.responses import Response
 
 from . import settings
 from .app import Lith
 from .exceptions import AccountUnavailable, LithError, SettingError, UnknownAccount, ViewError
 from .feed import Feed
-from .guard import (
-    BodyLimit,
-    acting_tab,
-    http_error_fragment,
-    is_command_request,
-    received_body,
-    validation_fragment,
-)
+from .guard import BodyLimit, add_error_handlers, same_origin_reason
 from .streams import TAB_ID, Frame
 from .views import Render, Views
 from .writer import Writer
@@ -373,6 +363,14 @@ class Accounts:
 
         return db
 
+    async def same_origin(self, request: Request) -> None:
+        """`Depends(accounts.same_origin)`: as `lith.same_origin`, for a route of no account
+        (a form that creates one)."""
+        if self._settings.get("same_origin_only", True):
+            reason = same_origin_reason(request)
+            if reason:
+                raise HTTPException(403, reason)
+
     def account(self) -> Account:
         """The account of the request being handled (on `accounts.router`)."""
         account = _current.get()
@@ -419,34 +417,14 @@ class Accounts:
         The routes of `accounts.router` (with the stream route) join the app when it starts.
         """
         app.add_middleware(BodyLimit, writer=self.writer, max_body=self.max_body)
-        validation_fallback = app.exception_handlers.get(RequestValidationError, request_validation_exception_handler)
-        http_fallback = app.exception_handlers.get(StarletteHTTPException, http_exception_handler)
-
-        async def on_validation_error(request: Request, exc: Exception) -> Response:
-            if isinstance(exc, RequestValidationError) and is_command_request(request):
-                html = validation_fragment(exc, self.error_id, self.messages)
-                self._push_error(request, received_body(request, exc), html)
-                return HTMLResponse(html, status_code=422)
-            return await validation_fallback(request, exc)  # type: ignore[misc]
-
-        async def on_http_error(request: Request, exc: Exception) -> Response:
-            if isinstance(exc, StarletteHTTPException) and 400 <= exc.status_code < 500 and is_command_request(request):
-                html = http_error_fragment(exc, self.error_id)
-                self._push_error(request, received_body(request, exc), html)
-                return HTMLResponse(html, status_code=exc.status_code, headers=exc.headers)
-            return await http_fallback(request, exc)  # type: ignore[misc]
-
-        app.add_exception_handler(RequestValidationError, on_validation_error)
-        app.add_exception_handler(StarletteHTTPException, on_http_error)
+        add_error_handlers(app, error_id=self.error_id, messages=self.messages, push=self._push)
         self._installed.add(app)
 
-    def _push_error(self, request: Request, body: Any, html: str) -> None:
+    def _push(self, request: Request, tab: str, frame: Frame) -> None:
         account: Account | None = getattr(request.state, "lith_account", None)
         hub = account.lith._hub if account is not None else None
-        tab, op = acting_tab(body)
-        if hub is None or tab is None:
-            return
-        hub.push(tab, Frame.patch(self.error_id, html, {"done": op} if op is not None else None))
+        if hub is not None:
+            hub.push(tab, frame)
 
 
 _PREFIX = re.compile(r"(/([A-Za-z0-9._~-]+|\{account\}))+")

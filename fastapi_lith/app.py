@@ -399,7 +399,7 @@ class Lith:
         add_error_handlers(app, error_id=self.error_id, messages=self.messages, push=self._push)
         self._installed.add(app)
 
-    def _push(self, tab: str, frame: Frame) -> None:
+    def _push(self, request: Request, tab: str, frame: Frame) -> None:
         if self._hub is not None:
             self._hub.push(tab, frame)
 

@@ -16,7 +16,7 @@ import asyncio
 import os
 import queue
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from . import streams as _streams  # streams imports this module: its names are read at call time
 

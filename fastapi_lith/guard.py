@@ -125,10 +125,11 @@ def is_command_request(request: Request) -> bool:
 
 
 def add_error_handlers(
-    app: FastAPI, *, error_id: str, messages: Messages | None, push: Callable[[str, Frame], None]
+    app: FastAPI, *, error_id: str, messages: Messages | None, push: Callable[[Request, str, Frame], None]
 ) -> None:
     """On a command request (one Datastar sent, or one the writer dependency marked) a 4xx
-    answer becomes an HTML fragment, also `push`ed to the acting tab with `done` set. Other
+    answer becomes an HTML fragment, also `push`ed to the acting tab with `done` set (the
+    request says where the tab lives: one app, or one account of many). Other
     requests get the app's handlers as they were (FastAPI's own by default)."""
     validation_fallback = app.exception_handlers.get(RequestValidationError, request_validation_exception_handler)
     http_fallback = app.exception_handlers.get(HTTPException, http_exception_handler)
@@ -136,7 +137,7 @@ def add_error_handlers(
     def tell(request: Request, exc: Exception, html: str) -> None:
         tab, op = acting_tab(received_body(request, exc))
         if tab is not None:
-            push(tab, Frame(error_id, html, {"done": op} if op is not None else None))
+            push(request, tab, Frame(error_id, html, {"done": op} if op is not None else None))
 
     async def on_validation_error(request: Request, exc: Exception) -> Response:
         if isinstance(exc, RequestValidationError) and is_command_request(request):

@@ -17,7 +17,6 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from pydantic import Field
 
 from fastapi_lith import ACCOUNT_NAME, Accounts, Command, Db, Tx, Writer
-from fastapi_lith.writer import same_origin_reason
 
 # --8<-- [start:accounts]
 accounts = Accounts(
@@ -143,10 +142,9 @@ async def home() -> str:
 
 # --8<-- [start:create]
 # Creating an account is explicit: a GET of an unknown account is a 404 and makes no file.
-@app.post("/accounts")
+# A plain form: `same_origin` refuses one posted from another site.
+@app.post("/accounts", dependencies=[Depends(accounts.same_origin)])
 async def create(request: Request) -> RedirectResponse:
-    if reason := same_origin_reason(request):  # a plain form: refuse one posted from another site
-        raise HTTPException(403, reason)
     name = parse_qs((await request.body()).decode()).get("name", [""])[0]
     if not ACCOUNT_NAME.fullmatch(name):
         raise HTTPException(422, "A team name is 1 to 63 of a-z, 0-9, '-' and '_'.")
