@@ -8,6 +8,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -104,12 +105,17 @@ async def test_failing_command_rolls_back_alone(writer: Writer) -> None:
 async def test_touched_topics_reach_subscribers_only_when_committed(writer: Writer) -> None:
     seen: list[frozenset[str]] = []
     unsubscribe = writer.subscribe(seen.append)
-    await asyncio.gather(writer.do(Add()), writer.do(Append(value="a")), return_exceptions=True)
+    assert await asyncio.gather(writer.do(Add()), writer.do(Append(value="a"))) == [1, 1]
+    assert seen == [frozenset({"counter", "log"})]  # one batch, one call with both topics
+    outcomes = await asyncio.gather(writer.do(Boom()), writer.do(Append(value="b")), return_exceptions=True)
+    assert isinstance(outcomes[0], ValueError) and outcomes[1] == 2
+    assert seen[1:] == [frozenset({"log"})]  # "boom" rolled back, so it never touched
     with pytest.raises(ValueError):
         await writer.do(Boom())
+    assert len(seen) == 2  # a batch that committed nothing touches nothing
     unsubscribe()
     await writer.do(Add())
-    assert set().union(*seen) == {"counter", "log"}  # "boom" rolled back, so it never touched
+    assert len(seen) == 2
 
 
 async def test_results_and_errors_reach_the_right_callers(writer: Writer) -> None:
@@ -164,16 +170,21 @@ async def test_shutdown_commits_every_accepted_command(tmp_path: Path, migration
 
 
 async def test_cancelled_before_taken_is_dropped(writer: Writer) -> None:
+    started, release = threading.Event(), threading.Event()
+
     class Slow(Command):
         def apply(self, tx: Tx) -> None:
-            time.sleep(0.2)  # holds the writer thread: the next commands wait in the queue
+            started.set()
+            release.wait(30)  # holds the writer thread: the next commands wait in the queue
 
     slow = asyncio.ensure_future(writer.do(Slow()))
-    await asyncio.sleep(0.05)
+    assert await asyncio.to_thread(started.wait, 30)
     kept = asyncio.ensure_future(writer.do(Add(n=1)))
     dropped = asyncio.ensure_future(writer.do(Add(n=100)))
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0)  # both are queued behind the slow command
+    assert len(writer._queue) == 2
     dropped.cancel()
+    release.set()
     await slow
     assert await kept == 1
     await writer.do(Add(n=0))
@@ -270,3 +281,122 @@ def test_a_writer_starts_again_on_another_event_loop(tmp_path: Path, migrations:
 
     assert asyncio.run(session()) == 1  # as a module-level Lith does across tests
     assert asyncio.run(asyncio.wait_for(session(), 5)) == 2
+
+
+# -- subscribers, batch bounds, failures at COMMIT and transactions SQLite ends ---------------
+
+
+async def test_a_raising_subscriber_neither_ends_the_writer_nor_starves_the_others(
+    writer: Writer, caplog: pytest.LogCaptureFixture
+) -> None:
+    seen: list[frozenset[str]] = []
+
+    def broken(topics: frozenset[str]) -> None:
+        raise RuntimeError("subscriber bug")
+
+    writer.subscribe(broken)
+    writer.subscribe(seen.append)
+    assert await asyncio.wait_for(writer.do(Add()), 10) == 1
+    assert await asyncio.wait_for(writer.do(Append(value="x")), 10) == 1  # the writer goes on
+    assert seen == [frozenset({"counter"}), frozenset({"log"})]
+    assert "subscriber bug" in caplog.text
+
+
+async def test_unsubscribe_stops_delivery(writer: Writer) -> None:
+    kept: list[frozenset[str]] = []
+    dropped: list[frozenset[str]] = []
+    writer.subscribe(kept.append)
+    unsubscribe = writer.subscribe(dropped.append)
+    await writer.do(Add())
+    unsubscribe()
+    await writer.do(Append(value="after"))
+    assert dropped == [frozenset({"counter"})]
+    assert kept == [frozenset({"counter"}), frozenset({"log"})]
+
+
+class Mark(Command):
+    """Records which transaction it ran in: one `Tx` per transaction."""
+
+    value: str
+
+    def apply(self, tx: Tx) -> None:
+        TRANSACTIONS.append(tx)
+        tx.execute(APPEND, {"value": self.value})
+
+
+TRANSACTIONS: list[Tx] = []
+
+
+async def test_batch_size_bounds_every_transaction(tmp_path: Path, migrations: Path) -> None:
+    writer = Writer(tmp_path / "app.db", migrations=migrations, batch_size=7)
+    await writer.start()
+    TRANSACTIONS.clear()
+    try:
+        await asyncio.gather(*(writer.do(Mark(value=f"m{i}")) for i in range(50)))
+    finally:
+        await writer.close()
+    sizes = [sum(1 for t in TRANSACTIONS if t is tx) for tx in dict.fromkeys(TRANSACTIONS)]
+    assert sum(sizes) == 50 and max(sizes) <= 7, sizes
+    assert writer.batches == len(sizes) >= 8
+    assert len(rows(writer.path, "SELECT value FROM log")) == 50
+
+
+DEFERRED = """
+CREATE TABLE parent (id INTEGER PRIMARY KEY);
+CREATE TABLE child (id INTEGER PRIMARY KEY,
+                    parent INTEGER NOT NULL REFERENCES parent (id) DEFERRABLE INITIALLY DEFERRED);
+CREATE TABLE doom (id INTEGER PRIMARY KEY);
+CREATE TRIGGER doom_ends_the_transaction BEFORE INSERT ON doom
+BEGIN SELECT RAISE(ROLLBACK, 'doomed'); END;
+"""
+
+
+class Orphan(Command):
+    """A child whose parent does not exist: fine until the deferred check at COMMIT."""
+
+    def apply(self, tx: Tx) -> None:
+        tx.execute("INSERT INTO child (parent) VALUES (999)")
+
+
+class Doom(Command):
+    """An error that makes SQLite roll back the whole transaction, not just the savepoint."""
+
+    def apply(self, tx: Tx) -> None:
+        tx.execute("INSERT INTO doom DEFAULT VALUES")
+
+
+@pytest.fixture
+async def fk_writer(tmp_path: Path, migrations: Path):
+    (migrations / "0002_deferred.sql").write_text(DEFERRED)
+    w = Writer(tmp_path / "app.db", migrations=migrations)
+    await w.start()
+    yield w
+    await w.close()
+
+
+async def test_a_failure_at_commit_fails_every_command_of_the_batch(fk_writer: Writer) -> None:
+    cmds: list[Command] = [Add(), Append(value="a"), Orphan(), Add()]
+    outcomes = await asyncio.wait_for(
+        asyncio.gather(*(fk_writer.do(c) for c in cmds), return_exceptions=True), 10
+    )
+    for outcome in outcomes:  # one batch, one COMMIT: nothing landed, each caller hears why
+        assert isinstance(outcome, sqlite3.IntegrityError), outcomes
+        assert "FOREIGN KEY" in str(outcome)
+    assert rows(fk_writer.path, "SELECT count FROM counter") == [(0,)]
+    assert rows(fk_writer.path, "SELECT count(*) FROM log") == [(0,)]
+    assert rows(fk_writer.path, "SELECT count(*) FROM child") == [(0,)]
+    assert fk_writer.failed == 4
+    assert await asyncio.wait_for(fk_writer.do(Add()), 10) == 1  # the next batch starts clean
+
+
+async def test_commands_run_again_when_sqlite_ends_the_transaction(fk_writer: Writer) -> None:
+    cmds: list[Command] = [Add(), Append(value="a"), Doom(), Add(), Add()]
+    outcomes = await asyncio.wait_for(
+        asyncio.gather(*(fk_writer.do(c) for c in cmds), return_exceptions=True), 10
+    )
+    assert isinstance(outcomes[2], sqlite3.IntegrityError) and "doomed" in str(outcomes[2])
+    assert [outcomes[i] for i in (0, 1, 3, 4)] == [1, 1, 2, 3]  # each ran once, in order
+    assert rows(fk_writer.path, "SELECT count FROM counter") == [(3,)]
+    assert rows(fk_writer.path, "SELECT value FROM log") == [("a",)]
+    assert rows(fk_writer.path, "SELECT count(*) FROM doom") == [(0,)]
+    assert fk_writer.failed == 1
