@@ -6,6 +6,7 @@ import asyncio
 import gc
 import logging
 import sqlite3
+import threading
 import time
 import weakref
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 import sqlalchemy as sa
 
 from fastapi_lith import Command, Db, Lith, Tx, ViewError
+from fastapi_lith.streams import Stream
 from fastapi_lith.testing import Tabs
 
 SCHEMA = """
@@ -285,3 +287,178 @@ async def test_executemany_with_a_core_statement(tmp_path: Path) -> None:
         assert await tabs.do(Fill()) == 50
     with sqlite3.connect(tmp_path / "app.db") as conn:
         assert conn.execute("SELECT count(*) FROM outcome").fetchone() == (50,)
+
+
+# -- the hub on its own timer, and races set up with events, not sleeps -----------------------
+
+
+class Gate:
+    """Holds one render on its reader thread until the test lets it go."""
+
+    def __init__(self) -> None:
+        self.armed = True
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def hold(self) -> None:
+        if self.armed:
+            self.armed = False
+            self.entered.set()
+            assert self.release.wait(30), "the test never released the render"
+
+    async def entered_render(self) -> None:
+        assert await asyncio.to_thread(self.entered.wait, 30), "the render never started"
+
+
+async def next_html(stream: Stream, timeout: float = 10) -> list[str]:
+    return [f.html for f in await asyncio.wait_for(stream.next(), timeout)]
+
+
+async def test_a_commit_during_a_first_render_reaches_the_tab_without_a_later_commit(tmp_path: Path) -> None:
+    lith, _ = make_lith(tmp_path)
+    gate = Gate()
+
+    @lith.view("held/{board_id}", topics={"board:{board_id}"})
+    def held(db: Db, board_id: int) -> h.Element:
+        count = db.scalar(COUNT, {"cid": board_id})
+        gate.hold()  # the first render has read 0 and waits here
+        return h.p(id="held")[count]
+
+    async with lith.lifespan():  # the hub's own timer, no manual ticks
+        stream = Stream("t1")
+        opening = asyncio.ensure_future(lith.hub.open(stream, ["held/1"]))
+        await gate.entered_render()
+        await lith.writer.do(Add())  # lands while the first render runs
+        gate.release.set()
+        await asyncio.wait_for(opening, 10)
+        assert await next_html(stream) == ['<p id="held">0</p>']
+        assert await next_html(stream) == ['<p id="held">1</p>']  # no later commit needed
+        lith.hub.close(stream)
+
+
+async def test_a_commit_during_an_unchanged_render_is_rendered_on_the_next_tick(tmp_path: Path) -> None:
+    # The render that the commit overtook sends nothing (its HTML did not change), so no tab
+    # takes a frame: only the hub itself can wake for the commit it missed.
+    lith, _ = make_lith(tmp_path)
+    gate = Gate()
+    gate.armed = False
+
+    @lith.view("held/{board_id}", topics={"board:{board_id}"})
+    def held(db: Db, board_id: int) -> h.Element:
+        count = db.scalar(COUNT, {"cid": board_id})
+        gate.hold()
+        return h.p(id="held")[count]
+
+    async with lith.lifespan():
+        stream = Stream("t1")
+        await lith.hub.open(stream, ["held/1"])
+        assert await next_html(stream) == ['<p id="held">0</p>']
+        gate.armed = True
+        await lith.writer.do(Add(n=0))  # the timer renders, and is held after its read
+        await gate.entered_render()
+        await lith.writer.do(Add(n=1))
+        gate.release.set()
+        assert await next_html(stream) == ['<p id="held">1</p>']
+        assert lith.hub.counters.unchanged == 1
+        lith.hub.close(stream)
+
+
+async def test_a_commit_during_a_failed_first_render_is_rendered_without_a_later_commit(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The first render fails, so no tab gets a frame to take: only the hub itself can wake
+    # for the commit that landed while it ran.
+    lith, _ = make_lith(tmp_path)
+    gate = Gate()
+
+    @lith.view("flaky/{board_id}", topics={"board:{board_id}"})
+    def flaky(db: Db, board_id: int) -> h.Element:
+        count = db.scalar(COUNT, {"cid": board_id})
+        if gate.armed:
+            gate.hold()
+            raise RuntimeError("first render fails")
+        return h.p(id="flaky")[count]
+
+    async with lith.lifespan():
+        stream = Stream("t1")
+        opening = asyncio.ensure_future(lith.hub.open(stream, ["flaky/1"]))
+        await gate.entered_render()
+        await lith.writer.do(Add())
+        gate.release.set()
+        await asyncio.wait_for(opening, 10)
+        assert await next_html(stream) == ['<p id="flaky">1</p>']
+        assert lith.hub.counters.render_errors == 1
+        lith.hub.close(stream)
+
+
+async def test_the_timer_renders_an_instance_at_most_once_per_tick(tmp_path: Path) -> None:
+    lith, renders = make_lith(tmp_path)
+    lith.tick = 0.2
+    async with lith.lifespan():
+        stream = Stream("t1")
+        await lith.hub.open(stream, ["board/1"])
+        taken: list[str] = []
+
+        async def reader() -> None:  # a fast tab: it never holds a frame back
+            while True:
+                taken.extend(f.html for f in await stream.next())
+
+        reading = asyncio.ensure_future(reader())
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        for _ in range(300):  # a commit every few milliseconds
+            await lith.writer.do(Add())
+        while taken[-1:] != ['<p id="board-1">300</p>']:  # the last commit reaches the tab
+            assert loop.time() < started + 60, taken[-1:]
+            await asyncio.sleep(0.01)
+        elapsed = loop.time() - started
+        await asyncio.sleep(0.5)  # a tick already woken may still run
+        ticks = lith.hub.counters.ticks
+        await asyncio.sleep(0.5)
+        assert lith.hub.counters.ticks == ticks  # an idle hub does not tick
+        reading.cancel()
+        lith.hub.close(stream)
+    # Slowness only lowers the count: at most one render per tick, plus the one at once.
+    assert renders["board/1"] - 1 <= elapsed / 0.2 + 2, (renders, elapsed)
+
+
+async def test_every_frame_of_one_tick_shows_one_state(tmp_path: Path) -> None:
+    lith, _ = make_lith(tmp_path)
+    gate = Gate()
+    gate.armed = False
+
+    def counted(name: str) -> None:
+        @lith.view(name, topics={"board:1"})
+        def view(db: Db) -> h.Element:
+            count = db.scalar(COUNT, {"cid": 1})
+            gate.hold()  # the first instance of the tick waits after its read
+            return h.p(id=name)[count]
+
+    counted("left")
+    counted("right")
+    async with Tabs(lith) as tabs:
+        tab = await tabs.open("left", "right")
+        await tabs.do(Add())
+        gate.armed = True
+        ticking = asyncio.ensure_future(tabs.tick())
+        await gate.entered_render()
+        await tabs.do(Add())  # commits between the two renders of one tick
+        gate.release.set()
+        assert await asyncio.wait_for(ticking, 10) == 2
+        assert (tab.html("left"), tab.html("right")) == ('<p id="left">1</p>', '<p id="right">1</p>')
+        assert await tabs.tick() == 2
+        assert (tab.html("left"), tab.html("right")) == ('<p id="left">2</p>', '<p id="right">2</p>')
+
+
+async def test_an_unchanged_render_sends_nothing(tmp_path: Path) -> None:
+    lith, renders = make_lith(tmp_path)
+    async with Tabs(lith) as tabs:
+        tab = await tabs.open("board/1")
+        await tabs.do(Add(n=0))  # touches the board, changes nothing it shows
+        assert await tabs.tick() == 1
+        assert renders["board/1"] == 2
+        assert tab.read() == []
+        assert lith.hub.counters.unchanged == 1
+        await tabs.do(Add(n=2))
+        await tabs.tick()
+        assert [f.html for f in tab.read()] == ['<p id="board-1">2</p>']
