@@ -237,20 +237,20 @@ async def test_async_read_connection_for_handlers_is_read_only(tmp_path: Path) -
 
 async def test_a_slow_first_render_never_lands_after_a_newer_one(tmp_path: Path) -> None:
     lith, _ = make_lith(tmp_path)
-    first = {"slow": True}
+    gate = Gate()
 
     @lith.view("slow/{board_id}", topics={"board:{board_id}"})
     def slow(db: Db, board_id: int) -> h.Element:
         count = db.scalar(COUNT, {"cid": board_id})
-        if first.pop("slow", False):
-            time.sleep(0.3)  # the first render reads 0, then takes its time
+        gate.hold()  # the first render reads 0, then waits
         return h.p(id="slow")[count]
 
     async with Tabs(lith) as tabs:
         opening = asyncio.ensure_future(tabs.open("slow/1"))
-        await asyncio.sleep(0.05)
+        await gate.entered_render()
         await tabs.do(Add())  # lands while the first render is still running
-        await tabs.tick()  # must not render the instance a second time at once
+        assert await tabs.tick() == 0  # must not render the instance a second time at once
+        gate.release.set()
         tab = await opening
         while await tabs.tick():
             pass
@@ -261,15 +261,22 @@ async def test_a_slow_first_render_never_lands_after_a_newer_one(tmp_path: Path)
 async def test_open_returns_with_every_first_frame_even_when_another_tab_renders_it(tmp_path: Path) -> None:
     lith, _ = make_lith(tmp_path)
 
+    gate = Gate()
+
     @lith.view("big/{board_id}", topics={"board:{board_id}"})
     def big(db: Db, board_id: int) -> h.Element:
-        time.sleep(0.2)
+        gate.hold()
         return h.div(id="big")["x" * 100_000]
 
     async with Tabs(lith) as tabs:
         first = asyncio.ensure_future(tabs.open("big/1"))
-        await asyncio.sleep(0.05)  # the first tab's render of big/1 is under way
-        second = await tabs.open("outcome/{tab}", "big/1")
+        await gate.entered_render()  # the first tab's render of big/1 is under way
+        second_opening = asyncio.ensure_future(tabs.open("outcome/{tab}", "big/1"))
+        while not any(len(i.watchers) == 2 for i in lith.hub.instances.values()):
+            await asyncio.sleep(0.01)  # the second tab watches big/1 and waits for its render
+        assert not second_opening.done()
+        gate.release.set()
+        second = await asyncio.wait_for(second_opening, 10)
         # Both frames were there when open returned, so the stream's first write holds both.
         assert [f.key for f in second.received] == [f"outcome/{second.id}", "big/1"]
         await first
