@@ -9,15 +9,16 @@ from __future__ import annotations
 import os
 import sqlite3
 import tempfile
+import weakref
 from pathlib import Path
 
 import htpy as h
 import sqlalchemy as sa
-from fastapi import Depends, FastAPI
+from fastapi import Depends, FastAPI, Header
 from fastapi.responses import HTMLResponse
 
 from fastapi_lith import Command, Db, Lith, Tx, Writer, fragment
-from fastapi_lith.encoders import make_encoder
+from fastapi_lith.encoders import Encoder, ZstdEncoder, make_encoder
 
 LOREM = (
     "Collect the numbers from every region, check them against last quarter, note what moved and "
@@ -85,8 +86,19 @@ def board(db: Db) -> h.Element:
 
 app = FastAPI(lifespan=lith.lifespan)
 app.include_router(lith.router)
-if "STREAM_ENCODING" in os.environ:
-    app.dependency_overrides[lith.encoder] = lambda: make_encoder(os.environ["STREAM_ENCODING"])
+ENCODERS: weakref.WeakSet[Encoder] = weakref.WeakSet()  # open streams' encoders, for /stats
+
+
+async def recorded_encoder(accept_encoding: str | None = Header(None)) -> Encoder:
+    if "STREAM_ENCODING" in os.environ:
+        encoder = make_encoder(os.environ["STREAM_ENCODING"])
+    else:
+        encoder = await lith.encoder(accept_encoding)
+    ENCODERS.add(encoder)
+    return encoder
+
+
+app.dependency_overrides[lith.encoder] = recorded_encoder
 
 
 @app.post("/move", status_code=204)
@@ -101,7 +113,14 @@ async def rename(cmd: Rename, writer: Writer = Depends(lith.writer)) -> None:
 
 @app.get("/stats")
 async def stats() -> dict[str, int]:
-    return {"streams": len(lith.hub.streams), "instances": len(lith.hub.instances), "rss_kib": rss_kib()}
+    # A zstd encoder that has sent a frame and holds no compressor ended its frame while idle.
+    hibernating = sum(1 for e in ENCODERS if isinstance(e, ZstdEncoder) and e._sent and e.hibernating)
+    return {
+        "streams": len(lith.hub.streams),
+        "instances": len(lith.hub.instances),
+        "hibernating": hibernating,
+        "rss_kib": rss_kib(),
+    }
 
 
 @app.get("/", response_class=HTMLResponse)
