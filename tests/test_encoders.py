@@ -219,7 +219,17 @@ def test_make_encoder_passes_settings() -> None:
     encoder = make_encoder("br", quality=5, size_hint=200_000)
     assert isinstance(encoder, BrotliEncoder)
     assert encoder.quality == 5
-    assert isinstance(make_encoder("gzip", level=1), GzipEncoder)
+    encoder.encode(b"data: small\n\n")
+    assert encoder.lgwin == 18  # the window was sized from the hint, not the small first event
+    encoder.encode(b"x" * 190_000)
+    assert not encoder.needs_restart
+    gzip = make_encoder("gzip", level=1)
+    assert isinstance(gzip, GzipEncoder)
+    event = b"data: " + b"".join(b"card %d moved to lane %d; " % (i, i % 4) for i in range(2000))
+    reference = {level: zlib.compressobj(level, zlib.DEFLATED, 31) for level in (1, 6)}
+    expected = {level: c.compress(event) + c.flush(zlib.Z_SYNC_FLUSH) for level, c in reference.items()}
+    assert expected[1] != expected[6]  # the level shows in the bytes
+    assert gzip.encode(event) == expected[1]
 
 
 # --------------------------------------------------------------------------- size on the board
