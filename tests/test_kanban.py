@@ -188,7 +188,7 @@ def test_presence_two_viewers_a_reload_then_one(two_pages: tuple[Page, Page]) ->
     assert a.evaluate("window.fewestAvatars") == 2, "b flickered out of a's presence list"
 
     b.close()  # its pagehide beacon says goodbye; the list drops b after a short grace
-    expect(a.locator("#presence .avatar")).to_have_count(1, timeout=8_000)
+    expect(a.locator("#presence .avatar")).to_have_count(1, timeout=15_000)
     expect(a.locator(".presence-count")).to_have_text("1 viewing")
 
 
