@@ -400,3 +400,74 @@ async def test_commands_run_again_when_sqlite_ends_the_transaction(fk_writer: Wr
     assert rows(fk_writer.path, "SELECT value FROM log") == [("a",)]
     assert rows(fk_writer.path, "SELECT count(*) FROM doom") == [(0,)]
     assert fk_writer.failed == 1
+
+
+# -- the dependency's checks in process (the same cases run over HTTP in test_app.py) ----------
+
+
+@pytest.mark.parametrize(
+    ("headers", "status"),
+    [
+        ({"Datastar-Request": "true", "Sec-Fetch-Site": "same-origin"}, 200),
+        ({"Datastar-Request": "true", "Origin": "http://app.test"}, 200),
+        ({"Sec-Fetch-Site": "same-origin"}, 403),
+        ({"Datastar-Request": "false", "Sec-Fetch-Site": "same-origin"}, 403),
+        ({"Datastar-Request": "true", "Sec-Fetch-Site": "cross-site"}, 403),
+        ({"Datastar-Request": "true", "Sec-Fetch-Site": "none"}, 403),
+        ({"Datastar-Request": "true", "Sec-Fetch-Site": "cross-site", "Origin": "http://app.test"}, 403),
+        ({"Datastar-Request": "true"}, 403),
+        ({"Datastar-Request": "true", "Origin": "null"}, 403),
+        ({"Datastar-Request": "true", "Origin": "http://app.test.evil.example"}, 403),
+        ({"Datastar-Request": "true", "Origin": "http://evil.example/app.test"}, 403),
+        ({"Datastar-Request": "true", "Origin": "https://app.test"}, 403),
+        ({"Datastar-Request": "true", "Origin": "app.test"}, 403),
+    ],
+)
+async def test_the_writer_dependency_refuses_what_is_not_same_origin_datastar(
+    writer: Writer, headers: dict[str, str], status: int
+) -> None:
+    import httpx
+    from fastapi import Depends, FastAPI
+
+    app = FastAPI()
+
+    @app.post("/add")
+    async def add(cmd: Add, w: Writer = Depends(writer)) -> int:
+        return await w.do(cmd)
+
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://app.test") as client:
+        response = await client.post("/add", json={"n": 2}, headers=headers)
+    assert response.status_code == status, response.text
+    if status == 403:
+        detail = response.json()["detail"]
+        assert "refused" in detail or "Datastar-Request" in detail
+        if "Sec-Fetch-Site" in headers and headers.get("Datastar-Request") == "true":
+            assert headers["Sec-Fetch-Site"] in detail  # the refusal names what it saw
+        elif "Origin" in headers:
+            assert headers["Origin"] in detail and "http://app.test" in detail
+    assert rows(writer.path, "SELECT count FROM counter") == [(2 if status == 200 else 0,)]
+
+
+async def test_the_writer_dependency_refuses_bodies_over_max_body(tmp_path: Path, migrations: Path) -> None:
+    import httpx
+    from fastapi import Depends, FastAPI
+
+    writer = Writer(tmp_path / "app.db", migrations=migrations, max_body=100, same_origin_only=False)
+    await writer.start()
+    app = FastAPI()
+
+    @app.post("/append")
+    async def append(cmd: Append, w: Writer = Depends(writer)) -> int:
+        return await w.do(cmd)
+
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app.test") as client:
+            json = {"Content-Type": "application/json"}
+            fits = await client.post("/append", content=b'{"value": "%s"}' % (b"a" * 85), headers=json)  # 100 bytes
+            over = await client.post("/append", content=b'{"value": "%s"}' % (b"b" * 86), headers=json)
+    finally:
+        await writer.close()
+    assert fits.status_code == 200, fits.text
+    assert over.status_code == 413 and "100 bytes" in over.text
+    assert [v for (v,) in rows(writer.path, "SELECT value FROM log")] == ["a" * 85]
