@@ -464,10 +464,10 @@ async def test_the_writer_dependency_refuses_bodies_over_max_body(tmp_path: Path
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app.test") as client:
             json = {"Content-Type": "application/json"}
-            fits = await client.post("/append", content=b'{"value": "%s"}' % (b"a" * 85), headers=json)  # 100 bytes
-            over = await client.post("/append", content=b'{"value": "%s"}' % (b"b" * 86), headers=json)
+            fits = await client.post("/append", content=b'{"value": "%s"}' % (b"a" * 87), headers=json)  # 100 bytes
+            over = await client.post("/append", content=b'{"value": "%s"}' % (b"b" * 88), headers=json)
     finally:
         await writer.close()
     assert fits.status_code == 200, fits.text
     assert over.status_code == 413 and "100 bytes" in over.text
-    assert [v for (v,) in rows(writer.path, "SELECT value FROM log")] == ["a" * 85]
+    assert [v for (v,) in rows(writer.path, "SELECT value FROM log")] == ["a" * 87]
