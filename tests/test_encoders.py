@@ -426,3 +426,12 @@ def test_negotiate_among_what_the_app_offers() -> None:
     assert negotiate("zstd, br", offered) == "identity"
     assert negotiate("zstd, br, identity;q=0", offered) is None
     assert negotiate("", ("zstd",)) is None
+
+
+def test_memory_sizes_of_the_windowless_and_the_closed() -> None:
+    gzip = GzipEncoder()
+    assert gzip.memory_size() == 256 * 1024  # zlib's figure for a 32 KiB window at memLevel 8
+    gzip.close()
+    assert gzip.memory_size() == 0
+    assert IdentityEncoder().memory_size() == 0
+    assert IdentityEncoder().close() == b"" and IdentityEncoder().hibernate() == b""

@@ -469,3 +469,30 @@ async def test_an_unchanged_render_sends_nothing(tmp_path: Path) -> None:
         await tabs.do(Add(n=2))
         await tabs.tick()
         assert [f.html for f in tab.read()] == ['<p id="board-1">2</p>']
+
+
+async def test_push_reaches_every_stream_of_one_tab_only(tmp_path: Path) -> None:
+    from fastapi_lith.streams import Frame
+
+    lith, _ = make_lith(tmp_path)
+    async with Tabs(lith) as tabs:
+        one, two = await tabs.open("board/1", tab="alice"), await tabs.open("quiet", tab="alice")
+        other = await tabs.open("board/1", tab="bob")
+        error = Frame.patch("lith-error", '<div id="lith-error">no</div>')
+        assert lith.hub.push("alice", error) == 2
+        assert one.read() == [error] and two.read() == [error]
+        assert other.read() == []
+        assert lith.hub.push("nobody", error) == 0
+
+
+def test_tick_percentiles_are_in_milliseconds() -> None:
+    from fastapi_lith.hub import Counters
+
+    counters = Counters()
+    assert counters.tick_percentiles() == {"p50": 0.0, "p95": 0.0, "p99": 0.0}
+    counters.tick_seconds.append(0.004)
+    assert counters.tick_percentiles() == {"p50": 4.0, "p95": 4.0, "p99": 4.0}
+    counters.tick_seconds.extend(i / 1000 for i in range(1, 101))  # 1 to 100 ms, and the 4 above
+    got = counters.tick_percentiles()
+    assert got["p50"] == pytest.approx(50.0) and got["p95"] == pytest.approx(95.0)
+    assert got["p99"] == pytest.approx(99.0)

@@ -471,3 +471,11 @@ async def test_the_writer_dependency_refuses_bodies_over_max_body(tmp_path: Path
     assert fits.status_code == 200, fits.text
     assert over.status_code == 413 and "100 bytes" in over.text
     assert [v for (v,) in rows(writer.path, "SELECT value FROM log")] == ["a" * 87]
+
+
+def test_a_command_without_apply_names_itself() -> None:
+    class Forgot(Command):
+        pass
+
+    with pytest.raises(NotImplementedError, match=r"Forgot\.apply\(tx\)"):
+        Forgot().apply(None)  # type: ignore[arg-type]
