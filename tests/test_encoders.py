@@ -9,6 +9,7 @@ import sys
 import zlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import brotli
 import pytest
@@ -435,3 +436,46 @@ def test_memory_sizes_of_the_windowless_and_the_closed() -> None:
     assert gzip.memory_size() == 0
     assert IdentityEncoder().memory_size() == 0
     assert IdentityEncoder().close() == b"" and IdentityEncoder().hibernate() == b""
+
+
+@pytest.mark.parametrize(
+    ("make", "kib", "strategy"),
+    [
+        (ZstdEncoder, 512 + 128 + 64, zstandard.STRATEGY_FAST),  # "about 0.7 MiB"
+        (ZstdEncoder.low_memory, 256 + 128 + 32, zstandard.STRATEGY_FAST),  # "about 0.4 MiB"
+        (ZstdEncoder.dense, 512 + 128 + 32 + 64, zstandard.STRATEGY_BTLAZY2),  # same window, a chain
+    ],
+)
+def test_zstd_presets_hold_the_memory_they_promise(make: Any, kib: int, strategy: int) -> None:
+    encoder = make()
+    assert encoder.memory_size() == 0
+    event = b"data: " + b"card moved; " * 5000 + b"\n\n"
+    first = encoder.encode(event)
+    assert encoder.memory_size() == kib * 1024
+    assert encoder.params.strategy == strategy
+    assert zstandard.ZstdDecompressor().decompressobj().decompress(first) == event
+    again = encoder.encode(event)
+    assert len(again) < 100  # a repeat costs a few bytes inside the window
+
+
+def test_zstd_preset_parameters() -> None:
+    low, dense = ZstdEncoder.low_memory().params, ZstdEncoder.dense().params
+    default = ZstdEncoder().params
+    assert (low.window_log, low.hash_log) == (18, 13)
+    assert (default.window_log, default.hash_log) == (19, 14)
+    assert (dense.window_log, dense.hash_log, dense.chain_log, dense.search_log, dense.min_match) == (19, 13, 14, 1, 6)
+
+
+@pytest.mark.parametrize(("quality", "tables"), [(1, 160_000), (4, 880_000 + 65_536), (10, 4_100_000 + 65_536)])
+def test_brotli_memory_size_by_quality_and_after_close(quality: int, tables: int) -> None:
+    encoder = BrotliEncoder(quality=quality)
+    encoder.encode(b"data: small\n\n")
+    assert encoder.lgwin == 16 and encoder.memory_size() == tables
+    encoder.close()
+    assert encoder.memory_size() == 0 and encoder.close() == b""
+
+
+def test_malformed_and_out_of_range_q_values_drop_only_their_entry() -> None:
+    assert negotiate("gzip;q==0.5") == "identity"  # malformed: as if gzip were not offered
+    assert negotiate("zstd;q=5, gzip") == "gzip"  # out of range: the next entry still counts
+    assert negotiate("zstd;q=abc, br;q=0.5") == "br"

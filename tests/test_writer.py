@@ -107,8 +107,8 @@ async def test_touched_topics_reach_subscribers_only_when_committed(writer: Writ
     unsubscribe = writer.subscribe(seen.append)
     assert await asyncio.gather(writer.do(Add()), writer.do(Append(value="a"))) == [1, 1]
     assert seen == [frozenset({"counter", "log"})]  # one batch, one call with both topics
-    outcomes = await asyncio.gather(writer.do(Boom()), writer.do(Append(value="b")), return_exceptions=True)
-    assert isinstance(outcomes[0], ValueError) and outcomes[1] == 2
+    outcomes = await asyncio.gather(writer.do(Append(value="b")), writer.do(Boom()), return_exceptions=True)
+    assert outcomes[0] == 2 and isinstance(outcomes[1], ValueError)
     assert seen[1:] == [frozenset({"log"})]  # "boom" rolled back, so it never touched
     with pytest.raises(ValueError):
         await writer.do(Boom())
@@ -165,7 +165,7 @@ async def test_shutdown_commits_every_accepted_command(tmp_path: Path, migration
     await writer.close()
     assert all(f.done() and f.exception() is None for f in futures)
     assert rows(writer.path, "SELECT count FROM counter") == [(5000,)]
-    with pytest.raises(WriterClosed):
+    with pytest.raises(WriterClosed, match="^the writer is not running$"):
         await writer.do(Add())
 
 
@@ -208,8 +208,17 @@ async def test_raw_sql_and_row_helpers(writer: Writer) -> None:
             one = tx.one("SELECT value FROM log WHERE value = ?", ("raw",))
             first = tx.first(sa.select(log_table.c.value).where(log_table.c.value == "missing"))
             everything = [r["value"] for r in tx.all(sa.select(log_table.c.value).order_by("seq"))]
-            with pytest.raises(LookupError):
+            with pytest.raises(LookupError, match="^expected one row, got several$"):
                 tx.one("SELECT value FROM log")
+            with pytest.raises(LookupError, match="^expected one row, got none$"):
+                tx.one("SELECT value FROM log WHERE value = ?", ("missing",))
+            params = [r["value"] for r in tx.all("SELECT value FROM log WHERE value > :v ORDER BY seq", {"v": "a"})]
+            assert params == ["raw", "b"]
+            assert tx.executemany("INSERT INTO log (value) VALUES (?)", [("s1",), ("s2",)]) == 2
+            assert tx.executemany(APPEND, []) == 0
+            gone = log_table.delete().where(log_table.c.value.in_(sa.bindparam("vs", expanding=True)))
+            assert tx.executemany(gone, [{"vs": ["s1", "s2"]}]) == 2  # one row, SQL built per row
+            assert tx.executemany(gone, [{"vs": ["missing"]}, {"vs": ["a"]}]) == 1
             return one["value"], first, everything
 
     assert await writer.do(Raw()) == ("raw", None, ["raw", "a", "b"])
@@ -441,6 +450,15 @@ async def test_the_writer_dependency_refuses_what_is_not_same_origin_datastar(
     assert response.status_code == status, response.text
     if status == 403:
         detail = response.json()["detail"]
+        site, origin = headers.get("Sec-Fetch-Site"), headers.get("Origin")
+        if headers.get("Datastar-Request") != "true":
+            assert detail == "command requests must come from Datastar (Datastar-Request: true)"
+        elif site is not None:
+            assert detail == f"cross-site request refused (Sec-Fetch-Site: {site})"
+        elif origin is not None:
+            assert detail == f"cross-site request refused (Origin {origin} is not http://app.test)"
+        else:
+            assert detail == "cross-site request refused (no Sec-Fetch-Site or Origin header)"
         assert "refused" in detail or "Datastar-Request" in detail
         if "Sec-Fetch-Site" in headers and headers.get("Datastar-Request") == "true":
             assert headers["Sec-Fetch-Site"] in detail  # the refusal names what it saw
