@@ -479,3 +479,32 @@ def test_malformed_and_out_of_range_q_values_drop_only_their_entry() -> None:
     assert negotiate("gzip;q==0.5") == "identity"  # malformed: as if gzip were not offered
     assert negotiate("zstd;q=5, gzip") == "gzip"  # out of range: the next entry still counts
     assert negotiate("zstd;q=abc, br;q=0.5") == "br"
+
+
+def test_encoder_arguments_are_checked_and_closed_encoders_refuse_events() -> None:
+    ZstdEncoder(window_log=zstandard.WINDOWLOG_MIN)
+    ZstdEncoder(window_log=23)
+    for bad in (zstandard.WINDOWLOG_MIN - 1, 24):
+        with pytest.raises(ValueError, match=rf"^window_log must be in {zstandard.WINDOWLOG_MIN}\.\.23$"):
+            ZstdEncoder(window_log=bad)
+    assert BrotliEncoder(quality=0).quality == 0 and BrotliEncoder(quality=11).quality == 11
+    for bad in (-1, 12):
+        with pytest.raises(ValueError, match=r"^quality must be in 0\.\.11$"):
+            BrotliEncoder(quality=bad)
+    assert BrotliEncoder().quality == 4
+    assert BrotliEncoder(quality=3).flush_every == 16 * 1024
+    assert BrotliEncoder(quality=4).flush_every == 64 * 1024
+    assert BrotliEncoder(flush_every=0).flush_every == 0
+    for encoder in (ZstdEncoder(), BrotliEncoder(), GzipEncoder()):
+        encoder.close()
+        with pytest.raises(RuntimeError, match="^encoder is closed$"):
+            encoder.encode(b"data: late\n\n")
+
+
+def test_brotli_announces_the_window_it_sized() -> None:
+    # RFC 7932: a stream whose first bit is 0 declares a 64 KiB (lgwin 16) window.
+    encoder = BrotliEncoder()
+    out = encoder.encode(b"data: small\n\n")
+    assert encoder.lgwin == 16 and out[0] & 1 == 0
+    big = BrotliEncoder()
+    assert big.encode(b"x" * 150_000)[0] & 1 == 1 and big.lgwin == 18

@@ -496,3 +496,42 @@ def test_tick_percentiles_are_in_milliseconds() -> None:
     got = counters.tick_percentiles()
     assert got["p50"] == pytest.approx(50.0) and got["p95"] == pytest.approx(95.0)
     assert got["p99"] == pytest.approx(99.0)
+
+
+async def test_close_forgets_the_stream_and_its_dirty_instances(tmp_path: Path) -> None:
+    lith, _ = make_lith(tmp_path)
+    async with Tabs(lith) as tabs:
+        stream = Stream("t1")
+        await lith.hub.open(stream, ["board/1", "quiet"])
+        await tabs.do(Add())  # board/1 is dirty, and nobody else watches it
+        assert lith.hub.dirty
+        lith.hub.close(stream)
+        assert lith.hub.dirty == set() and lith.hub.instances == {}
+        assert stream not in lith.hub.streams and stream.keys == ()
+        assert [f.key for f in stream.take()] == ["board/1", "quiet"]  # what it held, hub or not
+        assert await tabs.tick() == 0
+
+
+async def test_counters_count_ticks_renders_and_errors(tmp_path: Path) -> None:
+    lith, renders = make_lith(tmp_path)
+    broken = {"now": False}
+
+    @lith.view("fragile", topics={"board:1"})
+    def fragile(db: Db) -> h.Element:
+        if broken["now"]:
+            raise RuntimeError("kaput")
+        return h.p(id="fragile")[db.scalar(COUNT, {"cid": 1})]
+
+    async with Tabs(lith) as tabs:
+        tab = await tabs.open("board/1", "fragile")
+        counters = lith.hub.counters
+        assert (counters.ticks, counters.renders, counters.frames) == (0, 2, 2)
+        broken["now"] = True
+        for _ in range(2):
+            await tabs.do(Add())
+            assert await tabs.tick() == 2
+            tab.read()
+        assert await tabs.tick() == 0
+        assert (counters.ticks, counters.renders, counters.render_errors) == (3, 6, 2)
+        assert renders["board/1"] == 3
+        assert len(counters.tick_seconds) == 3 and all(0 <= t < 60 for t in counters.tick_seconds)

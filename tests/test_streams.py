@@ -344,8 +344,9 @@ async def test_a_frame_that_outgrows_the_brotli_window_ends_the_body() -> None:
     chunks = await collect(stream, encoder, offer_big_after_first)
     assert not stream.ended
     assert encoder.needs_restart
-    decoded = brotli.decompress(b"".join(chunks))  # a complete brotli stream, finished cleanly
-    assert decoded == small.event + big.event
+    decoder = brotli.Decompressor()
+    assert decoder.process(b"".join(chunks)) == small.event + big.event
+    assert decoder.is_finished()  # the body closed its brotli stream, not cut it off
 
 
 async def test_an_idle_zstd_body_hibernates_then_resumes_in_a_new_frame() -> None:
@@ -413,3 +414,39 @@ async def test_an_ended_stream_closes_its_body_cleanly() -> None:
     chunks = await collect(stream, ZstdEncoder())
     assert zstandard.ZstdDecompressor().decompressobj().decompress(b"".join(chunks)) == b""
     assert len(chunks) == 1  # only the close: a valid, empty zstd body
+
+
+async def test_frames_waiting_together_go_out_in_one_write() -> None:
+    from fastapi_lith.encoders import IdentityEncoder
+    from fastapi_lith.streams import Frame, Stream
+
+    stream = Stream("t1")
+    one, two = Frame.patch("a", "<p id='a'>1</p>"), Frame.patch("b", "<p id='b'>2</p>")
+    stream.offer(one)
+    stream.offer(two)
+    chunks = await collect(stream, IdentityEncoder(), lambda c: True)
+    assert chunks == [one.event + two.event, b""]
+
+
+async def test_an_awake_stream_sends_keepalives_without_hibernating() -> None:
+    from fastapi_lith.encoders import ZstdEncoder
+    from fastapi_lith.streams import KEEPALIVE, Frame, Stream
+
+    stream = Stream("t1")
+    first = Frame.patch("v", "<p id='v'>one</p>")
+    stream.offer(first)
+    encoder = ZstdEncoder()
+    decoder = Decoder("zstd")
+    text = b""
+    asleep: list[bool] = []
+
+    def progress(chunks: list[bytes]) -> bool:
+        nonlocal text
+        text += decoder.feed(chunks[-1])
+        asleep.append(encoder.hibernating)
+        return text.count(KEEPALIVE) >= 2
+
+    await collect(stream, encoder, progress, keepalive=0.05, hibernate_after=60)
+    assert text == first.event + KEEPALIVE + KEEPALIVE
+    assert asleep[:3] == [False, False, False]  # idle for less than hibernate_after: one zstd frame
+    assert decoder.frames_ended == 1  # the close
