@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import tempfile
+import time
 import weakref
 from pathlib import Path
 
@@ -71,6 +72,23 @@ class Rename(Command):
         tx.touch("board")
 
 
+class Hold(Command):
+    """Rename a card once the test lets it: holds the writer while a shutdown begins."""
+
+    card: int
+    title: str
+    folder: str
+
+    def apply(self, tx: Tx) -> None:
+        (Path(self.folder) / "started").touch()
+        for _ in range(3000):  # the test creates "go"; give up after half a minute
+            if (Path(self.folder) / "go").exists():
+                break
+            time.sleep(0.01)
+        tx.execute(RENAME, {"card": self.card, "title": self.title})
+        tx.touch("board")
+
+
 @fragment()
 def card(row: sqlite3.Row) -> h.Element:
     return h.article(id=f"card-{row['id']}", class_="card")[h.h3[row["title"]], h.p[row["body"]]]
@@ -108,6 +126,11 @@ async def move(cmd: Move, writer: Writer = Depends(lith.writer)) -> None:
 
 @app.post("/rename", status_code=204)
 async def rename(cmd: Rename, writer: Writer = Depends(lith.writer)) -> None:
+    await writer.do(cmd)
+
+
+@app.post("/hold", status_code=204)
+async def hold(cmd: Hold, writer: Writer = Depends(lith.writer)) -> None:
     await writer.do(cmd)
 
 

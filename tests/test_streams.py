@@ -450,3 +450,30 @@ async def test_an_awake_stream_sends_keepalives_without_hibernating() -> None:
     assert text == first.event + KEEPALIVE + KEEPALIVE
     assert asleep[:3] == [False, False, False]  # idle for less than hibernate_after: one zstd frame
     assert decoder.frames_ended == 1  # the close
+
+
+def test_shutdown_commits_a_command_in_flight_and_answers_it(server_factory: Any, tmp_path: Path) -> None:
+    import sqlite3
+    import threading
+
+    server = server_factory("streamapp:app", cwd=TESTS, env={"STREAM_DB": str(tmp_path / "b.db")})
+    context = open_stream(server, "identity")
+    reader = next(context)
+    reader.next_event()
+    answers: list[httpx.Response] = []
+    cmd = {"card": 12, "title": "held through shutdown", "folder": str(tmp_path)}
+    posting = threading.Thread(target=lambda: answers.append(httpx.post(f"{server.url}/hold", json=cmd, timeout=60)))
+    posting.start()
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "started").exists():  # the writer is applying the command
+        assert time.monotonic() < deadline and posting.is_alive()
+        time.sleep(0.01)
+    server.proc.send_signal(15)  # SIGTERM while the command is in flight
+    reader.rest()  # the stream ends at once; the command is still held
+    (tmp_path / "go").touch()
+    posting.join(60)
+    assert [a.status_code for a in answers] == [204]  # the caller hears it landed
+    assert server.proc.wait(30) in (0, -15)
+    with sqlite3.connect(tmp_path / "b.db") as conn:
+        assert conn.execute("SELECT title FROM cards WHERE id = 12").fetchone() == ("held through shutdown",)
+    context.close()
