@@ -508,3 +508,27 @@ def test_brotli_announces_the_window_it_sized() -> None:
     assert encoder.lgwin == 16 and out[0] & 1 == 0
     big = BrotliEncoder()
     assert big.encode(b"x" * 150_000)[0] & 1 == 1 and big.lgwin == 18
+
+
+@pytest.mark.parametrize(
+    ("make", "settings"),
+    [
+        (ZstdEncoder, {"window_log": 19, "hash_log": 14}),
+        (ZstdEncoder.low_memory, {"window_log": 18, "hash_log": 13}),
+        (ZstdEncoder.dense, {"window_log": 19, "strategy": zstandard.STRATEGY_BTLAZY2, "hash_log": 13,
+                             "chain_log": 14, "search_log": 1, "min_match": 6}),
+    ],
+)
+def test_zstd_presets_compress_as_level_1_with_their_settings(make: Any, settings: dict[str, int]) -> None:
+    event = b"data: " + b"".join(b"card %d in lane %d; " % (i, i % 4) for i in range(3000)) + b"\n\n"
+    params = zstandard.ZstdCompressionParameters.from_level(1, **settings)
+    reference = zstandard.ZstdCompressor(compression_params=params).compressobj()
+    expected = reference.compress(event) + reference.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
+    assert make().encode(event) == expected
+
+
+def test_brotli_quality_2_keeps_its_window_and_gzip_keeps_its_level() -> None:
+    encoder = BrotliEncoder(quality=2)
+    encoder.encode(b"data: small\n\n")
+    assert encoder.memory_size() == 560_000 + 65_536
+    assert GzipEncoder(level=1).level == 1

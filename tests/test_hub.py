@@ -492,6 +492,9 @@ def test_tick_percentiles_are_in_milliseconds() -> None:
     assert counters.tick_percentiles() == {"p50": 0.0, "p95": 0.0, "p99": 0.0}
     counters.tick_seconds.append(0.004)
     assert counters.tick_percentiles() == {"p50": 4.0, "p95": 4.0, "p99": 4.0}
+    two = Counters()
+    two.tick_seconds.extend([0.001, 0.003])
+    assert two.tick_percentiles()["p50"] == pytest.approx(2.0)  # two samples interpolate
     counters.tick_seconds.extend(i / 1000 for i in range(1, 101))  # 1 to 100 ms, and the 4 above
     got = counters.tick_percentiles()
     assert got["p50"] == pytest.approx(50.0) and got["p95"] == pytest.approx(95.0)
@@ -535,3 +538,35 @@ async def test_counters_count_ticks_renders_and_errors(tmp_path: Path) -> None:
         assert (counters.ticks, counters.renders, counters.render_errors) == (3, 6, 2)
         assert renders["board/1"] == 3
         assert len(counters.tick_seconds) == 3 and all(0 <= t < 60 for t in counters.tick_seconds)
+
+
+async def test_a_tab_that_catches_up_gets_the_newest_state_without_a_later_commit(tmp_path: Path) -> None:
+    lith, _ = make_lith(tmp_path)
+    async with lith.lifespan():
+        stream = Stream("t1")
+        await lith.hub.open(stream, ["board/1"])
+        assert await next_html(stream) == ['<p id="board-1">0</p>']
+        await lith.writer.do(Add())
+        deadline = asyncio.get_running_loop().time() + 10
+        while not stream.holds("board/1"):  # the timer rendered; the tab has not read it yet
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.01)
+        await lith.writer.do(Add(n=2))  # dirty, but held back for the slow tab
+        ticks = lith.hub.counters.ticks
+        while lith.hub.counters.ticks == ticks:  # the hub looked, and rendered nothing
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.01)
+        assert lith.hub.counters.renders == 2
+        assert [f.html for f in stream.take()] == ['<p id="board-1">1</p>']
+        assert await next_html(stream) == ['<p id="board-1">3</p>']  # taking woke the hub
+        lith.hub.close(stream)
+
+
+async def test_a_commit_on_a_topic_nobody_watches_is_quiet(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    lith, _ = make_lith(tmp_path)
+    async with Tabs(lith) as tabs:
+        await tabs.open("board/1")
+        with caplog.at_level(logging.ERROR):
+            await tabs.do(Note())
+        assert caplog.records == [] and lith.hub.dirty == set()
+        assert await tabs.tick() == 0
