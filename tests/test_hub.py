@@ -570,3 +570,21 @@ async def test_a_commit_on_a_topic_nobody_watches_is_quiet(tmp_path: Path, caplo
             await tabs.do(Note())
         assert caplog.records == [] and lith.hub.dirty == set()
         assert await tabs.tick() == 0
+
+
+async def test_a_view_failing_its_first_render_does_not_keep_the_others_from_a_tab(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    lith, _ = make_lith(tmp_path)
+
+    @lith.view("broken", topics={"board:1"})
+    def broken(db: Db) -> h.Element:
+        raise RuntimeError("kaput")
+
+    async with Tabs(lith) as tabs:
+        tab = await tabs.open("broken", "board/1")  # rendered in this order, in one transaction
+        assert tab.html("board/1") == '<p id="board-1">0</p>'
+        assert lith.hub.counters.render_errors == 1
+        again = await tabs.open("board/1")  # an instance with a frame: offered, not rendered
+        assert again.html("board/1") == '<p id="board-1">0</p>'
+        assert (lith.hub.counters.renders, lith.hub.counters.frames) == (2, 2)

@@ -477,3 +477,19 @@ def test_shutdown_commits_a_command_in_flight_and_answers_it(server_factory: Any
     with sqlite3.connect(tmp_path / "b.db") as conn:
         assert conn.execute("SELECT title FROM cards WHERE id = 12").fetchone() == ("held through shutdown",)
     context.close()
+
+
+def test_a_frame_with_signals_patches_both_and_a_stream_counts_what_it_took() -> None:
+    from fastapi_lith.streams import Frame, Stream
+
+    frame = Frame.patch("lith-error", '<div id="lith-error">no</div>', {"done": 3})
+    event = frame.event.decode()
+    assert event.startswith("event: datastar-patch-elements\n")
+    assert "event: datastar-patch-signals\n" in event and '"done":3' in event.replace(" ", "")
+    stream = Stream("t1")
+    assert stream.keys == () and stream.take() == [] and stream.taken == 0
+    stream.offer(frame)
+    stream.offer(Frame.patch("other", "<p id='other'></p>"))
+    assert len(stream.take()) == 2
+    stream.offer(frame)
+    assert stream.take() == [frame] and stream.taken == 3
