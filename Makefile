@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test docs bench clean
+.PHONY: install run test docs bench mutate clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -25,5 +25,12 @@ docs: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/writer.py
 
+# Mutation testing of the core (tests/MUTATION.md). MUTANTS narrows it to one module, e.g.
+# `make mutate MUTANTS='fastapi_lith.hub.*'`; `.venv/bin/mutmut browse` shows the survivors.
+mutate: $(STAMP)
+	rm -rf mutants
+	$(BIN)/mutmut run $(MUTANTS)
+	$(BIN)/mutmut results
+
 clean:
-	rm -rf $(VENV) site .pytest_cache
+	rm -rf $(VENV) site .pytest_cache mutants

@@ -224,9 +224,10 @@ def same_origin_reason(request: Request) -> str | None:
     origin = request.headers.get("origin")
     if origin is None:
         return "cross-site request refused (no Sec-Fetch-Site or Origin header)"
-    host = request.headers.get("host", "")
-    if origin.split("://", 1)[-1] != host:
-        return f"cross-site request refused (Origin {origin} is not {host})"
+    # Scheme and host both: `https://host` and `http://host.evil.example` are other origins.
+    expected = f"{request.url.scheme}://{request.headers.get('host', '')}"
+    if origin != expected:
+        return f"cross-site request refused (Origin {origin} is not {expected})"
     return None
 
 

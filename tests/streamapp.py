@@ -9,15 +9,17 @@ from __future__ import annotations
 import os
 import sqlite3
 import tempfile
+import time
+import weakref
 from pathlib import Path
 
 import htpy as h
 import sqlalchemy as sa
-from fastapi import Depends, FastAPI
+from fastapi import Depends, FastAPI, Header
 from fastapi.responses import HTMLResponse
 
 from fastapi_lith import Command, Db, Lith, Tx, Writer, fragment
-from fastapi_lith.encoders import make_encoder
+from fastapi_lith.encoders import Encoder, ZstdEncoder, make_encoder
 
 LOREM = (
     "Collect the numbers from every region, check them against last quarter, note what moved and "
@@ -70,6 +72,23 @@ class Rename(Command):
         tx.touch("board")
 
 
+class Hold(Command):
+    """Rename a card once the test lets it: holds the writer while a shutdown begins."""
+
+    card: int
+    title: str
+    folder: str
+
+    def apply(self, tx: Tx) -> None:
+        (Path(self.folder) / "started").touch()
+        for _ in range(3000):  # the test creates "go"; give up after half a minute
+            if (Path(self.folder) / "go").exists():
+                break
+            time.sleep(0.01)
+        tx.execute(RENAME, {"card": self.card, "title": self.title})
+        tx.touch("board")
+
+
 @fragment()
 def card(row: sqlite3.Row) -> h.Element:
     return h.article(id=f"card-{row['id']}", class_="card")[h.h3[row["title"]], h.p[row["body"]]]
@@ -85,8 +104,19 @@ def board(db: Db) -> h.Element:
 
 app = FastAPI(lifespan=lith.lifespan)
 lith.install(app)  # the stream route, the body limit, errors as HTML for Datastar
-if "STREAM_ENCODING" in os.environ:
-    app.dependency_overrides[lith.encoder] = lambda: make_encoder(os.environ["STREAM_ENCODING"])
+ENCODERS: weakref.WeakSet[Encoder] = weakref.WeakSet()  # open streams' encoders, for /stats
+
+
+async def recorded_encoder(accept_encoding: str | None = Header(None)) -> Encoder:
+    if "STREAM_ENCODING" in os.environ:
+        encoder = make_encoder(os.environ["STREAM_ENCODING"])
+    else:
+        encoder = await lith.encoder(accept_encoding)
+    ENCODERS.add(encoder)
+    return encoder
+
+
+app.dependency_overrides[lith.encoder] = recorded_encoder
 
 
 @app.post("/move", status_code=204)
@@ -99,9 +129,21 @@ async def rename(cmd: Rename, writer: Writer = Depends(lith.writer)) -> None:
     await writer.do(cmd)
 
 
+@app.post("/hold", status_code=204)
+async def hold(cmd: Hold, writer: Writer = Depends(lith.writer)) -> None:
+    await writer.do(cmd)
+
+
 @app.get("/stats")
 async def stats() -> dict[str, int]:
-    return {"streams": len(lith.hub.streams), "instances": len(lith.hub.instances), "rss_kib": rss_kib()}
+    # A zstd encoder that has sent a frame and holds no compressor ended its frame while idle.
+    hibernating = sum(1 for e in ENCODERS if isinstance(e, ZstdEncoder) and e._sent and e.hibernating)
+    return {
+        "streams": len(lith.hub.streams),
+        "instances": len(lith.hub.instances),
+        "hibernating": hibernating,
+        "rss_kib": rss_kib(),
+    }
 
 
 @app.get("/", response_class=HTMLResponse)

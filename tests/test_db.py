@@ -95,3 +95,29 @@ async def test_readers_cannot_write(tmp_path: Path) -> None:
         assert await readers.run(lambda db: db.execute("SELECT count(*) FROM a").fetchone()[0]) == 1
     finally:
         readers.close()
+
+
+def test_a_database_one_version_ahead_is_refused_and_the_newest_is_not(tmp_path: Path) -> None:
+    mig = tmp_path / "migrations"
+    write(mig, "0001_init.sql", "CREATE TABLE a (id INTEGER PRIMARY KEY);")
+    write(mig, "0002_more.sql", "CREATE TABLE b (id INTEGER PRIMARY KEY);")
+    conn = connect(tmp_path / "app.db")
+    assert migrate(conn, mig) == (0, 2)
+    assert migrate(conn, mig) == (2, 2)  # at the newest version: nothing to do, no error
+    conn.execute("PRAGMA user_version = 3")  # written by a newer app
+    with pytest.raises(MigrationError, match="database version 3 is newer than the newest migration 2"):
+        migrate(conn, mig)
+
+
+async def test_each_reader_thread_keeps_one_connection(tmp_path: Path) -> None:
+    conn = connect(tmp_path / "app.db")
+    conn.execute("CREATE TABLE t (x)")
+    readers = Readers(tmp_path / "app.db", size=1)
+    try:
+        first = await readers.run(lambda db: db.conn)
+        again = await readers.run(lambda db: db.conn)
+        assert first is again and len(readers._conns) == 1  # opened once, reused
+        assert await readers.run(lambda db: db.scalar("SELECT count(*) FROM t")) == 0
+    finally:
+        readers.close()
+    assert readers._conns == []

@@ -9,6 +9,7 @@ import sys
 import zlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import brotli
 import pytest
@@ -219,7 +220,17 @@ def test_make_encoder_passes_settings() -> None:
     encoder = make_encoder("br", quality=5, size_hint=200_000)
     assert isinstance(encoder, BrotliEncoder)
     assert encoder.quality == 5
-    assert isinstance(make_encoder("gzip", level=1), GzipEncoder)
+    encoder.encode(b"data: small\n\n")
+    assert encoder.lgwin == 18  # the window was sized from the hint, not the small first event
+    encoder.encode(b"x" * 190_000)
+    assert not encoder.needs_restart
+    gzip = make_encoder("gzip", level=1)
+    assert isinstance(gzip, GzipEncoder)
+    event = b"data: " + b"".join(b"card %d moved to lane %d; " % (i, i % 4) for i in range(2000))
+    reference = {level: zlib.compressobj(level, zlib.DEFLATED, 31) for level in (1, 6)}
+    expected = {level: c.compress(event) + c.flush(zlib.Z_SYNC_FLUSH) for level, c in reference.items()}
+    assert expected[1] != expected[6]  # the level shows in the bytes
+    assert gzip.encode(event) == expected[1]
 
 
 # --------------------------------------------------------------------------- size on the board
@@ -457,3 +468,108 @@ def test_negotiate_among_what_the_app_offers() -> None:
     assert negotiate("zstd, br", offered) == "identity"
     assert negotiate("zstd, br, identity;q=0", offered) is None
     assert negotiate("", ("zstd",)) is None
+
+
+def test_memory_sizes_of_the_windowless_and_the_closed() -> None:
+    gzip = GzipEncoder()
+    assert gzip.memory_size() == 256 * 1024  # zlib's figure for a 32 KiB window at memLevel 8
+    gzip.close()
+    assert gzip.memory_size() == 0
+    assert IdentityEncoder().memory_size() == 0
+    assert IdentityEncoder().close() == b"" and IdentityEncoder().hibernate() == b""
+
+
+@pytest.mark.parametrize(
+    ("make", "kib", "strategy"),
+    [
+        (ZstdEncoder, 512 + 128 + 64, zstandard.STRATEGY_FAST),  # "about 0.7 MiB"
+        (ZstdEncoder.low_memory, 256 + 128 + 32, zstandard.STRATEGY_FAST),  # "about 0.4 MiB"
+        (ZstdEncoder.dense, 512 + 128 + 32 + 64, zstandard.STRATEGY_BTLAZY2),  # same window, a chain
+    ],
+)
+def test_zstd_presets_hold_the_memory_they_promise(make: Any, kib: int, strategy: int) -> None:
+    encoder = make()
+    assert encoder.memory_size() == 0
+    event = b"data: " + b"card moved; " * 5000 + b"\n\n"
+    first = encoder.encode(event)
+    assert encoder.memory_size() == kib * 1024
+    assert encoder.params.strategy == strategy
+    assert zstandard.ZstdDecompressor().decompressobj().decompress(first) == event
+    again = encoder.encode(event)
+    assert len(again) < 100  # a repeat costs a few bytes inside the window
+
+
+def test_zstd_preset_parameters() -> None:
+    low, dense = ZstdEncoder.low_memory().params, ZstdEncoder.dense().params
+    default = ZstdEncoder().params
+    assert (low.window_log, low.hash_log) == (18, 13)
+    assert (default.window_log, default.hash_log) == (19, 14)
+    assert (dense.window_log, dense.hash_log, dense.chain_log, dense.search_log, dense.min_match) == (19, 13, 14, 1, 6)
+
+
+@pytest.mark.parametrize(("quality", "tables"), [(1, 160_000), (4, 880_000 + 65_536), (10, 4_100_000 + 65_536)])
+def test_brotli_memory_size_by_quality_and_after_close(quality: int, tables: int) -> None:
+    encoder = BrotliEncoder(quality=quality)
+    encoder.encode(b"data: small\n\n")
+    assert encoder.lgwin == 16 and encoder.memory_size() == tables
+    encoder.close()
+    assert encoder.memory_size() == 0 and encoder.close() == b""
+
+
+def test_malformed_and_out_of_range_q_values_drop_only_their_entry() -> None:
+    assert negotiate("gzip;q==0.5") == "identity"  # malformed: as if gzip were not offered
+    assert negotiate("zstd;q=5, gzip") == "gzip"  # out of range: the next entry still counts
+    assert negotiate("zstd;q=abc, br;q=0.5") == "br"
+
+
+def test_encoder_arguments_are_checked_and_closed_encoders_refuse_events() -> None:
+    ZstdEncoder(window_log=zstandard.WINDOWLOG_MIN)
+    ZstdEncoder(window_log=23)
+    for bad in (zstandard.WINDOWLOG_MIN - 1, 24):
+        with pytest.raises(ValueError, match=rf"^window_log must be in {zstandard.WINDOWLOG_MIN}\.\.23$"):
+            ZstdEncoder(window_log=bad)
+    assert BrotliEncoder(quality=0).quality == 0 and BrotliEncoder(quality=11).quality == 11
+    for bad in (-1, 12):
+        with pytest.raises(ValueError, match=r"^quality must be in 0\.\.11$"):
+            BrotliEncoder(quality=bad)
+    assert BrotliEncoder().quality == 4
+    assert BrotliEncoder(quality=3).flush_every == 16 * 1024
+    assert BrotliEncoder(quality=4).flush_every == 64 * 1024
+    assert BrotliEncoder(flush_every=0).flush_every == 0
+    for encoder in (ZstdEncoder(), BrotliEncoder(), GzipEncoder()):
+        encoder.close()
+        with pytest.raises(RuntimeError, match="^encoder is closed$"):
+            encoder.encode(b"data: late\n\n")
+
+
+def test_brotli_announces_the_window_it_sized() -> None:
+    # RFC 7932: a stream whose first bit is 0 declares a 64 KiB (lgwin 16) window.
+    encoder = BrotliEncoder()
+    out = encoder.encode(b"data: small\n\n")
+    assert encoder.lgwin == 16 and out[0] & 1 == 0
+    big = BrotliEncoder()
+    assert big.encode(b"x" * 150_000)[0] & 1 == 1 and big.lgwin == 18
+
+
+@pytest.mark.parametrize(
+    ("make", "settings"),
+    [
+        (ZstdEncoder, {"window_log": 19, "hash_log": 14}),
+        (ZstdEncoder.low_memory, {"window_log": 18, "hash_log": 13}),
+        (ZstdEncoder.dense, {"window_log": 19, "strategy": zstandard.STRATEGY_BTLAZY2, "hash_log": 13,
+                             "chain_log": 14, "search_log": 1, "min_match": 6}),
+    ],
+)
+def test_zstd_presets_compress_as_level_1_with_their_settings(make: Any, settings: dict[str, int]) -> None:
+    event = b"data: " + b"".join(b"card %d in lane %d; " % (i, i % 4) for i in range(3000)) + b"\n\n"
+    params = zstandard.ZstdCompressionParameters.from_level(1, **settings)
+    reference = zstandard.ZstdCompressor(compression_params=params).compressobj()
+    expected = reference.compress(event) + reference.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
+    assert make().encode(event) == expected
+
+
+def test_brotli_quality_2_keeps_its_window_and_gzip_keeps_its_level() -> None:
+    encoder = BrotliEncoder(quality=2)
+    encoder.encode(b"data: small\n\n")
+    assert encoder.memory_size() == 560_000 + 65_536
+    assert GzipEncoder(level=1).level == 1

@@ -6,6 +6,7 @@ import asyncio
 import gc
 import logging
 import sqlite3
+import threading
 import time
 import weakref
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 import sqlalchemy as sa
 
 from fastapi_lith import Command, Db, Lith, Tx, ViewError
+from fastapi_lith.streams import Stream
 from fastapi_lith.testing import Tabs
 
 SCHEMA = """
@@ -235,20 +237,20 @@ async def test_async_read_connection_for_handlers_is_read_only(tmp_path: Path) -
 
 async def test_a_slow_first_render_never_lands_after_a_newer_one(tmp_path: Path) -> None:
     lith, _ = make_lith(tmp_path)
-    first = {"slow": True}
+    gate = Gate()
 
     @lith.view("slow/{board_id}", topics={"board:{board_id}"})
     def slow(db: Db, board_id: int) -> h.Element:
         count = db.scalar(COUNT, {"cid": board_id})
-        if first.pop("slow", False):
-            time.sleep(0.3)  # the first render reads 0, then takes its time
+        gate.hold()  # the first render reads 0, then waits
         return h.p(id="slow")[count]
 
     async with Tabs(lith) as tabs:
         opening = asyncio.ensure_future(tabs.open("slow/1"))
-        await asyncio.sleep(0.05)
+        await gate.entered_render()
         await tabs.do(Add())  # lands while the first render is still running
-        await tabs.tick()  # must not render the instance a second time at once
+        assert await tabs.tick() == 0  # must not render the instance a second time at once
+        gate.release.set()
         tab = await opening
         while await tabs.tick():
             pass
@@ -259,15 +261,22 @@ async def test_a_slow_first_render_never_lands_after_a_newer_one(tmp_path: Path)
 async def test_open_returns_with_every_first_frame_even_when_another_tab_renders_it(tmp_path: Path) -> None:
     lith, _ = make_lith(tmp_path)
 
+    gate = Gate()
+
     @lith.view("big/{board_id}", topics={"board:{board_id}"})
     def big(db: Db, board_id: int) -> h.Element:
-        time.sleep(0.2)
+        gate.hold()
         return h.div(id="big")["x" * 100_000]
 
     async with Tabs(lith) as tabs:
         first = asyncio.ensure_future(tabs.open("big/1"))
-        await asyncio.sleep(0.05)  # the first tab's render of big/1 is under way
-        second = await tabs.open("outcome/{tab}", "big/1")
+        await gate.entered_render()  # the first tab's render of big/1 is under way
+        second_opening = asyncio.ensure_future(tabs.open("outcome/{tab}", "big/1"))
+        while not any(len(i.watchers) == 2 for i in lith.hub.instances.values()):
+            await asyncio.sleep(0.01)  # the second tab watches big/1 and waits for its render
+        assert not second_opening.done()
+        gate.release.set()
+        second = await asyncio.wait_for(second_opening, 10)
         # Both frames were there when open returned, so the stream's first write holds both.
         assert [f.key for f in second.received] == [f"outcome/{second.id}", "big/1"]
         await first
@@ -285,3 +294,297 @@ async def test_executemany_with_a_core_statement(tmp_path: Path) -> None:
         assert await tabs.do(Fill()) == 50
     with sqlite3.connect(tmp_path / "app.db") as conn:
         assert conn.execute("SELECT count(*) FROM outcome").fetchone() == (50,)
+
+
+# -- the hub on its own timer, and races set up with events, not sleeps -----------------------
+
+
+class Gate:
+    """Holds one render on its reader thread until the test lets it go."""
+
+    def __init__(self) -> None:
+        self.armed = True
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def hold(self) -> None:
+        if self.armed:
+            self.armed = False
+            self.entered.set()
+            assert self.release.wait(30), "the test never released the render"
+
+    async def entered_render(self) -> None:
+        assert await asyncio.to_thread(self.entered.wait, 30), "the render never started"
+
+
+async def next_html(stream: Stream, timeout: float = 10) -> list[str]:
+    return [f.html for f in await asyncio.wait_for(stream.next(), timeout)]
+
+
+async def test_a_commit_during_a_first_render_reaches_the_tab_without_a_later_commit(tmp_path: Path) -> None:
+    lith, _ = make_lith(tmp_path)
+    gate = Gate()
+
+    @lith.view("held/{board_id}", topics={"board:{board_id}"})
+    def held(db: Db, board_id: int) -> h.Element:
+        count = db.scalar(COUNT, {"cid": board_id})
+        gate.hold()  # the first render has read 0 and waits here
+        return h.p(id="held")[count]
+
+    async with lith.lifespan():  # the hub's own timer, no manual ticks
+        stream = Stream("t1")
+        opening = asyncio.ensure_future(lith.hub.open(stream, ["held/1"]))
+        await gate.entered_render()
+        await lith.writer.do(Add())  # lands while the first render runs
+        gate.release.set()
+        await asyncio.wait_for(opening, 10)
+        assert await next_html(stream) == ['<p id="held">0</p>']
+        assert await next_html(stream) == ['<p id="held">1</p>']  # no later commit needed
+        lith.hub.close(stream)
+
+
+async def test_a_commit_during_an_unchanged_render_is_rendered_on_the_next_tick(tmp_path: Path) -> None:
+    # The render that the commit overtook sends nothing (its HTML did not change), so no tab
+    # takes a frame: only the hub itself can wake for the commit it missed.
+    lith, _ = make_lith(tmp_path)
+    gate = Gate()
+    gate.armed = False
+
+    @lith.view("held/{board_id}", topics={"board:{board_id}"})
+    def held(db: Db, board_id: int) -> h.Element:
+        count = db.scalar(COUNT, {"cid": board_id})
+        gate.hold()
+        return h.p(id="held")[count]
+
+    async with lith.lifespan():
+        stream = Stream("t1")
+        await lith.hub.open(stream, ["held/1"])
+        assert await next_html(stream) == ['<p id="held">0</p>']
+        gate.armed = True
+        await lith.writer.do(Add(n=0))  # the timer renders, and is held after its read
+        await gate.entered_render()
+        await lith.writer.do(Add(n=1))
+        gate.release.set()
+        assert await next_html(stream) == ['<p id="held">1</p>']
+        assert lith.hub.counters.unchanged == 1
+        lith.hub.close(stream)
+
+
+async def test_a_commit_during_a_failed_first_render_is_rendered_without_a_later_commit(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The first render fails, so no tab gets a frame to take: only the hub itself can wake
+    # for the commit that landed while it ran.
+    lith, _ = make_lith(tmp_path)
+    gate = Gate()
+
+    @lith.view("flaky/{board_id}", topics={"board:{board_id}"})
+    def flaky(db: Db, board_id: int) -> h.Element:
+        count = db.scalar(COUNT, {"cid": board_id})
+        if gate.armed:
+            gate.hold()
+            raise RuntimeError("first render fails")
+        return h.p(id="flaky")[count]
+
+    async with lith.lifespan():
+        stream = Stream("t1")
+        opening = asyncio.ensure_future(lith.hub.open(stream, ["flaky/1"]))
+        await gate.entered_render()
+        await lith.writer.do(Add())
+        gate.release.set()
+        await asyncio.wait_for(opening, 10)
+        assert await next_html(stream) == ['<p id="flaky">1</p>']
+        assert lith.hub.counters.render_errors == 1
+        lith.hub.close(stream)
+
+
+async def test_the_timer_renders_an_instance_at_most_once_per_tick(tmp_path: Path) -> None:
+    lith, renders = make_lith(tmp_path)
+    lith.tick = 0.2
+    async with lith.lifespan():
+        stream = Stream("t1")
+        await lith.hub.open(stream, ["board/1"])
+        taken: list[str] = []
+
+        async def reader() -> None:  # a fast tab: it never holds a frame back
+            while True:
+                taken.extend(f.html for f in await stream.next())
+
+        reading = asyncio.ensure_future(reader())
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        for _ in range(300):  # a commit every few milliseconds
+            await lith.writer.do(Add())
+        while taken[-1:] != ['<p id="board-1">300</p>']:  # the last commit reaches the tab
+            assert loop.time() < started + 60, taken[-1:]
+            await asyncio.sleep(0.01)
+        elapsed = loop.time() - started
+        await asyncio.sleep(0.5)  # a tick already woken may still run
+        ticks = lith.hub.counters.ticks
+        await asyncio.sleep(0.5)
+        assert lith.hub.counters.ticks == ticks  # an idle hub does not tick
+        reading.cancel()
+        lith.hub.close(stream)
+    # Slowness only lowers the count: at most one render per tick, plus the one at once.
+    assert renders["board/1"] - 1 <= elapsed / 0.2 + 2, (renders, elapsed)
+
+
+async def test_every_frame_of_one_tick_shows_one_state(tmp_path: Path) -> None:
+    lith, _ = make_lith(tmp_path)
+    gate = Gate()
+    gate.armed = False
+
+    def counted(name: str) -> None:
+        @lith.view(name, topics={"board:1"})
+        def view(db: Db) -> h.Element:
+            count = db.scalar(COUNT, {"cid": 1})
+            gate.hold()  # the first instance of the tick waits after its read
+            return h.p(id=name)[count]
+
+    counted("left")
+    counted("right")
+    async with Tabs(lith) as tabs:
+        tab = await tabs.open("left", "right")
+        await tabs.do(Add())
+        gate.armed = True
+        ticking = asyncio.ensure_future(tabs.tick())
+        await gate.entered_render()
+        await tabs.do(Add())  # commits between the two renders of one tick
+        gate.release.set()
+        assert await asyncio.wait_for(ticking, 10) == 2
+        assert (tab.html("left"), tab.html("right")) == ('<p id="left">1</p>', '<p id="right">1</p>')
+        assert await tabs.tick() == 2
+        assert (tab.html("left"), tab.html("right")) == ('<p id="left">2</p>', '<p id="right">2</p>')
+
+
+async def test_an_unchanged_render_sends_nothing(tmp_path: Path) -> None:
+    lith, renders = make_lith(tmp_path)
+    async with Tabs(lith) as tabs:
+        tab = await tabs.open("board/1")
+        await tabs.do(Add(n=0))  # touches the board, changes nothing it shows
+        assert await tabs.tick() == 1
+        assert renders["board/1"] == 2
+        assert tab.read() == []
+        assert lith.hub.counters.unchanged == 1
+        await tabs.do(Add(n=2))
+        await tabs.tick()
+        assert [f.html for f in tab.read()] == ['<p id="board-1">2</p>']
+
+
+async def test_push_reaches_every_stream_of_one_tab_only(tmp_path: Path) -> None:
+    from fastapi_lith.streams import Frame
+
+    lith, _ = make_lith(tmp_path)
+    async with Tabs(lith) as tabs:
+        one, two = await tabs.open("board/1", tab="alice"), await tabs.open("quiet", tab="alice")
+        other = await tabs.open("board/1", tab="bob")
+        error = Frame.patch("lith-error", '<div id="lith-error">no</div>')
+        assert lith.hub.push("alice", error) == 2
+        assert one.read() == [error] and two.read() == [error]
+        assert other.read() == []
+        assert lith.hub.push("nobody", error) == 0
+
+
+def test_tick_percentiles_are_in_milliseconds() -> None:
+    from fastapi_lith.hub import Counters
+
+    counters = Counters()
+    assert counters.tick_percentiles() == {"p50": 0.0, "p95": 0.0, "p99": 0.0}
+    counters.tick_seconds.append(0.004)
+    assert counters.tick_percentiles() == {"p50": 4.0, "p95": 4.0, "p99": 4.0}
+    two = Counters()
+    two.tick_seconds.extend([0.001, 0.003])
+    assert two.tick_percentiles()["p50"] == pytest.approx(2.0)  # two samples interpolate
+    counters.tick_seconds.extend(i / 1000 for i in range(1, 101))  # 1 to 100 ms, and the 4 above
+    got = counters.tick_percentiles()
+    assert got["p50"] == pytest.approx(50.0) and got["p95"] == pytest.approx(95.0)
+    assert got["p99"] == pytest.approx(99.0)
+
+
+async def test_close_forgets_the_stream_and_its_dirty_instances(tmp_path: Path) -> None:
+    lith, _ = make_lith(tmp_path)
+    async with Tabs(lith) as tabs:
+        stream = Stream("t1")
+        await lith.hub.open(stream, ["board/1", "quiet"])
+        await tabs.do(Add())  # board/1 is dirty, and nobody else watches it
+        assert lith.hub.dirty
+        lith.hub.close(stream)
+        assert lith.hub.dirty == set() and lith.hub.instances == {}
+        assert stream not in lith.hub.streams and stream.keys == ()
+        assert [f.key for f in stream.take()] == ["board/1", "quiet"]  # what it held, hub or not
+        assert await tabs.tick() == 0
+
+
+async def test_counters_count_ticks_renders_and_errors(tmp_path: Path) -> None:
+    lith, renders = make_lith(tmp_path)
+    broken = {"now": False}
+
+    @lith.view("fragile", topics={"board:1"})
+    def fragile(db: Db) -> h.Element:
+        if broken["now"]:
+            raise RuntimeError("kaput")
+        return h.p(id="fragile")[db.scalar(COUNT, {"cid": 1})]
+
+    async with Tabs(lith) as tabs:
+        tab = await tabs.open("board/1", "fragile")
+        counters = lith.hub.counters
+        assert (counters.ticks, counters.renders, counters.frames) == (0, 2, 2)
+        broken["now"] = True
+        for _ in range(2):
+            await tabs.do(Add())
+            assert await tabs.tick() == 2
+            tab.read()
+        assert await tabs.tick() == 0
+        assert (counters.ticks, counters.renders, counters.render_errors) == (3, 6, 2)
+        assert renders["board/1"] == 3
+        assert len(counters.tick_seconds) == 3 and all(0 <= t < 60 for t in counters.tick_seconds)
+
+
+async def test_a_tab_that_catches_up_gets_the_newest_state_without_a_later_commit(tmp_path: Path) -> None:
+    lith, _ = make_lith(tmp_path)
+    async with lith.lifespan():
+        stream = Stream("t1")
+        await lith.hub.open(stream, ["board/1"])
+        assert await next_html(stream) == ['<p id="board-1">0</p>']
+        await lith.writer.do(Add())
+        deadline = asyncio.get_running_loop().time() + 10
+        while not stream.holds("board/1"):  # the timer rendered; the tab has not read it yet
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.01)
+        await lith.writer.do(Add(n=2))  # dirty, but held back for the slow tab
+        ticks = lith.hub.counters.ticks
+        while lith.hub.counters.ticks == ticks:  # the hub looked, and rendered nothing
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.01)
+        assert lith.hub.counters.renders == 2
+        assert [f.html for f in stream.take()] == ['<p id="board-1">1</p>']
+        assert await next_html(stream) == ['<p id="board-1">3</p>']  # taking woke the hub
+        lith.hub.close(stream)
+
+
+async def test_a_commit_on_a_topic_nobody_watches_is_quiet(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    lith, _ = make_lith(tmp_path)
+    async with Tabs(lith) as tabs:
+        await tabs.open("board/1")
+        with caplog.at_level(logging.ERROR):
+            await tabs.do(Note())
+        assert caplog.records == [] and lith.hub.dirty == set()
+        assert await tabs.tick() == 0
+
+
+async def test_a_view_failing_its_first_render_does_not_keep_the_others_from_a_tab(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    lith, _ = make_lith(tmp_path)
+
+    @lith.view("broken", topics={"board:1"})
+    def broken(db: Db) -> h.Element:
+        raise RuntimeError("kaput")
+
+    async with Tabs(lith) as tabs:
+        tab = await tabs.open("broken", "board/1")  # rendered in this order, in one transaction
+        assert tab.html("board/1") == '<p id="board-1">0</p>'
+        assert lith.hub.counters.render_errors == 1
+        again = await tabs.open("board/1")  # an instance with a frame: offered, not rendered
+        assert again.html("board/1") == '<p id="board-1">0</p>'
+        assert (lith.hub.counters.renders, lith.hub.counters.frames) == (2, 2)

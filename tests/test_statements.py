@@ -77,3 +77,27 @@ def test_bounded_and_off() -> None:
     off = StatementCache(enabled=False)
     assert off.bind(items.select(), None)[0].startswith("SELECT")
     assert len(off) == 0
+
+
+def test_an_insert_without_values_compiles_once_per_set_of_columns() -> None:
+    cache, conn = StatementCache(), make()
+    insert, select = items.insert(), sa.select(items.c.id).where(items.c.name == sa.bindparam("n"))
+    for i in range(3):
+        run(cache, conn, insert, {"name": f"a{i}"})
+        run(cache, conn, insert, {"name": f"b{i}", "id": -1 - i})
+        run(cache, conn, select, {"n": "a0"})
+    assert cache.misses == 3 and len(cache) == 2  # two column sets of one insert, one select
+    assert cache.statement(insert, {"name": "x"}) is cache.statement(insert, {"name": "y"})
+    assert cache.statement(insert, {"name": "x"}) is not cache.statement(insert, {"name": "x", "id": 1})
+    assert run(cache, conn, sa.select(items.c.id, items.c.name).order_by(items.c.id)) == [
+        (-3, "b2"), (-2, "b1"), (-1, "b0"), (1, "a0"), (2, "a1"), (3, "a2"),
+    ]
+    assert run(cache, conn, select, {"n": "a0"}) == [(1,)]
+
+
+def test_a_callable_default_takes_the_slow_path() -> None:
+    cache, conn = StatementCache(), make()
+    stmt = sa.select(items.c.id).where(items.c.name == sa.bindparam("n", callable_=lambda: "late"))
+    conn.execute("INSERT INTO items (id, name) VALUES (7, 'late')")
+    assert cache.statement(stmt, None).slow
+    assert run(cache, conn, stmt) == [(7,)]

@@ -106,12 +106,17 @@ async def test_failing_command_rolls_back_alone(writer: Writer) -> None:
 async def test_touched_topics_reach_subscribers_only_when_committed(writer: Writer) -> None:
     seen: list[frozenset[str]] = []
     unsubscribe = writer.subscribe(seen.append)
-    await asyncio.gather(writer.do(Add()), writer.do(Append(value="a")), return_exceptions=True)
+    assert await asyncio.gather(writer.do(Add()), writer.do(Append(value="a"))) == [1, 1]
+    assert seen == [frozenset({"counter", "log"})]  # one batch, one call with both topics
+    outcomes = await asyncio.gather(writer.do(Append(value="b")), writer.do(Boom()), return_exceptions=True)
+    assert outcomes[0] == 2 and isinstance(outcomes[1], ValueError)
+    assert seen[1:] == [frozenset({"log"})]  # "boom" rolled back, so it never touched
     with pytest.raises(ValueError):
         await writer.do(Boom())
+    assert len(seen) == 2  # a batch that committed nothing touches nothing
     unsubscribe()
     await writer.do(Add())
-    assert set().union(*seen) == {"counter", "log"}  # "boom" rolled back, so it never touched
+    assert len(seen) == 2
 
 
 async def test_results_and_errors_reach_the_right_callers(writer: Writer) -> None:
@@ -161,21 +166,26 @@ async def test_shutdown_commits_every_accepted_command(tmp_path: Path, migration
     await writer.close()
     assert all(f.done() and f.exception() is None for f in futures)
     assert rows(writer.path, "SELECT count FROM counter") == [(5000,)]
-    with pytest.raises(WriterClosed):
+    with pytest.raises(WriterClosed, match="^the writer is not running$"):
         await writer.do(Add())
 
 
 async def test_cancelled_before_taken_is_dropped(writer: Writer) -> None:
+    started, release = threading.Event(), threading.Event()
+
     class Slow(Command):
         def apply(self, tx: Tx) -> None:
-            time.sleep(0.2)  # holds the writer thread: the next commands wait in the queue
+            started.set()
+            release.wait(30)  # holds the writer thread: the next commands wait in the queue
 
     slow = asyncio.ensure_future(writer.do(Slow()))
-    await asyncio.sleep(0.05)
+    assert await asyncio.to_thread(started.wait, 30)
     kept = asyncio.ensure_future(writer.do(Add(n=1)))
     dropped = asyncio.ensure_future(writer.do(Add(n=100)))
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0)  # both are queued behind the slow command
+    assert len(writer._queue) == 2
     dropped.cancel()
+    release.set()
     await slow
     assert await kept == 1
     await writer.do(Add(n=0))
@@ -199,8 +209,17 @@ async def test_raw_sql_and_row_helpers(writer: Writer) -> None:
             one = tx.one("SELECT value FROM log WHERE value = ?", ("raw",))
             first = tx.first(sa.select(log_table.c.value).where(log_table.c.value == "missing"))
             everything = [r["value"] for r in tx.all(sa.select(log_table.c.value).order_by("seq"))]
-            with pytest.raises(LookupError):
+            with pytest.raises(LookupError, match="^expected one row, got several$"):
                 tx.one("SELECT value FROM log")
+            with pytest.raises(LookupError, match="^expected one row, got none$"):
+                tx.one("SELECT value FROM log WHERE value = ?", ("missing",))
+            params = [r["value"] for r in tx.all("SELECT value FROM log WHERE value > :v ORDER BY seq", {"v": "a"})]
+            assert params == ["raw", "b"]
+            assert tx.executemany("INSERT INTO log (value) VALUES (?)", [("s1",), ("s2",)]) == 2
+            assert tx.executemany(APPEND, []) == 0
+            gone = log_table.delete().where(log_table.c.value.in_(sa.bindparam("vs", expanding=True)))
+            assert tx.executemany(gone, [{"vs": ["s1", "s2"]}]) == 2  # one row, SQL built per row
+            assert tx.executemany(gone, [{"vs": ["missing"]}, {"vs": ["a"]}]) == 1
             return one["value"], first, everything
 
     assert await writer.do(Raw()) == ("raw", None, ["raw", "a", "b"])
@@ -537,3 +556,208 @@ async def test_an_idempotency_key_header_keys_the_commands_of_a_request_in_order
     await asyncio.create_task(route("req-2", ["c"]))
     assert await writer.do(Append(value="d")) == 4  # outside a request: no key
     assert log_values(writer.path) == ["a", "b", "c", "d"]
+# -- subscribers, batch bounds, failures at COMMIT and transactions SQLite ends ---------------
+
+
+async def test_a_raising_subscriber_neither_ends_the_writer_nor_starves_the_others(
+    writer: Writer, caplog: pytest.LogCaptureFixture
+) -> None:
+    seen: list[frozenset[str]] = []
+
+    def broken(topics: frozenset[str]) -> None:
+        raise RuntimeError("subscriber bug")
+
+    writer.subscribe(broken)
+    writer.subscribe(seen.append)
+    assert await asyncio.wait_for(writer.do(Add()), 10) == 1
+    assert await asyncio.wait_for(writer.do(Append(value="x")), 10) == 1  # the writer goes on
+    assert seen == [frozenset({"counter"}), frozenset({"log"})]
+    assert "subscriber bug" in caplog.text
+
+
+async def test_unsubscribe_stops_delivery(writer: Writer) -> None:
+    kept: list[frozenset[str]] = []
+    dropped: list[frozenset[str]] = []
+    writer.subscribe(kept.append)
+    unsubscribe = writer.subscribe(dropped.append)
+    await writer.do(Add())
+    unsubscribe()
+    await writer.do(Append(value="after"))
+    assert dropped == [frozenset({"counter"})]
+    assert kept == [frozenset({"counter"}), frozenset({"log"})]
+
+
+class Mark(Command):
+    """Records which transaction it ran in: one `Tx` per transaction."""
+
+    value: str
+
+    def apply(self, tx: Tx) -> None:
+        TRANSACTIONS.append(tx)
+        tx.execute(APPEND, {"value": self.value})
+
+
+TRANSACTIONS: list[Tx] = []
+
+
+async def test_batch_size_bounds_every_transaction(tmp_path: Path, migrations: Path) -> None:
+    writer = Writer(tmp_path / "app.db", migrations=migrations, batch_size=7)
+    await writer.start()
+    TRANSACTIONS.clear()
+    try:
+        await asyncio.gather(*(writer.do(Mark(value=f"m{i}")) for i in range(50)))
+    finally:
+        await writer.close()
+    sizes = [sum(1 for t in TRANSACTIONS if t is tx) for tx in dict.fromkeys(TRANSACTIONS)]
+    assert sum(sizes) == 50 and max(sizes) <= 7, sizes
+    assert writer.batches == len(sizes) >= 8
+    assert len(rows(writer.path, "SELECT value FROM log")) == 50
+
+
+DEFERRED = """
+CREATE TABLE parent (id INTEGER PRIMARY KEY);
+CREATE TABLE child (id INTEGER PRIMARY KEY,
+                    parent INTEGER NOT NULL REFERENCES parent (id) DEFERRABLE INITIALLY DEFERRED);
+CREATE TABLE doom (id INTEGER PRIMARY KEY);
+CREATE TRIGGER doom_ends_the_transaction BEFORE INSERT ON doom
+BEGIN SELECT RAISE(ROLLBACK, 'doomed'); END;
+"""
+
+
+class Orphan(Command):
+    """A child whose parent does not exist: fine until the deferred check at COMMIT."""
+
+    def apply(self, tx: Tx) -> None:
+        tx.execute("INSERT INTO child (parent) VALUES (999)")
+
+
+class Doom(Command):
+    """An error that makes SQLite roll back the whole transaction, not just the savepoint."""
+
+    def apply(self, tx: Tx) -> None:
+        tx.execute("INSERT INTO doom DEFAULT VALUES")
+
+
+@pytest.fixture
+async def fk_writer(tmp_path: Path, migrations: Path):
+    (migrations / "0002_deferred.sql").write_text(DEFERRED)
+    w = Writer(tmp_path / "app.db", migrations=migrations)
+    await w.start()
+    yield w
+    await w.close()
+
+
+async def test_a_failure_at_commit_fails_every_command_of_the_batch(fk_writer: Writer) -> None:
+    cmds: list[Command] = [Add(), Append(value="a"), Orphan(), Add()]
+    outcomes = await asyncio.wait_for(
+        asyncio.gather(*(fk_writer.do(c) for c in cmds), return_exceptions=True), 10
+    )
+    for outcome in outcomes:  # one batch, one COMMIT: nothing landed, each caller hears why
+        assert isinstance(outcome, sqlite3.IntegrityError), outcomes
+        assert "FOREIGN KEY" in str(outcome)
+    assert rows(fk_writer.path, "SELECT count FROM counter") == [(0,)]
+    assert rows(fk_writer.path, "SELECT count(*) FROM log") == [(0,)]
+    assert rows(fk_writer.path, "SELECT count(*) FROM child") == [(0,)]
+    assert fk_writer.failed == 4
+    assert await asyncio.wait_for(fk_writer.do(Add()), 10) == 1  # the next batch starts clean
+
+
+async def test_commands_run_again_when_sqlite_ends_the_transaction(fk_writer: Writer) -> None:
+    cmds: list[Command] = [Add(), Append(value="a"), Doom(), Add(), Add()]
+    outcomes = await asyncio.wait_for(
+        asyncio.gather(*(fk_writer.do(c) for c in cmds), return_exceptions=True), 10
+    )
+    assert isinstance(outcomes[2], sqlite3.IntegrityError) and "doomed" in str(outcomes[2])
+    assert [outcomes[i] for i in (0, 1, 3, 4)] == [1, 1, 2, 3]  # each ran once, in order
+    assert rows(fk_writer.path, "SELECT count FROM counter") == [(3,)]
+    assert rows(fk_writer.path, "SELECT value FROM log") == [("a",)]
+    assert rows(fk_writer.path, "SELECT count(*) FROM doom") == [(0,)]
+    assert fk_writer.failed == 1
+
+
+# -- the dependency's checks in process (the same cases run over HTTP in test_app.py) ----------
+
+
+@pytest.mark.parametrize(
+    ("headers", "status"),
+    [
+        ({"Datastar-Request": "true", "Sec-Fetch-Site": "same-origin"}, 200),
+        ({"Datastar-Request": "true", "Origin": "http://app.test"}, 200),
+        ({"Sec-Fetch-Site": "same-origin"}, 403),
+        ({"Datastar-Request": "false", "Sec-Fetch-Site": "same-origin"}, 403),
+        ({"Datastar-Request": "true", "Sec-Fetch-Site": "cross-site"}, 403),
+        ({"Datastar-Request": "true", "Sec-Fetch-Site": "none"}, 403),
+        ({"Datastar-Request": "true", "Sec-Fetch-Site": "cross-site", "Origin": "http://app.test"}, 403),
+        ({"Datastar-Request": "true"}, 403),
+        ({"Datastar-Request": "true", "Origin": "null"}, 403),
+        ({"Datastar-Request": "true", "Origin": "http://app.test.evil.example"}, 403),
+        ({"Datastar-Request": "true", "Origin": "http://evil.example/app.test"}, 403),
+        ({"Datastar-Request": "true", "Origin": "https://app.test"}, 403),
+        ({"Datastar-Request": "true", "Origin": "app.test"}, 403),
+    ],
+)
+async def test_the_writer_dependency_refuses_what_is_not_same_origin_datastar(
+    writer: Writer, headers: dict[str, str], status: int
+) -> None:
+    import httpx
+    from fastapi import Depends, FastAPI
+
+    app = FastAPI()
+
+    @app.post("/add")
+    async def add(cmd: Add, w: Writer = Depends(writer)) -> int:
+        return await w.do(cmd)
+
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://app.test") as client:
+        response = await client.post("/add", json={"n": 2}, headers=headers)
+    assert response.status_code == status, response.text
+    if status == 403:
+        detail = response.json()["detail"]
+        site, origin = headers.get("Sec-Fetch-Site"), headers.get("Origin")
+        if headers.get("Datastar-Request") != "true":
+            assert detail == "command requests must come from Datastar (Datastar-Request: true)"
+        elif site is not None:
+            assert detail == f"cross-site request refused (Sec-Fetch-Site: {site})"
+        elif origin is not None:
+            assert detail == f"cross-site request refused (Origin {origin} is not http://app.test)"
+        else:
+            assert detail == "cross-site request refused (no Sec-Fetch-Site or Origin header)"
+        assert "refused" in detail or "Datastar-Request" in detail
+        if "Sec-Fetch-Site" in headers and headers.get("Datastar-Request") == "true":
+            assert headers["Sec-Fetch-Site"] in detail  # the refusal names what it saw
+        elif "Origin" in headers:
+            assert headers["Origin"] in detail and "http://app.test" in detail
+    assert rows(writer.path, "SELECT count FROM counter") == [(2 if status == 200 else 0,)]
+
+
+async def test_the_writer_dependency_refuses_bodies_over_max_body(tmp_path: Path, migrations: Path) -> None:
+    import httpx
+    from fastapi import Depends, FastAPI
+
+    writer = Writer(tmp_path / "app.db", migrations=migrations, max_body=100, same_origin_only=False)
+    await writer.start()
+    app = FastAPI()
+
+    @app.post("/append")
+    async def append(cmd: Append, w: Writer = Depends(writer)) -> int:
+        return await w.do(cmd)
+
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app.test") as client:
+            json = {"Content-Type": "application/json"}
+            fits = await client.post("/append", content=b'{"value": "%s"}' % (b"a" * 87), headers=json)  # 100 bytes
+            over = await client.post("/append", content=b'{"value": "%s"}' % (b"b" * 88), headers=json)
+    finally:
+        await writer.close()
+    assert fits.status_code == 200, fits.text
+    assert over.status_code == 413 and "100 bytes" in over.text
+    assert [v for (v,) in rows(writer.path, "SELECT value FROM log")] == ["a" * 87]
+
+
+def test_a_command_without_apply_names_itself() -> None:
+    class Forgot(Command):
+        pass
+
+    with pytest.raises(NotImplementedError, match=r"Forgot\.apply\(tx\)"):
+        Forgot().apply(None)  # type: ignore[arg-type]
