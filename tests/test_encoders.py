@@ -482,7 +482,7 @@ def test_memory_sizes_of_the_windowless_and_the_closed() -> None:
 @pytest.mark.parametrize(
     ("make", "kib", "strategy"),
     [
-        (ZstdEncoder, 512 + 128 + 64, zstandard.STRATEGY_FAST),  # "about 0.7 MiB"
+        (ZstdEncoder, 256 + 128 + 32, zstandard.STRATEGY_FAST),  # a 60 KB first write: a 2^18 window
         (ZstdEncoder.low_memory, 256 + 128 + 32, zstandard.STRATEGY_FAST),  # "about 0.4 MiB"
         (ZstdEncoder.dense, 512 + 128 + 32 + 64, zstandard.STRATEGY_BTLAZY2),  # same window, a chain
     ],
@@ -501,9 +501,12 @@ def test_zstd_presets_hold_the_memory_they_promise(make: Any, kib: int, strategy
 
 def test_zstd_preset_parameters() -> None:
     low, dense = ZstdEncoder.low_memory().params, ZstdEncoder.dense().params
-    default = ZstdEncoder().params
+    sized = ZstdEncoder()
+    assert sized.params is None  # sized by the first write
+    sized.encode(b"data: x\n\n")
+    default = sized.params
     assert (low.window_log, low.hash_log) == (18, 13)
-    assert (default.window_log, default.hash_log) == (19, 14)
+    assert (default.window_log, default.hash_log) == (17, 13)  # a small first write: the smallest window
     assert (dense.window_log, dense.hash_log, dense.chain_log, dense.search_log, dense.min_match) == (19, 13, 14, 1, 6)
 
 
@@ -554,7 +557,7 @@ def test_brotli_announces_the_window_it_sized() -> None:
 @pytest.mark.parametrize(
     ("make", "settings"),
     [
-        (ZstdEncoder, {"window_log": 19, "hash_log": 14}),
+        (ZstdEncoder, {"window_log": 18, "hash_log": 13}),  # sized from the 62 KB first write
         (ZstdEncoder.low_memory, {"window_log": 18, "hash_log": 13}),
         (ZstdEncoder.dense, {"window_log": 19, "strategy": zstandard.STRATEGY_BTLAZY2, "hash_log": 13,
                              "chain_log": 14, "search_log": 1, "min_match": 6}),

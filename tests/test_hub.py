@@ -478,7 +478,7 @@ async def test_push_reaches_every_stream_of_one_tab_only(tmp_path: Path) -> None
     async with Tabs(lith) as tabs:
         one, two = await tabs.open("board/1", tab="alice"), await tabs.open("quiet", tab="alice")
         other = await tabs.open("board/1", tab="bob")
-        error = Frame.patch("lith-error", '<div id="lith-error">no</div>')
+        error = Frame("lith-error", '<div id="lith-error">no</div>')
         assert lith.hub.push("alice", error) == 2
         assert one.read() == [error] and two.read() == [error]
         assert other.read() == []

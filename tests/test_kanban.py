@@ -321,19 +321,23 @@ def test_http_surface(server: Server, db_path: Path) -> None:
     beacon = {"board_id": "1", "viewer": "v1"}
 
     def seen_at() -> list[tuple[float]]:
-        with sqlite3.connect(db_path) as conn:
-            return conn.execute("SELECT seen_at FROM presence WHERE viewer = 'v1'").fetchall()
+        return rows(db_path, "SELECT seen_at FROM presence WHERE viewer = 'v1'")
 
-    with sqlite3.connect(db_path) as conn:  # a viewer listed on board 1, as its heartbeat leaves it
-        conn.execute("INSERT INTO presence VALUES (1, 'v1', 'Vee', ?)", (time.time() + 3600,))
-    listed = seen_at()
+    def listed() -> bool:  # what a person sees: the name in the board's presence list
+        return 'title="Vee"' in httpx.get(server.url + "/boards/1").text
+
+    beat = {"board_id": 1, "viewer": "v1", "name": "Vee"}
+    assert httpx.post(server.url + "/presence/heartbeat", json=beat, headers=SAME_ORIGIN).status_code == 204
+    assert listed()
+    before = seen_at()
     refused = httpx.post(server.url + "/presence/leave", data=beacon, headers={"Sec-Fetch-Site": "cross-site"})
     assert refused.status_code == 403
-    assert seen_at() == listed  # a refused beacon changed nothing
+    assert seen_at() == before  # a refused beacon changed nothing
     taken = httpx.post(server.url + "/presence/leave", data=beacon, headers={"Sec-Fetch-Site": "same-origin"})
     assert taken.status_code == 204
+    assert seen_at()[0][0] < before[0][0]  # listed for the reload grace only, not a whole heartbeat's time
     deadline = time.monotonic() + 30
-    while seen_at():  # the sweep after the grace period drops the viewer
+    while listed():  # after the reload grace the viewer is gone from the list
         assert time.monotonic() < deadline, "the viewer who left is still listed"
         time.sleep(0.1)
 

@@ -15,6 +15,7 @@ import pytest
 import zstandard
 
 from browser import Server
+from fastapi_lith.streams import sse_event
 
 TESTS = Path(__file__).resolve().parent
 
@@ -349,7 +350,7 @@ async def test_a_frame_that_outgrows_the_brotli_window_ends_the_body() -> None:
     from fastapi_lith.streams import Frame, Stream
 
     stream = Stream("t1")
-    small, big = Frame.patch("v", "<p id='v'>small</p>"), Frame.patch("v", "<p id='v'>" + "y" * 300_000 + "</p>")
+    small, big = Frame("v", "<p id='v'>small</p>"), Frame("v", "<p id='v'>" + "y" * 300_000 + "</p>")
     stream.offer(small)
     encoder = BrotliEncoder()
     chunks: list[bytes] = []
@@ -360,10 +361,10 @@ async def test_a_frame_that_outgrows_the_brotli_window_ends_the_body() -> None:
         return False  # never ended by the test: the body must end itself
 
     chunks = await collect(stream, encoder, offer_big_after_first)
-    assert not stream.ended
+    assert stream.ended  # by the body itself: the test never ends it
     assert encoder.needs_restart
     decoder = brotli.Decompressor()
-    assert decoder.process(b"".join(chunks)) == small.event + big.event
+    assert decoder.process(b"".join(chunks)) == sse_event(small) + sse_event(big)
     assert decoder.is_finished()  # the body closed its brotli stream, not cut it off
 
 
@@ -374,7 +375,7 @@ async def test_an_idle_zstd_body_hibernates_then_resumes_in_a_new_frame() -> Non
     from fastapi_lith.streams import KEEPALIVE, Frame, Stream
 
     stream = Stream("t1")
-    first, second = Frame.patch("v", "<p id='v'>one</p>"), Frame.patch("v", "<p id='v'>two</p>")
+    first, second = Frame("v", "<p id='v'>one</p>"), Frame("v", "<p id='v'>two</p>")
     stream.offer(first)
     encoder = ZstdEncoder()
     decoder = Decoder("zstd")
@@ -383,13 +384,13 @@ async def test_an_idle_zstd_body_hibernates_then_resumes_in_a_new_frame() -> Non
     def progress(chunks: list[bytes]) -> bool:
         nonlocal text
         text += decoder.feed(chunks[-1])
-        if decoder.frames_ended == 1 and second.event not in text:
+        if decoder.frames_ended == 1 and sse_event(second) not in text:
             assert encoder.hibernating  # the compressor was freed with the frame it ended
             asyncio.get_running_loop().call_soon(stream.offer, second)
-        return second.event in text
+        return sse_event(second) in text
 
     await collect(stream, encoder, progress, keepalive=60, hibernate_after=0.05)
-    assert text == first.event + second.event  # no keep-alive: events came before one was due
+    assert text == sse_event(first) + sse_event(second)  # no keep-alive: events came before one was due
     assert decoder.frames_ended == 2  # one for the hibernation, one for the close
     assert KEEPALIVE not in text
 
@@ -399,7 +400,7 @@ async def test_keepalives_decode_and_an_asleep_encoder_is_freed_again_at_once() 
     from fastapi_lith.streams import KEEPALIVE, Frame, Stream
 
     stream = Stream("t1")
-    stream.offer(Frame.patch("v", "<p id='v'>one</p>"))
+    stream.offer(Frame("v", "<p id='v'>one</p>"))
     encoder = ZstdEncoder()
     decoder = Decoder("zstd")
     text = b""
@@ -418,7 +419,7 @@ async def test_keepalives_decode_and_an_asleep_encoder_is_freed_again_at_once() 
     assert text.count(KEEPALIVE) >= 3
 
     plain = Stream("t2")
-    plain.offer(Frame.patch("v", "<p id='v'>one</p>"))
+    plain.offer(Frame("v", "<p id='v'>one</p>"))
     chunks = await collect(plain, IdentityEncoder(), lambda c: c[-1] == KEEPALIVE, keepalive=0.05)
     assert chunks[1] == KEEPALIVE and chunks[-1] == b""  # identity never hibernates
 
@@ -439,11 +440,11 @@ async def test_frames_waiting_together_go_out_in_one_write() -> None:
     from fastapi_lith.streams import Frame, Stream
 
     stream = Stream("t1")
-    one, two = Frame.patch("a", "<p id='a'>1</p>"), Frame.patch("b", "<p id='b'>2</p>")
+    one, two = Frame("a", "<p id='a'>1</p>"), Frame("b", "<p id='b'>2</p>")
     stream.offer(one)
     stream.offer(two)
     chunks = await collect(stream, IdentityEncoder(), lambda c: True)
-    assert chunks == [one.event + two.event, b""]
+    assert chunks == [sse_event(one) + sse_event(two), b""]
 
 
 async def test_an_awake_stream_sends_keepalives_without_hibernating() -> None:
@@ -451,7 +452,7 @@ async def test_an_awake_stream_sends_keepalives_without_hibernating() -> None:
     from fastapi_lith.streams import KEEPALIVE, Frame, Stream
 
     stream = Stream("t1")
-    first = Frame.patch("v", "<p id='v'>one</p>")
+    first = Frame("v", "<p id='v'>one</p>")
     stream.offer(first)
     encoder = ZstdEncoder()
     decoder = Decoder("zstd")
@@ -465,7 +466,7 @@ async def test_an_awake_stream_sends_keepalives_without_hibernating() -> None:
         return text.count(KEEPALIVE) >= 2
 
     await collect(stream, encoder, progress, keepalive=0.05, hibernate_after=60)
-    assert text == first.event + KEEPALIVE + KEEPALIVE
+    assert text == sse_event(first) + KEEPALIVE + KEEPALIVE
     assert asleep[:3] == [False, False, False]  # idle for less than hibernate_after: one zstd frame
     assert decoder.frames_ended == 1  # the close
 
@@ -500,14 +501,14 @@ def test_shutdown_commits_a_command_in_flight_and_answers_it(server_factory: Any
 def test_a_frame_with_signals_patches_both_and_a_stream_counts_what_it_took() -> None:
     from fastapi_lith.streams import Frame, Stream
 
-    frame = Frame.patch("lith-error", '<div id="lith-error">no</div>', {"done": 3})
-    event = frame.event.decode()
+    frame = Frame("lith-error", '<div id="lith-error">no</div>', {"done": 3})
+    event = sse_event(frame).decode()
     assert event.startswith("event: datastar-patch-elements\n")
     assert "event: datastar-patch-signals\n" in event and '"done":3' in event.replace(" ", "")
     stream = Stream("t1")
     assert stream.keys == () and stream.take() == [] and stream.taken == 0
     stream.offer(frame)
-    stream.offer(Frame.patch("other", "<p id='other'></p>"))
+    stream.offer(Frame("other", "<p id='other'></p>"))
     assert len(stream.take()) == 2
     stream.offer(frame)
     assert stream.take() == [frame] and stream.taken == 3

@@ -735,24 +735,24 @@ async def test_the_writer_dependency_refuses_bodies_over_max_body(tmp_path: Path
     import httpx
     from fastapi import Depends, FastAPI
 
-    writer = Writer(tmp_path / "app.db", migrations=migrations, max_body=100, same_origin_only=False)
-    await writer.start()
+    from fastapi_lith import Lith
+
+    lith = Lith(tmp_path / "app.db", migrations=migrations, max_body=100, same_origin_only=False)
     app = FastAPI()
+    lith.install(app)
 
     @app.post("/append")
-    async def append(cmd: Append, w: Writer = Depends(writer)) -> int:
+    async def append(cmd: Append, w: Writer = Depends(lith.writer)) -> int:
         return await w.do(cmd)
 
-    try:
+    async with lith.lifespan(app, ticks=False):
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app.test") as client:
             json = {"Content-Type": "application/json"}
             fits = await client.post("/append", content=b'{"value": "%s"}' % (b"a" * 87), headers=json)  # 100 bytes
             over = await client.post("/append", content=b'{"value": "%s"}' % (b"b" * 88), headers=json)
-    finally:
-        await writer.close()
     assert fits.status_code == 200, fits.text
     assert over.status_code == 413 and "100 bytes" in over.text
-    assert [v for (v,) in rows(writer.path, "SELECT value FROM log")] == ["a" * 87]
+    assert [v for (v,) in rows(lith.path, "SELECT value FROM log")] == ["a" * 87]
 
 
 def test_a_command_without_apply_names_itself() -> None:
