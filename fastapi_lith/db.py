@@ -180,6 +180,19 @@ def find_migrations(directory: str | Path) -> list[Migration]:
     return [Migration(v, found[v]) for v in sorted(found)]
 
 
+def pending_migrations(directory: str | Path, start: int) -> list[Migration]:
+    """The migrations above version `start`, oldest first, for either backend; a database newer
+    than the newest file is refused: an older app must not run against it."""
+    migrations = find_migrations(directory)
+    newest = migrations[-1].version if migrations else 0
+    if start > newest:
+        raise MigrationError(
+            f"database version {start} is newer than the newest migration {newest} "
+            f"in {Path(directory).name}: refusing to run an older app against it"
+        )
+    return [m for m in migrations if m.version > start]
+
+
 def user_version(conn: sqlite3.Connection) -> int:
     return int(conn.execute("PRAGMA user_version").fetchone()[0])
 
@@ -190,17 +203,8 @@ def migrate(conn: sqlite3.Connection, directory: str | Path) -> tuple[int, int]:
     Returns the versions before and after. A failing file rolls back alone: the database stays
     at the last good version and the error names the file.
     """
-    migrations = find_migrations(directory)
-    newest = migrations[-1].version if migrations else 0
     start = user_version(conn)
-    if start > newest:
-        raise MigrationError(
-            f"database version {start} is newer than the newest migration {newest} "
-            f"in {Path(directory).name}: refusing to run an older app against it"
-        )
-    for migration in migrations:
-        if migration.version <= start:
-            continue
+    for migration in pending_migrations(directory, start):
         sql = migration.path.read_text(encoding="utf-8")
         try:
             # executescript commits any open transaction first, then runs the script as is:

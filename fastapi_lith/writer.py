@@ -143,12 +143,14 @@ class Writer:
         gc.freeze()
 
     def _open(self) -> None:
-        conn = db.connect(
-            self.path, synchronous=self.synchronous, cached_statements=self._cached_statements
-        )
-        conn.execute(f"PRAGMA wal_autocheckpoint = {int(self.wal_autocheckpoint)}")
-        try:
-            with self.feed.turn():  # processes starting at once migrate one after the other
+        # Processes starting at once take turns: switching a new file to WAL and migrating
+        # both want the file to themselves.
+        with self.feed.turn():
+            conn = db.connect(
+                self.path, synchronous=self.synchronous, cached_statements=self._cached_statements
+            )
+            try:
+                conn.execute(f"PRAGMA wal_autocheckpoint = {int(self.wal_autocheckpoint)}")
                 if self.migrations is not None:
                     before, after = db.migrate(conn, self.migrations)
                     if after != before:
@@ -156,11 +158,11 @@ class Writer:
                 conn.executescript(f"BEGIN IMMEDIATE;{OUTCOMES_SCHEMA};{TABS_SCHEMA};COMMIT;")
                 self._prune(conn.cursor())
                 self.feed.setup(conn)
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            conn.close()
-            raise
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                conn.close()
+                raise
         self._conn = conn
 
     def _prune(self, cur: sqlite3.Cursor) -> None:

@@ -195,18 +195,9 @@ def migrate(conn: psycopg.Connection[Any], directory: str | Path) -> tuple[int, 
     Call it under `MIGRATION_LOCK`. A failing file rolls back alone and the error names it; a
     database newer than the newest file is refused, as on SQLite.
     """
-    migrations = db.find_migrations(directory)
-    newest = migrations[-1].version if migrations else 0
     conn.execute(SCHEMA_TABLE)
     start = schema_version(conn)
-    if start > newest:
-        raise MigrationError(
-            f"database version {start} is newer than the newest migration {newest} "
-            f"in {Path(directory).name}: refusing to run an older app against it"
-        )
-    for migration in migrations:
-        if migration.version <= start:
-            continue
+    for migration in db.pending_migrations(directory, start):
         sql = migration.path.read_text(encoding="utf-8")
         try:
             with conn.transaction():
