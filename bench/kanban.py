@@ -108,10 +108,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def seed(path: Path, cards: int) -> None:
-    """`python -m examples.kanban.seed DB --cards N`, as a user would."""
-    subprocess.run([PY, "-m", "examples.kanban.seed", str(path), "--cards", str(cards)],
-                   cwd=ROOT, check=True, capture_output=True)
+def seed(path: Path, cards: int, py: str = PY, root: Path = ROOT) -> None:
+    """`python -m examples.kanban.seed DB --cards N`, as a user would, with a checkout's own
+    code: each version migrates its database to its own schema."""
+    subprocess.run([py, "-m", "examples.kanban.seed", str(path), "--cards", str(cards)],
+                   cwd=root, check=True, capture_output=True)
 
 
 def board_layout(path: Path) -> tuple[list[int], list[int]]:
@@ -781,6 +782,11 @@ def one_run(args: argparse.Namespace, tmp: Path, template: Path, encoding: str, 
         others = wait_for_quiet(args.quiet)
         print(f"  others used {others:.2f} cores just before the {label} run", flush=True)
     db = tmp / f"{label}.db"
+    if tree is not None and tree.name == "old":  # the old checkout seeds a board of its own schema
+        old_template = tmp / "seeded-old.db"
+        if not old_template.exists():
+            seed(old_template, args.cards, tree.py, tree.root)
+        template = old_template
     shutil.copy(template, db)
     cards, lanes = board_layout(db)
     what_if = tuple(w for w in args.what_if.split(",") if w)
