@@ -5,7 +5,8 @@ Everything an app needs is here; other modules are the library's own, except
 `fastapi_lith.db.connect` / `migrate`.
 """
 
-from .accounts import ACCOUNT_NAME, Account, Accounts
+from .account_pool import ACCOUNT_NAME, Account
+from .accounts import Accounts
 from .app import DATASTAR_CDN, Lith
 from .commands import Command, Rejected, TabCommand, TabId, new_tab, pending, send, tab_signals
 from .db import Db

@@ -16,8 +16,7 @@ import anyio
 import htpy as h
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException
 from markupsafe import Markup
-from sqlalchemy import event
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -406,17 +405,3 @@ class Lith:
 
 _HTML_ID = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 _PREFIX = re.compile(r"(/[A-Za-z0-9._~-]+)+")
-
-
-def read_only_engine(path: Path) -> AsyncEngine:
-    """SQLAlchemy's async engine on aiosqlite, with every connection `query_only`."""
-    engine = create_async_engine(f"sqlite+aiosqlite:///{path}")
-
-    @event.listens_for(engine.sync_engine, "connect")
-    def _pragmas(dbapi_conn: Any, _record: Any) -> None:
-        cursor = dbapi_conn.cursor()
-        cursor.execute(f"PRAGMA busy_timeout = {db.BUSY_TIMEOUT_MS}")
-        cursor.execute("PRAGMA query_only = ON")
-        cursor.close()
-
-    return engine

@@ -297,7 +297,7 @@ def add_accounts_commands(sub: Any) -> None:
 
 
 def _accounts_in(folder: Path, only: list[str] | None, *, copies: bool = False) -> list[str]:
-    from .accounts import ACCOUNT_NAME, SUFFIX
+    from .account_pool import ACCOUNT_NAME, SUFFIX
 
     if not folder.is_dir():
         raise LithError(f"{folder}: no such folder")

@@ -293,34 +293,53 @@ class Readers:
 
     `await readers.run(fn)` calls `fn(db)` on a reader thread, in one read transaction, so
     everything `fn` reads shows one state. The sqlite3 module releases the GIL while SQLite
-    works, so reads overlap the writer and the event loop.
+    works, so reads overlap the writer and the event loop. Another backend overrides how a
+    connection opens, begins and rolls back (`backends/postgres.py`).
     """
+
+    BEGIN = "BEGIN"
 
     def __init__(self, path: str | Path, *, size: int = 2, cached_statements: int = 128) -> None:
         self.path = Path(path)
+        self._pool(size, cached_statements)
+
+    def _pool(self, size: int, cached_statements: int) -> None:
         self._local = threading.local()
-        self._conns: list[sqlite3.Connection] = []
+        self._conns: list[Any] = []
         self._lock = threading.Lock()
         self._cached_statements = cached_statements
         self._threads = Workers(size, "lith-reader")
 
+    def _open(self) -> Db:
+        conn = connect(self.path, read_only=True, cached_statements=self._cached_statements)
+        return Db(conn, StatementCache(self._cached_statements))
+
+    def _usable(self, db: Db) -> bool:
+        return True
+
+    def _rollback(self, conn: Any) -> None:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+
     def _db(self) -> Db:
         db: Db | None = getattr(self._local, "db", None)
-        if db is None:
-            conn = connect(self.path, read_only=True, cached_statements=self._cached_statements)
-            db = self._local.db = Db(conn, StatementCache(self._cached_statements))
+        if db is None or not self._usable(db):
+            db = self._local.db = self._open()
             with self._lock:
-                self._conns.append(conn)
+                self._conns.append(db.conn)
         return db
 
     def call(self, fn: Callable[[Db], T]) -> T:
         """Run `fn` in one read transaction on this thread's connection (blocking)."""
         db = self._db()
-        db.conn.execute("BEGIN")
+        db.conn.execute(self.BEGIN)
         try:
-            return fn(db)
-        finally:
-            db.conn.execute("COMMIT")
+            result = fn(db)
+        except BaseException:
+            self._rollback(db.conn)
+            raise
+        db.conn.execute("COMMIT")
+        return result
 
     async def run(self, fn: Callable[[Db], T]) -> T:
         """Run `fn(db)` in one read transaction on a reader thread."""

@@ -12,7 +12,8 @@ import sqlalchemy as sa
 from pydantic import Field
 
 from fastapi_lith import Command, MigrationError, Tx
-from fastapi_lith.backends.postgres import PgReaders, PgWriter, dsn
+from fastapi_lith.backends.pgwriter import PgWriter
+from fastapi_lith.backends.postgres import PgReaders, dsn
 from fastapi_lith.feed import LocalFeed
 
 metadata = sa.MetaData()
@@ -244,7 +245,7 @@ async def test_lith_on_postgres_renders_what_commands_wrote(pg_url: str, migrati
 
 
 async def test_a_dropped_write_connection_costs_no_command(pg_url: str, migrations: Path) -> None:
-    from fastapi_lith.backends.postgres import WRITER_NAME
+    from fastapi_lith.backends.pgwriter import WRITER_NAME
 
     writer = PgWriter(pg_url, migrations=migrations, feed=LocalFeed())
     await writer.start()

@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from .. import db
 from ..exceptions import SettingError
@@ -38,9 +39,17 @@ class SqliteBackend:
         return db.Readers(self.path, size=size)
 
     def engine(self) -> AsyncEngine:
-        from ..app import read_only_engine
+        # aiosqlite for the handlers' ad hoc reads, every connection `query_only`.
+        engine = create_async_engine(f"sqlite+aiosqlite:///{self.path}")
 
-        return read_only_engine(self.path)
+        @event.listens_for(engine.sync_engine, "connect")
+        def _pragmas(dbapi_conn: Any, _record: Any) -> None:
+            cursor = dbapi_conn.cursor()
+            cursor.execute(f"PRAGMA busy_timeout = {db.BUSY_TIMEOUT_MS}")
+            cursor.execute("PRAGMA query_only = ON")
+            cursor.close()
+
+        return engine
 
 
 class PostgresBackend:
@@ -50,10 +59,11 @@ class PostgresBackend:
 
     def __init__(self, url: str) -> None:
         try:
-            from . import postgres
+            from . import pgwriter, postgres
         except ImportError as exc:  # psycopg missing
             raise SettingError(f"{url.split(':', 1)[0]} URLs need psycopg: pip install 'fastapi-lith[postgres]' ({exc})") from exc
         self._pg = postgres
+        self._writer_module = pgwriter
         self.url = url
         self.path: Path | None = None
 
@@ -63,7 +73,7 @@ class PostgresBackend:
         return NotifyFeed(self.url)
 
     def writer(self, **settings: Any) -> Writer:
-        return self._pg.PgWriter(self.url, **settings)
+        return self._writer_module.PgWriter(self.url, **settings)
 
     def readers(self, size: int) -> Any:
         return self._pg.PgReaders(self.url, size=size)
