@@ -11,6 +11,9 @@ with PostgreSQL's default, durable settings unless LITH_PG_URL names one):
                            of 5 + 10 connections): what a plain FastAPI route does per request
               lith 1x200   one process, 200 producers, `Writer.do` (batches, savepoints, NOTIFY)
               lith 2x100   two processes of 100 producers each, one writer each
+              old ...      with --old DIR: lith's configs run by another checkout's code (its
+                           own .venv), e.g. the last release, for new against old in one run
+              ... 1x1      with --single: one producer, the latency of a lone command
             configs interleave, each repeated, medians reported.
   latency   commit in process A -> frame offered to a stream in process B (NOTIFY, B's listener,
             B's next tick), against commit -> frame in A itself, per commit; A sets a counter
@@ -18,6 +21,7 @@ with PostgreSQL's default, durable settings unless LITH_PG_URL names one):
 
     python bench/postgres.py                     # both, about 1 minute
     python bench/postgres.py writer --reps 3 --duration 3
+    python bench/postgres.py writer --old ../old-checkout --single
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import shutil
 import statistics
@@ -37,7 +42,9 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path[:0] = [str(ROOT), str(HERE), str(ROOT / "tests")]
+# The library's code: this checkout's, or another's for the "old" configs (see --old).
+CODE = Path(os.environ.get("LITH_BENCH_CODE") or ROOT)
+sys.path[:0] = [str(CODE), str(HERE), str(ROOT / "tests")]
 
 from conditions import load_average, percentile, print_conditions  # noqa: E402
 from fastapi_lith import Command, Db, Frame, Lith, Stream, Tx  # noqa: E402
@@ -77,9 +84,13 @@ def migrations(tmp: Path) -> Path:
     return folder
 
 
-def child(role: str, **kwargs: Any) -> subprocess.Popen[str]:
-    args = [sys.executable, __file__, f"_{role}", json.dumps(kwargs)]
-    return subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+def child(role: str, code: Path | None = None, **kwargs: Any) -> subprocess.Popen[str]:
+    """This script in a new process; with `code`, on that checkout's library and .venv."""
+    python, env = sys.executable, None
+    if code is not None:
+        python, env = str(code / ".venv" / "bin" / "python"), {**os.environ, "LITH_BENCH_CODE": str(code)}
+    args = [python, __file__, f"_{role}", json.dumps(kwargs)]
+    return subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
 
 
 def answer(proc: subprocess.Popen[str]) -> dict[str, Any]:
@@ -133,11 +144,11 @@ async def _produce(url: str, folder: str, kind: str, producers: int, start: floa
 
     begin, end = start + warmup, start + warmup + duration
     latencies: list[float] = []
-    errors = 0
+    errors = acknowledged = 0
     rng = random.Random()
 
     async def producer() -> None:
-        nonlocal errors
+        nonlocal errors, acknowledged
         while time.time() < end:
             t0 = time.time()
             try:
@@ -145,6 +156,7 @@ async def _produce(url: str, folder: str, kind: str, producers: int, start: floa
             except Exception:  # noqa: BLE001 - counted: a caller that got an error
                 errors += 1
                 continue
+            acknowledged += 1
             t1 = time.time()
             if begin <= t0 and t1 <= end:
                 latencies.append(t1 - t0)
@@ -152,16 +164,25 @@ async def _produce(url: str, folder: str, kind: str, producers: int, start: floa
     await asyncio.sleep(max(0.0, start - time.time()))
     await asyncio.gather(*(producer() for _ in range(producers)))
     await close()
-    return {"done": len(latencies), "latencies": sorted(latencies), "errors": errors}
+    return {"done": len(latencies), "latencies": sorted(latencies), "errors": errors, "acknowledged": acknowledged}
 
 
-def writer_run(url: str, folder: Path, config: str, duration: float, warmup: float) -> dict[str, Any]:
+def writer_run(url: str, folder: Path, config: str, duration: float, warmup: float,
+               old: Path | None) -> dict[str, Any]:
     kind, shape = config.split()
     processes, producers = (int(x) for x in shape.split("x"))
+    code = old if kind == "old" else None
     start = time.time() + 3  # every process imported and connected before the window
-    procs = [child("produce", url=url, folder=str(folder), kind=kind, producers=producers,
-                   start=start, warmup=warmup, duration=duration) for _ in range(processes)]
+    procs = [child("produce", code, url=url, folder=str(folder), kind="lith" if kind == "old" else kind,
+                   producers=producers, start=start, warmup=warmup, duration=duration) for _ in range(processes)]
     results = [answer(p) for p in procs]
+    from fastapi_lith.backends.postgres import connect
+
+    with connect(url) as conn:  # every acknowledged command there, once: a check, not a timing
+        events, counted = conn.execute("SELECT (SELECT count(*) FROM event), (SELECT sum(count) FROM counter)").fetchone()
+    acknowledged = sum(r["acknowledged"] for r in results)
+    if not events == counted == acknowledged:
+        raise SystemExit(f"{config}: {acknowledged} commands acknowledged, {events} events and {counted} counts written")
     latencies = sorted(x for r in results for x in r["latencies"])
     return {"rate": sum(r["done"] for r in results) / duration, "latencies": latencies,
             "errors": sum(r["errors"] for r in results)}
@@ -237,6 +258,11 @@ async def latency(url: str, folder: Path, commits: int, tick: float) -> dict[str
 # -- main -------------------------------------------------------------------------------------
 
 
+def git_rev(root: Path) -> str:
+    out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return out.stdout.strip() or "?"
+
+
 def ms(values: list[float], q: float) -> str:
     return f"{percentile(values, q) * 1e3:.1f}" if values else "-"
 
@@ -254,9 +280,10 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--duration", type=float, default=3.0)
     parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument("--old", default="", metavar="DIR",
+                        help="also run lith's configs on another checkout's code and .venv (read only)")
+    parser.add_argument("--single", action="store_true", help="also one producer: a lone command's latency")
     args = parser.parse_args()
-    import os
-
     import pgcluster
 
     server = pgcluster.Existing(os.environ["LITH_PG_URL"]) if os.environ.get("LITH_PG_URL") else pgcluster.Cluster(durable=True)
@@ -275,22 +302,37 @@ def main() -> None:
             for name, values in (("A -> A (writer's subscriber)", r["local"]), ("A -> B (NOTIFY)", r["cross"])):
                 print(f"| {name} | {ms(values, 50)} | {ms(values, 95)} | {ms(values, 99)} | {ms(values, 100)} |")
         if args.what in ("writer", "both"):
-            runs: dict[str, list[dict[str, Any]]] = {c: [] for c in CONFIGS}
+            old = Path(args.old).resolve() if args.old else None
+            configs = [c for c in CONFIGS]
+            if old is not None:
+                configs[1:1] = ["old 1x200"]
+                configs.append("old 2x100")
+                print(f"  old:    {old.name} at {git_rev(old)}, new: {ROOT.name} at {git_rev(ROOT)}")
+            if args.single:
+                configs += ["naive 1x1"] + (["old 1x1"] if old else []) + ["lith 1x1"]
+            runs: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
             for rep in range(args.reps):
-                order = CONFIGS if rep % 2 == 0 else tuple(reversed(CONFIGS))
+                order = configs if rep % 2 == 0 else configs[::-1]
                 for config in order:
                     url = fresh(server, folder)  # each run on a fresh database
-                    runs[config].append(writer_run(url, folder, config, args.duration, args.warmup))
-            base = statistics.median(r["rate"] for r in runs["naive 1x200"])
+                    runs[config].append(writer_run(url, folder, config, args.duration, args.warmup, old))
             print(f"\n## Writer, {args.reps} runs each of {args.duration:.0f} s, medians\n")
-            print("| config | commands/s | x naive | p50 ms | p99 ms | errors |")
-            print("|---|---:|---:|---:|---:|---:|")
-            for config in CONFIGS:
-                rate = statistics.median(r["rate"] for r in runs[config])
+            print("| config | commands/s | x naive | x old | p50 ms | p99 ms | errors |")
+            print("|---|---:|---:|---:|---:|---:|---:|")
+            def rate_of(config: str) -> float:
+                return statistics.median(r["rate"] for r in runs[config]) if config in runs else 0.0
+
+            for config in configs:
+                shape = config.split()[1]
+                rate = rate_of(config)
+                base = rate_of("naive 1x1" if shape == "1x1" else "naive 1x200")  # the same producers
+                before = rate_of(f"old {shape}")
                 p50 = statistics.median(percentile(r["latencies"], 50) for r in runs[config]) * 1e3
                 p99 = statistics.median(percentile(r["latencies"], 99) for r in runs[config]) * 1e3
                 errors = sum(r["errors"] for r in runs[config])
-                print(f"| {config} | {rate:,.0f} | {rate / base:.1f} | {p50:.1f} | {p99:.1f} | {errors} |")
+                vs_naive = f"{rate / base:.1f}" if base else "-"
+                vs_old = f"{rate / before:.2f}" if before and not config.startswith(("old", "naive")) else "-"
+                print(f"| {config} | {rate:,.0f} | {vs_naive} | {vs_old} | {p50:.1f} | {p99:.1f} | {errors} |")
         print("\nload average at the end:", load_average())
     finally:
         server.stop()

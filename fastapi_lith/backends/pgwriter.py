@@ -16,6 +16,7 @@ from .. import settings
 from ..outcomes import TAB_KEEP, dump_outcome, load_outcome
 from ..statements import StatementCache
 from ..writer import Command, Topics, Writer
+from .pgpipeline import Replay, WriterConnection, WriterCursor
 from .postgres import DIALECT, MIGRATION_LOCK, PgTx, connect, describe, find_folder, migrate, rollback
 
 log = logging.getLogger("fastapi_lith.postgres")
@@ -67,6 +68,28 @@ class _Retry(Exception):
     """The batch lost a deadlock or a serialization check: roll it back and run it again."""
 
 
+class _Batch:
+    """One batch as the writer runs it: the commands, their answers so far, and per command
+    the cursors of its SAVEPOINT and RELEASE, whose results say how far the server got."""
+
+    __slots__ = ("cmds", "keys", "tx", "cur", "since", "now", "results", "errors", "marks", "opened", "closed", "repeats")
+
+    def __init__(self, cmds: list[Command], keys: list[str | None] | None, tx: PgTx, since: float) -> None:
+        self.cmds, self.keys, self.tx, self.cur, self.since = cmds, keys, tx, tx._cursor, since
+        self.reset()
+
+    def reset(self) -> None:
+        n = len(self.cmds)
+        self.now = time.time()
+        self.results: list[Any] = [None] * n
+        self.errors: list[BaseException | None] = [None] * n
+        self.marks = [0] * n  # len(tx._touched) as each command began
+        self.opened: list[Any] = [None] * n
+        self.closed: list[Any] = [None] * n
+        self.repeats = 0
+        self.tx._touched.clear()
+
+
 class PgWriter(Writer):
     """The writer of one process on PostgreSQL: SQLite's batches, savepoints and outcomes.
 
@@ -79,6 +102,14 @@ class PgWriter(Writer):
     `retries` bounds how often a batch runs again after a deadlock or serialization failure
     (with other clients of the database, or between writers that do not take turns), waiting a
     random 1 ms up to `backoff` seconds (doubling) between runs.
+
+    A batch goes out in pipeline mode (see pgpipeline.py), first without savepoints: every
+    command going through, or failing before it wrote, is the common case, and each SAVEPOINT
+    and RELEASE costs the server a subtransaction. A command that fails after writing has no
+    savepoint to roll back to: the batch then runs again with a SAVEPOINT per command, as the
+    next few batches do. A statement that fails there rolls back to its command's savepoint and
+    that command runs again waiting on each statement, so its apply() meets the error where it
+    occurs, as it would without the pipeline; what followed it in the pipeline is sent again.
     """
 
     def __init__(
@@ -115,13 +146,20 @@ class PgWriter(Writer):
             cached_statements, enabled=settings.flag("statement_cache", statement_cache), dialect=DIALECT
         )
         self._prepared = max(cached_statements, 1)
-        self._pg: psycopg.Connection[Any] | None = None
+        self._pg: WriterConnection | None = None
+        self._fast_misses = 0  # batches in a row that had to run again with savepoints
+        self._skip_fast = 0  # batches still to run with savepoints from the start
         self._committing = False  # COMMIT was sent: if the connection drops now, nobody knows
         self.reconnects = 0  # batches run again on a new connection after losing the old one
         self.retried = 0  # batches run again after a deadlock or serialization failure
 
+    def _connect(self) -> WriterConnection:
+        conn = connect(self.url, prepared=self._prepared, name=WRITER_NAME, cls=WriterConnection)
+        conn.cursor_factory = WriterCursor
+        return conn
+
     def _open(self) -> None:
-        conn = connect(self.url, prepared=self._prepared, name=WRITER_NAME)
+        conn = self._connect()
         try:
             conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK,))
             try:
@@ -159,7 +197,7 @@ class PgWriter(Writer):
         attempt = 0
         while True:
             if self._pg is None or self._pg.closed:
-                self._pg = connect(self.url, prepared=self._prepared, name=WRITER_NAME)
+                self._pg = self._connect()
             self._committing = False
             try:
                 with self.feed.turn():
@@ -189,56 +227,32 @@ class PgWriter(Writer):
     ) -> tuple[list[Any], list[BaseException | None], Topics, int]:
         conn = self._pg
         assert conn is not None
-        n = len(batch)
-        results: list[Any] = [None] * n
-        errors: list[BaseException | None] = [None] * n
-        repeats = 0
-        now = time.time()
-        since = now - self.repeat_window
         tx = PgTx(conn, self.statements)  # type: ignore[arg-type]
-        touched = tx._touched
-        cur = conn.cursor()
-        cur.execute("BEGIN")
-        held = False  # a savepoint `cmd` is open
+        b = _Batch(batch, keys, tx, time.time() - self.repeat_window)
+        cur = b.cur
         try:
-            if self.take_turns:
-                cur.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_TURN,), prepare=True)
-            if keys is not None and time.monotonic() >= self._next_prune:
-                self._prune(cur)
-            for i in range(n):
-                key = None if keys is None else keys[i]
-                if key is not None and cur.execute(CLAIM_OUTCOME, (key, now, since), prepare=True).fetchone() is None:
-                    row = cur.execute(FIND_OUTCOME, (key,), prepare=True).fetchone()
-                    ok, value = load_outcome(None if row is None else row[0])
-                    if ok:
-                        results[i] = value
-                    else:
-                        errors[i] = value
-                    repeats += 1
-                    continue
-                # One round trip: the previous command's savepoint released (COMMIT releases the
-                # last one), this one's taken.
-                cur.execute(b"RELEASE SAVEPOINT cmd; SAVEPOINT cmd" if held else b"SAVEPOINT cmd")
-                held = True
-                mark = len(touched)
-                cmd = batch[i]
-                try:
-                    result = cmd.apply(tx)
-                    cmd._settled(tx, None)
-                except Exception as exc:
-                    if retryable(exc):
-                        raise _Retry(str(exc)) from exc
-                    errors[i] = exc
-                    del touched[mark:]
-                    cur.execute("ROLLBACK TO SAVEPOINT cmd")
-                    cmd._settled(tx, exc)
-                    if key is not None:
-                        cur.execute(RECORD_OUTCOME, (dump_outcome(False, exc), key), prepare=True)
-                else:
-                    results[i] = result
-                    if key is not None and result is not None:
-                        cur.execute(RECORD_OUTCOME, (dump_outcome(True, result), key), prepare=True)
-            topics = frozenset(touched)
+            careful = True
+            if self._skip_fast:
+                self._skip_fast -= 1
+            elif self._pipelined(b, 0, savepoints=False) is None:
+                careful = False
+                self._fast_misses = 0
+            else:
+                # A command failed after writing: run the batch again, each in its savepoint.
+                # While that keeps happening, batches go straight to savepoints, ever longer.
+                self._fast_misses = min(2 * self._fast_misses or 1, 64)
+                self._skip_fast = self._fast_misses
+                rollback(conn)
+                b.reset()
+            start = 0
+            while careful and (failed := self._pipelined(b, start)) is not None:
+                # A statement of this command failed: back to its savepoint, and it runs again
+                # waiting on each statement, so that its apply() meets the error where it occurs.
+                cur.execute(b"ROLLBACK TO SAVEPOINT cmd")
+                del tx._touched[b.marks[failed]:]
+                self._command(b, failed, again=True)
+                start = failed + 1
+            topics = frozenset(tx._touched)
             self.feed.publish(conn, topics)  # NOTIFY: delivered to the listeners on COMMIT only
             self._committing = True
             try:
@@ -252,4 +266,88 @@ class PgWriter(Writer):
             if not isinstance(exc, _Retry) and retryable(exc):
                 raise _Retry(str(exc)) from exc
             raise
-        return results, errors, topics, repeats
+        return b.results, b.errors, topics, b.repeats
+
+    def _pipelined(self, b: _Batch, start: int, savepoints: bool = True) -> int | None:
+        """Send the commands from `start` on without waiting for the server (psycopg's pipeline
+        mode), then one Sync. None if all went through. Else, with savepoints, the index of the
+        command whose statement failed: the server skipped all that was sent after it, and the
+        transaction is in error until rolled back to that savepoint; without, -1."""
+        conn = self._pg
+        assert conn is not None
+        error: psycopg.Error | None = None
+        lost = False  # a command failed after writing, with no savepoint to roll back to
+        try:
+            with conn.pipeline():
+                try:
+                    if start == 0:
+                        b.cur.execute("BEGIN")
+                        if self.take_turns:
+                            b.cur.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_TURN,), prepare=True)
+                        if b.keys is not None and time.monotonic() >= self._next_prune:
+                            self._prune(b.cur)
+                    for i in range(start, len(b.cmds)):
+                        if not self._command(b, i, savepoint=savepoints):
+                            lost = True
+                            break
+                except Replay as exc:
+                    error = exc.error
+        except psycopg.Error as exc:  # from the Sync as the pipeline ends
+            error = error or exc
+        if error is None and not lost:
+            return None
+        if error is not None and (conn.closed or retryable(error)):
+            raise error
+        if not savepoints:
+            return -1
+        # The command whose SAVEPOINT went through and RELEASE did not holds the failure; none
+        # such: it was in the batch's own statements (BEGIN, a key's claim): the batch fails.
+        for i in range(len(b.cmds) - 1, start - 1, -1):
+            opened, closed = b.opened[i], b.closed[i]
+            if opened is not None and opened.pgresult is not None:
+                if closed is None or closed.pgresult is None:
+                    return i
+                break
+        raise error  # type: ignore[misc]
+
+    def _command(self, b: _Batch, i: int, savepoint: bool = True, again: bool = False) -> bool:
+        """Apply command `i`, in its savepoint unless `savepoint` is false; `again` after its
+        statement failed in the pipeline: the savepoint is there, the key claimed, and the
+        statements wait. False if it failed after writing and there is no savepoint."""
+        conn, cur, tx, cmd = self._pg, b.cur, b.tx, b.cmds[i]
+        assert isinstance(conn, WriterConnection)
+        key = None if b.keys is None else b.keys[i]
+        if not again:
+            b.opened[i] = b.closed[i] = None
+            if key is not None and cur.execute(CLAIM_OUTCOME, (key, b.now, b.since), prepare=True).fetchone() is None:
+                row = cur.execute(FIND_OUTCOME, (key,), prepare=True).fetchone()
+                ok, value = load_outcome(None if row is None else row[0])
+                b.results[i], b.errors[i] = (value, None) if ok else (None, value)
+                b.repeats += 1
+                return True
+            if savepoint:
+                b.opened[i] = conn.cursor().execute(b"SAVEPOINT cmd")
+            b.marks[i] = len(tx._touched)
+        sent = conn.sent
+        try:
+            result = cmd.apply(tx)
+            cmd._settled(tx, None)
+        except Exception as exc:
+            if retryable(exc):
+                raise _Retry(str(exc)) from exc
+            if not savepoint and conn.sent != sent:
+                return False
+            b.results[i], b.errors[i] = None, exc
+            del tx._touched[b.marks[i]:]
+            if savepoint:
+                cur.execute(b"ROLLBACK TO SAVEPOINT cmd")
+            cmd._settled(tx, exc)
+            if key is not None:
+                cur.execute(RECORD_OUTCOME, (dump_outcome(False, exc), key), prepare=True)
+        else:
+            b.results[i], b.errors[i] = result, None
+            if key is not None and result is not None:
+                cur.execute(RECORD_OUTCOME, (dump_outcome(True, result), key), prepare=True)
+        if savepoint:
+            b.closed[i] = conn.cursor().execute(b"RELEASE SAVEPOINT cmd")
+        return True

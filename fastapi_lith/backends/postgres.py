@@ -37,6 +37,7 @@ from ..writer import Tx
 
 log = logging.getLogger("fastapi_lith.postgres")
 T = TypeVar("T")
+C = TypeVar("C", bound="psycopg.Connection[Any]")
 
 # `format` (%s) is psycopg's placeholder, and positional like SQLite's `?`.
 DIALECT = PGDialect_psycopg(paramstyle="format")
@@ -92,9 +93,9 @@ def lith_row(cursor: Any) -> Callable[[Sequence[Any]], Any]:
     return cls
 
 
-def connect(url: str, *, prepared: int = 512, name: str = "lith") -> psycopg.Connection[Any]:
+def connect(url: str, *, prepared: int = 512, name: str = "lith", cls: type[C] = psycopg.Connection) -> C:  # type: ignore[assignment]
     """One connection in autocommit mode: the library writes its own BEGIN and COMMIT."""
-    conn = psycopg.connect(dsn(url), autocommit=True, row_factory=lith_row, application_name=name)  # type: ignore[arg-type]
+    conn = cls.connect(dsn(url), autocommit=True, row_factory=lith_row, application_name=name)  # type: ignore[arg-type]
     conn.prepared_max = max(prepared, 1)
     return conn
 
