@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,10 @@ WRITER_NAME = "lith-writer"  # application_name of the write connection (pg_stat
 
 # SQLSTATEs after which the whole batch runs again: serialization failure, deadlock.
 RETRYABLE = frozenset({"40001", "40P01"})
+
+# Pipeline mode needs libpq 14 (psycopg's binary wheels bring one). Without it every statement
+# waits for the server, and a failed one raises where it was sent, as before the pipeline.
+PIPELINE = psycopg.Pipeline.is_supported()
 
 OUTCOMES_SCHEMA = """
 CREATE TABLE IF NOT EXISTS lith_outcome (key text PRIMARY KEY, at double precision NOT NULL, outcome bytea);
@@ -278,7 +283,7 @@ class PgWriter(Writer):
         error: psycopg.Error | None = None
         lost = False  # a command failed after writing, with no savepoint to roll back to
         try:
-            with conn.pipeline():
+            with conn.pipeline() if PIPELINE else nullcontext():
                 try:
                     if start == 0:
                         b.cur.execute("BEGIN")
