@@ -317,22 +317,26 @@ def main() -> None:
                     url = fresh(server, folder)  # each run on a fresh database
                     runs[config].append(writer_run(url, folder, config, args.duration, args.warmup, old))
             print(f"\n## Writer, {args.reps} runs each of {args.duration:.0f} s, medians\n")
-            print("| config | commands/s | x naive | x old | p50 ms | p99 ms | errors |")
-            print("|---|---:|---:|---:|---:|---:|---:|")
+            print("| config | commands/s | x naive | x naive, each rep | x old | p50 ms | p99 ms | errors |")
+            print("|---|---:|---:|---:|---:|---:|---:|---:|")
             def rate_of(config: str) -> float:
                 return statistics.median(r["rate"] for r in runs[config]) if config in runs else 0.0
 
             for config in configs:
                 shape = config.split()[1]
                 rate = rate_of(config)
-                base = rate_of("naive 1x1" if shape == "1x1" else "naive 1x200")  # the same producers
+                naive = "naive 1x1" if shape == "1x1" else "naive 1x200"  # the same producers
+                base = rate_of(naive)
+                # Rep by rep (the configs of a rep ran minutes apart at most): how far the ratio moves.
+                each = sorted(r["rate"] / n["rate"] for r, n in zip(runs[config], runs[naive]) if n["rate"])
+                spread = f"{each[0]:.1f}-{each[-1]:.1f}" if each and config != naive else "-"
                 before = rate_of(f"old {shape}")
                 p50 = statistics.median(percentile(r["latencies"], 50) for r in runs[config]) * 1e3
                 p99 = statistics.median(percentile(r["latencies"], 99) for r in runs[config]) * 1e3
                 errors = sum(r["errors"] for r in runs[config])
                 vs_naive = f"{rate / base:.1f}" if base else "-"
                 vs_old = f"{rate / before:.2f}" if before and not config.startswith(("old", "naive")) else "-"
-                print(f"| {config} | {rate:,.0f} | {vs_naive} | {vs_old} | {p50:.1f} | {p99:.1f} | {errors} |")
+                print(f"| {config} | {rate:,.0f} | {vs_naive} | {spread} | {vs_old} | {p50:.1f} | {p99:.1f} | {errors} |")
         print("\nload average at the end:", load_average())
     finally:
         server.stop()
