@@ -14,6 +14,7 @@ with PostgreSQL's default, durable settings unless LITH_PG_URL names one):
               old ...      with --old DIR: lith's configs run by another checkout's code (its
                            own .venv), e.g. the last release, for new against old in one run
               ... 1x1      with --single: one producer, the latency of a lone command
+            with --refuse SHARE that share of the commands raises after writing (rolled back).
             configs interleave, each repeated, medians reported.
   latency   commit in process A -> frame offered to a stream in process B (NOTIFY, B's listener,
             B's next tick), against commit -> frame in A itself, per commit; A sets a counter
@@ -60,13 +61,20 @@ UPDATE = "UPDATE counter SET count = count + 1 WHERE id = %s"
 CONFIGS = ("naive 1x200", "lith 1x200", "lith 2x100")
 
 
+class Refused(Exception):
+    """The answer of a command told to fail after it wrote (--refuse)."""
+
+
 class Add(Command):
     id: int
+    refuse: bool = False
 
     def apply(self, tx: Tx) -> None:
         tx.execute(INSERT, (self.id, time.time()))
         tx.execute(UPDATE, (self.id,))
         tx.touch(f"counter:{self.id % 16}")
+        if self.refuse:  # after writing: its savepoint must undo both statements
+            raise Refused("refused")
 
 
 class Set(Command):
@@ -114,8 +122,9 @@ def fresh(server: Any, folder: Path) -> str:
 
 
 async def _produce(url: str, folder: str, kind: str, producers: int, start: float, warmup: float,
-                   duration: float) -> dict[str, Any]:
-    """One process: `producers` closed-loop producers; counts what completes in the window."""
+                   duration: float, refuse: float = 0.0) -> dict[str, Any]:
+    """One process: `producers` closed-loop producers; counts what completes in the window, a
+    command refused on purpose (a share `refuse` of them) as one answered."""
     if kind == "naive":
         from sqlalchemy import text
         from sqlalchemy.ext.asyncio import create_async_engine
@@ -124,10 +133,12 @@ async def _produce(url: str, folder: str, kind: str, producers: int, start: floa
         insert = text("INSERT INTO event (counter_id, at) VALUES (:id, :at)")
         update = text("UPDATE counter SET count = count + 1 WHERE id = :id")
 
-        async def send(i: int) -> None:
+        async def send(i: int, refuse: bool) -> None:
             async with engine.begin() as conn:  # one transaction per request, as a route would
                 await conn.execute(insert, {"id": i, "at": time.time()})
                 await conn.execute(update, {"id": i})
+                if refuse:
+                    raise Refused("refused")
 
         close = engine.dispose
     else:
@@ -135,8 +146,8 @@ async def _produce(url: str, folder: str, kind: str, producers: int, start: floa
         await lith.writer.start()
         await lith.feed.start(lith.writer)
 
-        async def send(i: int) -> None:
-            await lith.writer.do(Add(id=i))
+        async def send(i: int, refuse: bool) -> None:
+            await lith.writer.do(Add(id=i, refuse=refuse))
 
         async def close() -> None:
             await lith.writer.close()
@@ -152,11 +163,13 @@ async def _produce(url: str, folder: str, kind: str, producers: int, start: floa
         while time.time() < end:
             t0 = time.time()
             try:
-                await send(rng.randrange(1, ROWS + 1))
+                await send(rng.randrange(1, ROWS + 1), rng.random() < refuse)
+                acknowledged += 1
+            except Refused:
+                pass
             except Exception:  # noqa: BLE001 - counted: a caller that got an error
                 errors += 1
                 continue
-            acknowledged += 1
             t1 = time.time()
             if begin <= t0 and t1 <= end:
                 latencies.append(t1 - t0)
@@ -168,13 +181,14 @@ async def _produce(url: str, folder: str, kind: str, producers: int, start: floa
 
 
 def writer_run(url: str, folder: Path, config: str, duration: float, warmup: float,
-               old: Path | None) -> dict[str, Any]:
+               old: Path | None, refuse: float) -> dict[str, Any]:
     kind, shape = config.split()
     processes, producers = (int(x) for x in shape.split("x"))
     code = old if kind == "old" else None
     start = time.time() + 3  # every process imported and connected before the window
     procs = [child("produce", code, url=url, folder=str(folder), kind="lith" if kind == "old" else kind,
-                   producers=producers, start=start, warmup=warmup, duration=duration) for _ in range(processes)]
+                   producers=producers, start=start, warmup=warmup, duration=duration, refuse=refuse)
+             for _ in range(processes)]
     results = [answer(p) for p in procs]
     from fastapi_lith.backends.postgres import connect
 
@@ -283,6 +297,8 @@ def main() -> None:
     parser.add_argument("--old", default="", metavar="DIR",
                         help="also run lith's configs on another checkout's code and .venv (read only)")
     parser.add_argument("--single", action="store_true", help="also one producer: a lone command's latency")
+    parser.add_argument("--refuse", type=float, default=0.0, metavar="SHARE",
+                        help="this share of the commands fails after writing (0.01: one in a hundred)")
     args = parser.parse_args()
     import pgcluster
 
@@ -315,8 +331,9 @@ def main() -> None:
                 order = configs if rep % 2 == 0 else configs[::-1]
                 for config in order:
                     url = fresh(server, folder)  # each run on a fresh database
-                    runs[config].append(writer_run(url, folder, config, args.duration, args.warmup, old))
-            print(f"\n## Writer, {args.reps} runs each of {args.duration:.0f} s, medians\n")
+                    runs[config].append(writer_run(url, folder, config, args.duration, args.warmup, old, args.refuse))
+            refused = f", {args.refuse:.1%} of the commands failing after they wrote" if args.refuse else ""
+            print(f"\n## Writer, {args.reps} runs each of {args.duration:.0f} s, medians{refused}\n")
             print("| config | commands/s | x naive | x naive, each rep | x old | p50 ms | p99 ms | errors |")
             print("|---|---:|---:|---:|---:|---:|---:|---:|")
             def rate_of(config: str) -> float:

@@ -45,6 +45,7 @@ class WriterCursor(psycopg.Cursor[Any]):
                 pipeline.sync()
             except psycopg.Error as exc:
                 raise Replay(exc) from exc
+            deallocate_owed(self._conn)
 
     def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None, binary: bool | None = None) -> Any:
         self._conn.sent += 1
@@ -100,3 +101,16 @@ class WriterCursor(psycopg.Cursor[Any]):
         if self.pgresult is None:  # set before psycopg makes rows, when lith_row reads this
             self._wait()
         return super().description
+
+
+def deallocate_owed(conn: psycopg.Connection[Any]) -> None:
+    """Send now the DEALLOCATE ALL that psycopg owes, if any. psycopg forgets its prepared
+    statements when the result of a ROLLBACK (to a savepoint too) or of DDL comes in, and
+    deallocates them on the server at the end of the statement it is running. A result that
+    came in with a Sync, no statement running, leaves that owed until the end of the next one,
+    which may be a statement psycopg prepares anew, dropped by the late DEALLOCATE ALL while
+    psycopg still counts on it: the next use would fail."""
+    prepared = conn._prepared
+    if prepared._to_flush:
+        with conn.lock:
+            conn.wait(prepared.maintain_gen(conn))

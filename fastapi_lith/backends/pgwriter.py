@@ -17,7 +17,7 @@ from .. import settings
 from ..outcomes import TAB_KEEP, dump_outcome, load_outcome
 from ..statements import StatementCache
 from ..writer import Command, Topics, Writer
-from .pgpipeline import Replay, WriterConnection, WriterCursor
+from .pgpipeline import Replay, WriterConnection, WriterCursor, deallocate_owed
 from .postgres import DIALECT, MIGRATION_LOCK, PgTx, connect, describe, find_folder, migrate, rollback
 
 log = logging.getLogger("fastapi_lith.postgres")
@@ -299,8 +299,10 @@ class PgWriter(Writer):
                     error = exc.error
         except psycopg.Error as exc:  # from the Sync as the pipeline ends
             error = error or exc
-        if error is None and not lost:
-            return None
+        if error is None:
+            deallocate_owed(conn)  # in error, the ROLLBACK (TO SAVEPOINT) that follows does it
+            if not lost:
+                return None
         if error is not None and (conn.closed or retryable(error)):
             raise error
         if not savepoints:
