@@ -5,6 +5,10 @@ costs a few round trips instead of several per command. What a command reads sti
 time: reading a cursor's rows, `rowcount` or status waits for it. What it cannot see in time is
 its own error, nor another command's: `Replay` says so, and the writer runs the command whose
 statement failed again, waiting on each statement (see pgwriter.py).
+
+psycopg has no public hook for these, so this module reads a few of its attributes: the
+connection's `_pipeline` and its `result_queue`, the cursor's `_rowcount`, the connection's
+`_prepared` statements. tests/test_pgwriter.py fails if they change meaning.
 """
 
 from __future__ import annotations
