@@ -229,9 +229,9 @@ def proc_cpu(pid: int) -> float:
 
 
 def proc_threads_cpu(pid: int) -> dict[str, float]:
-    """CPU seconds per thread id of the process."""
+    """CPU seconds per thread id of the process and its children (thread ids are unique)."""
     out = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
+    for task in (t for p in proc_tree(pid) for t in Path(f"/proc/{p}/task").iterdir()):
         try:
             stat = (task / "stat").read_text()
         except OSError:
@@ -749,7 +749,8 @@ class Run:
             spy = subprocess.Popen(
                 [str(Path(PY).parent / "py-spy"), "record", "-p", str(pid), "-r", "100", "-f", "raw",
                  "-d", str(int(args.window)), "--threads", "-o", str(self.profile_out),
-                 *(["--nonblocking"] if args.spy_nonblocking else [])],
+                 *(["--nonblocking"] if args.spy_nonblocking else []),
+                 *(["--subprocesses"] if self.server.workers > 1 else [])],  # uvicorn's workers
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         thr0 = proc_threads_cpu(pid) if spy is not None else {}
         db_pid = self.server.db_pid
@@ -980,7 +981,7 @@ _THREAD = re.compile(r"^thread \((?P<tid>\d+|0x[0-9a-f]+)\):?\s*(?P<name>.*)$")
 GROUPS = {
     "rendering": "rendering (views, htpy, SQL reads, Datastar event)",
     "encoding": "encoding (zstd/brotli, on the fan-out threads since issue 12)",
-    "writer": "writer thread (MoveCard, SQLite, savepoints)",
+    "writer": "writer thread (MoveCard, SQLite or PostgreSQL, savepoints)",
     "http": "HTTP requests (uvicorn + h11 or httptools, FastAPI/Starlette, pydantic, routes)",
     "sse": "SSE send path (sse-starlette, anyio, lith streams)",
     "hub": "hub tick/fan-out, writer loop side",
@@ -994,6 +995,10 @@ _IDLE = (
     ("aiosqlite/core.py", "_connection_worker_thread"), ("selectors.py", "select"),
     ("fastapi_lith/db.py", "_work"),  # a lith Workers thread blocked on its SimpleQueue
 )
+
+
+_WRITERS = ("fastapi_lith/writer.py", "fastapi_lith/backends/pgwriter.py")
+_SQL = ("fastapi_lith/db.py", "fastapi_lith/statements.py", "fastapi_lith/backends/postgres.py")
 
 
 def parse_frame(text: str) -> tuple[str, str, int]:
@@ -1017,13 +1022,15 @@ def classify(frames: list[tuple[str, str, int]]) -> tuple[str, str]:
         return "idle", lf
     if lf == "Runner.run" or (lfile.endswith("asyncio/runners.py")):
         return "loop", "uvloop C (sockets, epoll, callbacks)"
-    if any(fn.endswith("_apply") and f.endswith("fastapi_lith/writer.py") for fn, f, _ in frames):
+    if any(fn.endswith("_apply") and f.endswith(_WRITERS) for fn, f, _ in frames):
         if any("examples/kanban" in f for _, f, _ in frames):
             if any(fn.startswith("Db.executemany") for fn, _, _ in frames):
                 return "writer", "MoveCard: Db.executemany (PLACE_CARD per card of the lane)"
-            if any(f.endswith(("fastapi_lith/db.py", "fastapi_lith/statements.py")) for _, f, _ in frames):
+            if any(f.endswith(_SQL) or _in(f, "psycopg") for _, f, _ in frames):
                 return "writer", "commands: other statements"
             return "writer", "commands (Python)"
+        if any(_in(f, "psycopg") for _, f, _ in frames):
+            return "writer", "savepoints, outcomes, NOTIFY, commit (psycopg)"
         return "writer", "savepoints, commit"
     if any(f.endswith("fastapi_lith/encoders.py") for _, f, _ in frames):
         return "encoding", "encoder.encode"
@@ -1039,7 +1046,7 @@ def classify(frames: list[tuple[str, str, int]]) -> tuple[str, str]:
                 return "rendering", "kanban views (Python)"
             if f.endswith("fastapi_lith/views.py"):
                 return "rendering", f"lith views.py {fn}"
-            if f.endswith("fastapi_lith/db.py") or f.endswith("fastapi_lith/statements.py"):
+            if f.endswith(_SQL) or _in(f, "psycopg"):
                 return "rendering", "SQL reads"
             if f.endswith("fastapi_lith/hub.py"):
                 return "rendering", f"hub.py {fn}"
@@ -1062,8 +1069,8 @@ def classify(frames: list[tuple[str, str, int]]) -> tuple[str, str]:
             return "sse", f"lith streams.py {fn}"
         if f.endswith("fastapi_lith/app.py"):
             return "sse", f"lith app.py {fn}"
-        if f.endswith("fastapi_lith/hub.py"):
-            return "hub", f"hub.py {fn}"
+        if f.endswith(("fastapi_lith/hub.py", "fastapi_lith/pgfeed.py")):
+            return "hub", f"{Path(f).name} {fn}"
         if f.endswith("fastapi_lith/writer.py"):
             return "hub", f"writer.py {fn}"
         if "examples/kanban" in f:
@@ -1101,6 +1108,9 @@ def summarize(path: Path, thread_cpu: dict[str, float] | None = None, wall: floa
             continue
         n = int(count)
         parts = stack.split(";")
+        if parts[0].startswith("process"):  # --subprocesses: the processes (a command line may
+            # hold a ";") come before the thread
+            parts = next((parts[i:] for i, part in enumerate(parts) if _THREAD.match(part)), parts)
         m = _THREAD.match(parts[0])
         tid, body = ("?", parts) if not m else (m["tid"], parts[1:])
         if m:
@@ -1432,23 +1442,27 @@ def main() -> None:
                             results.append(one_run(args, tmp, template, encoding, rate, tree=tree, workers=workers,
                                                    backend=backend, pg=pg))
         ceiling = None if args.no_ceiling else run_ceiling(args, tmp, template)
-        profiled = None
+        profiled_runs: list[dict[str, Any]] = []
         if args.profile:
-            print("running zstd under py-spy ...", flush=True)
             window, args.window = args.window, 10.0
-            profiled = one_run(args, tmp, template, "zstd", args.rate, profile_out=tmp / "zstd.raw")
+            workers = int(args.workers.split(",")[-1])
+            for backend in backends or [None]:
+                print(f"running zstd under py-spy{' on ' + backend if backend else ''} ...", flush=True)
+                profiled_runs.append(one_run(args, tmp, template, "zstd", args.rate, workers=workers, backend=backend,
+                                             pg=pg, profile_out=tmp / f"zstd-{backend or 'sqlite'}.raw"))
             args.window = window
+        profiled = profiled_runs[0] if profiled_runs else None
         print_report(results, ceiling)
         if args.old:
             print_compare(results)
         if len(backends) == 2:
             print_compare(results, "backend", backends[0], backends[1])
-        if profiled is not None:
-            print(f"\nProfiled zstd run (py-spy record -r 100 -f raw -d 10 --threads"
+        for profiled in profiled_runs:
+            print(f"\nProfiled {profiled['label']} (py-spy record -r 100 -f raw -d 10 --threads"
                   f"{' --nonblocking' if args.spy_nonblocking else ''}, on the server; shares scaled to each "
                   f"thread's CPU from /proc):")
             print(f"  moves/s {profiled['moves_s']:,.0f}, server {profiled['server_cores']:.2f} cores, "
-                  f"p95 {profiled['p95_ms']:.1f} ms  {profiled['profile_error']}")
+                  f"database {profiled['db_cores']:.2f}, p95 {profiled['p95_ms']:.1f} ms  {profiled['profile_error']}")
             raw = Path(profiled["profile"])
             if raw.exists() and raw.stat().st_size:
                 profile = summarize(raw, profiled["thread_cpu"], profiled["window_s"])
@@ -1457,6 +1471,7 @@ def main() -> None:
         if args.json:
             Path(args.json).write_text(json.dumps(
                 {"conditions": one_line(found), "runs": results, "ceiling": ceiling, "profiled": profiled,
+                 "profiled_runs": profiled_runs,
                  "profile": profile}, indent=1, default=str))
     finally:
         if pg is not None:
