@@ -910,14 +910,14 @@ def one_run(args: argparse.Namespace, tmp: Path, template: Path, encoding: str, 
 
 
 async def _ceiling(db: str, seconds: float, producers: int, warmup: float,
-                   what_if: tuple[str, ...] = ()) -> dict[str, Any]:
+                   what_if: tuple[str, ...] = (), db_pid: int = 0) -> dict[str, Any]:
     os.environ["KANBAN_DB"] = db  # the example's Lith reads it at import
     for w in what_if:
         exec(WHAT_IF[w], {})  # noqa: S102 - our own diagnostic patch, as the server gets it
     from examples.kanban.commands import MoveCard
     from examples.kanban.live import lith
 
-    cards, lanes = board_layout(Path(db))
+    cards, lanes = board_layout(db if "://" in db else Path(db))
     writer = lith.writer
     await writer.start()
     state = {"running": True, "measuring": False, "done": 0, "failed": 0}
@@ -940,11 +940,13 @@ async def _ceiling(db: str, seconds: float, producers: int, warmup: float,
 
     tasks = [asyncio.create_task(producer(k)) for k in range(producers)]
     await asyncio.sleep(warmup)
+    dbc0 = proc_cpu(db_pid) if db_pid else 0.0
     c0, b0, cpu0, t0 = writer.commands, writer.batches, time.process_time(), time.perf_counter()
     state["measuring"] = True
     await asyncio.sleep(seconds)
     state["measuring"] = False
     t1, cpu1, c1, b1 = time.perf_counter(), time.process_time(), writer.commands, writer.batches
+    dbc1 = proc_cpu(db_pid) if db_pid else 0.0
     state["running"] = False
     await asyncio.gather(*tasks)
     await writer.close()
@@ -955,22 +957,34 @@ async def _ceiling(db: str, seconds: float, producers: int, warmup: float,
         "per_batch": (c1 - c0) / (b1 - b0) if b1 > b0 else float("nan"),
         "cores": (cpu1 - cpu0) / wall,
         "cpu_us_per_move": (cpu1 - cpu0) / (c1 - c0) * 1e6 if c1 > c0 else float("nan"),
+        "db_cores": (dbc1 - dbc0) / wall,
+        "db_cpu_us_per_move": (dbc1 - dbc0) / (c1 - c0) * 1e6 if c1 > c0 else float("nan"),
         "failed": state["failed"],
         "loop": "uvloop" if uvloop is not None else "asyncio",
     }
 
 
-def run_ceiling(args: argparse.Namespace, tmp: Path, template: Path) -> dict[str, Any]:
-    db = tmp / "ceiling.db"
-    shutil.copy(template, db)
-    out = subprocess.run(
-        [PY, str(Path(__file__).resolve()), "--ceiling-target", str(db), "--window", str(args.ceiling_seconds),
-         "--tabs", str(args.tabs), "--what-if", args.what_if],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )
+def run_ceiling(args: argparse.Namespace, tmp: Path, template: Path, backend: str | None = None,
+                pg: PgBoards | None = None) -> dict[str, Any]:
+    db: Path | str = tmp / "ceiling.db"
+    db_pid = 0
+    if backend == "postgres":
+        assert pg is not None
+        db, db_pid = pg.fresh("kanban_ceiling"), pg.postmaster() or 0
+    else:
+        shutil.copy(template, db)
+    try:
+        out = subprocess.run(
+            [PY, str(Path(__file__).resolve()), "--ceiling-target", str(db), "--window", str(args.ceiling_seconds),
+             "--tabs", str(args.tabs), "--what-if", args.what_if, "--db-pid", str(db_pid)],
+            cwd=ROOT, capture_output=True, text=True, timeout=120,
+        )
+    finally:
+        if backend == "postgres" and pg is not None:
+            pg.drop(str(db))
     if out.returncode:
         raise RuntimeError(f"ceiling failed:\n{out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return {**json.loads(out.stdout.strip().splitlines()[-1]), "backend": backend or "sqlite"}
 
 
 # -- py-spy summary ---------------------------------------------------------------------------------
@@ -1208,7 +1222,7 @@ def fmt(v: float, digits: int = 0) -> str:
     return f"{v:,.{digits}f}" if v == v else "n/a"
 
 
-def print_table(results: list[dict[str, Any]], ceiling: dict[str, Any] | None) -> None:
+def print_table(results: list[dict[str, Any]], ceilings: list[dict[str, Any]]) -> None:
     print("| run (offered moves/s) | moves/s | frames/s | bytes/frame | server cores | server ms CPU/frame "
           "| client cores | others' cores | server peak RSS | post→frame p50 / p95 |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -1217,8 +1231,9 @@ def print_table(results: list[dict[str, Any]], ceiling: dict[str, Any] | None) -
               f"| {r['server_cores']:.2f} | {r['server_ms_per_frame']:.2f} | {r['client_cores']:.2f} "
               f"| {r['other_cores']:.2f} | {r['server_peak_rss_mib']:.0f} MiB "
               f"| {r['p50_ms']:,.0f} / {r['p95_ms']:,.0f} ms |")
-    if ceiling:
-        print(f"| writer alone, in process, 200 producers | {fmt(ceiling['moves_s'])} | | | {ceiling['cores']:.2f} "
+    for ceiling in ceilings:
+        on = f" ({ceiling['backend']})" if len(ceilings) > 1 else ""
+        print(f"| writer alone, in process, 200 producers{on} | {fmt(ceiling['moves_s'])} | | | {ceiling['cores']:.2f} "
               f"| | | | | |")
 
 
@@ -1274,7 +1289,7 @@ def print_compare(results: list[dict[str, Any]], by: str = "tree", a: str = "old
             print(f"| {title} | {form.format(o)} | {form.format(n)} | {ratio} |")
 
 
-def print_report(results: list[dict[str, Any]], ceiling: dict[str, Any] | None) -> None:
+def print_report(results: list[dict[str, Any]], ceilings: list[dict[str, Any]]) -> None:
     for r in results:
         print(f"\n{r['label']}: {r['tabs']} tabs, offered {r['rate_offered'] or 'unpaced'} moves/s, "
               f"window {r['window_s']:.1f} s; server loop {r['server_loop']}, http {r['server_http']}")
@@ -1306,12 +1321,15 @@ def print_report(results: list[dict[str, Any]], ceiling: dict[str, Any] | None) 
                   f"window's start, after {r['reconnects_after_events']} events")
         if r.get("server_log_tail"):
             print("  server log:\n" + r["server_log_tail"])
-    if ceiling:
-        print(f"\nwriter alone, in process ({ceiling['loop']}): {ceiling['moves_s']:,.0f} moves/s, "
-              f"{ceiling['per_batch']:.0f} per batch, {ceiling['cores']:.2f} cores, "
-              f"{ceiling['cpu_us_per_move']:.0f} µs CPU per move, failed {ceiling['failed']}")
+    for ceiling in ceilings:
+        print(f"\nwriter alone, in process, on {ceiling['backend']} ({ceiling['loop']}): {ceiling['moves_s']:,.0f} "
+              f"moves/s, {ceiling['per_batch']:.0f} per batch, {ceiling['cores']:.2f} cores, "
+              f"{ceiling['cpu_us_per_move']:.0f} µs CPU per move"
+              + (f" (+ PostgreSQL's processes {ceiling['db_cores']:.2f} cores, {ceiling['db_cpu_us_per_move']:.0f} µs "
+                 f"per move)" if ceiling["backend"] == "postgres" else "")
+              + f", failed {ceiling['failed']}")
     print()
-    print_table(results, ceiling)
+    print_table(results, ceilings)
     print("\nAgainst lith (Go) over HTTP, 200 tabs, and the goals:")
     for r in results:
         lith = LITH.get(r["encoding"])
@@ -1376,6 +1394,7 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (dbs, logs, profile)")
     ap.add_argument("--summarize", default="", help="summarise an existing py-spy raw file and exit")
     ap.add_argument("--ceiling-target", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--db-pid", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--window", type=float, default=0.0, help=argparse.SUPPRESS)
     args = ap.parse_args()
 
@@ -1389,7 +1408,7 @@ def main() -> None:
         return
     if args.ceiling_target:
         what_if = tuple(w for w in args.what_if.split(",") if w)
-        result = client_loop_runner(_ceiling(args.ceiling_target, args.window, args.tabs, 1.0, what_if))
+        result = client_loop_runner(_ceiling(args.ceiling_target, args.window, args.tabs, 1.0, what_if, args.db_pid))
         print(json.dumps(result))
         return
 
@@ -1441,7 +1460,7 @@ def main() -> None:
                                   flush=True)
                             results.append(one_run(args, tmp, template, encoding, rate, tree=tree, workers=workers,
                                                    backend=backend, pg=pg))
-        ceiling = None if args.no_ceiling else run_ceiling(args, tmp, template)
+        ceilings = [] if args.no_ceiling else [run_ceiling(args, tmp, template, b, pg) for b in backends or [None]]
         profiled_runs: list[dict[str, Any]] = []
         if args.profile:
             window, args.window = args.window, 10.0
@@ -1452,7 +1471,7 @@ def main() -> None:
                                              pg=pg, profile_out=tmp / f"zstd-{backend or 'sqlite'}.raw"))
             args.window = window
         profiled = profiled_runs[0] if profiled_runs else None
-        print_report(results, ceiling)
+        print_report(results, ceilings)
         if args.old:
             print_compare(results)
         if len(backends) == 2:
@@ -1470,7 +1489,7 @@ def main() -> None:
                 print(f"  raw profile: {raw}")
         if args.json:
             Path(args.json).write_text(json.dumps(
-                {"conditions": one_line(found), "runs": results, "ceiling": ceiling, "profiled": profiled,
+                {"conditions": one_line(found), "runs": results, "ceiling": ceilings, "profiled": profiled,
                  "profiled_runs": profiled_runs,
                  "profile": profile}, indent=1, default=str))
     finally:
