@@ -38,6 +38,8 @@ commands from 200 producers through `await writer.do(cmd)`.
     python bench/kanban.py --quick --old ../old-checkout --rounds 2  # old and new servers take turns
     python bench/kanban.py --quick --backends sqlite,postgres --workers 2 --rounds 2 --no-ceiling
                                            # SQLite and PostgreSQL take turns (A B A B)
+    python bench/kanban.py --encodings '' --light-rate 0 --backends sqlite,postgres --ceiling-batches 512,64,16
+                                           # the writer alone on each, at each batch size
     python bench/kanban.py --summarize RUN.json   # re-summarise a --profile --json run
 
 `--backends sqlite,postgres` serves the same board from PostgreSQL as well: a throwaway cluster
@@ -910,7 +912,7 @@ def one_run(args: argparse.Namespace, tmp: Path, template: Path, encoding: str, 
 
 
 async def _ceiling(db: str, seconds: float, producers: int, warmup: float,
-                   what_if: tuple[str, ...] = (), db_pid: int = 0) -> dict[str, Any]:
+                   what_if: tuple[str, ...] = (), db_pid: int = 0, batch_size: int = 0) -> dict[str, Any]:
     os.environ["KANBAN_DB"] = db  # the example's Lith reads it at import
     for w in what_if:
         exec(WHAT_IF[w], {})  # noqa: S102 - our own diagnostic patch, as the server gets it
@@ -919,6 +921,8 @@ async def _ceiling(db: str, seconds: float, producers: int, warmup: float,
 
     cards, lanes = board_layout(db if "://" in db else Path(db))
     writer = lith.writer
+    if batch_size:
+        writer.batch_size = batch_size
     await writer.start()
     state = {"running": True, "measuring": False, "done": 0, "failed": 0}
     ops = iter(range(1, 1 << 62))
@@ -965,7 +969,7 @@ async def _ceiling(db: str, seconds: float, producers: int, warmup: float,
 
 
 def run_ceiling(args: argparse.Namespace, tmp: Path, template: Path, backend: str | None = None,
-                pg: PgBoards | None = None) -> dict[str, Any]:
+                pg: PgBoards | None = None, batch_size: int = 0) -> dict[str, Any]:
     db: Path | str = tmp / "ceiling.db"
     db_pid = 0
     if backend == "postgres":
@@ -976,7 +980,8 @@ def run_ceiling(args: argparse.Namespace, tmp: Path, template: Path, backend: st
     try:
         out = subprocess.run(
             [PY, str(Path(__file__).resolve()), "--ceiling-target", str(db), "--window", str(args.ceiling_seconds),
-             "--tabs", str(args.tabs), "--what-if", args.what_if, "--db-pid", str(db_pid)],
+             "--tabs", str(args.tabs), "--what-if", args.what_if, "--db-pid", str(db_pid),
+             "--batch-size", str(batch_size)],
             cwd=ROOT, capture_output=True, text=True, timeout=120,
         )
     finally:
@@ -984,7 +989,8 @@ def run_ceiling(args: argparse.Namespace, tmp: Path, template: Path, backend: st
             pg.drop(str(db))
     if out.returncode:
         raise RuntimeError(f"ceiling failed:\n{out.stderr[-2000:]}")
-    return {**json.loads(out.stdout.strip().splitlines()[-1]), "backend": backend or "sqlite"}
+    return {**json.loads(out.stdout.strip().splitlines()[-1]), "backend": backend or "sqlite",
+            "batch_size": batch_size or "default"}
 
 
 # -- py-spy summary ---------------------------------------------------------------------------------
@@ -1232,7 +1238,7 @@ def print_table(results: list[dict[str, Any]], ceilings: list[dict[str, Any]]) -
               f"| {r['other_cores']:.2f} | {r['server_peak_rss_mib']:.0f} MiB "
               f"| {r['p50_ms']:,.0f} / {r['p95_ms']:,.0f} ms |")
     for ceiling in ceilings:
-        on = f" ({ceiling['backend']})" if len(ceilings) > 1 else ""
+        on = f" ({ceiling['backend']}, batch_size {ceiling['batch_size']})" if len(ceilings) > 1 else ""
         print(f"| writer alone, in process, 200 producers{on} | {fmt(ceiling['moves_s'])} | | | {ceiling['cores']:.2f} "
               f"| | | | | |")
 
@@ -1322,7 +1328,8 @@ def print_report(results: list[dict[str, Any]], ceilings: list[dict[str, Any]]) 
         if r.get("server_log_tail"):
             print("  server log:\n" + r["server_log_tail"])
     for ceiling in ceilings:
-        print(f"\nwriter alone, in process, on {ceiling['backend']} ({ceiling['loop']}): {ceiling['moves_s']:,.0f} "
+        print(f"\nwriter alone, in process, on {ceiling['backend']} ({ceiling['loop']}; batch_size "
+              f"{ceiling['batch_size']}): {ceiling['moves_s']:,.0f} "
               f"moves/s, {ceiling['per_batch']:.0f} per batch, {ceiling['cores']:.2f} cores, "
               f"{ceiling['cpu_us_per_move']:.0f} µs CPU per move"
               + (f" (+ PostgreSQL's processes {ceiling['db_cores']:.2f} cores, {ceiling['db_cpu_us_per_move']:.0f} µs "
@@ -1395,6 +1402,10 @@ def main() -> None:
     ap.add_argument("--summarize", default="", help="summarise an existing py-spy raw file and exit")
     ap.add_argument("--ceiling-target", default="", help=argparse.SUPPRESS)
     ap.add_argument("--db-pid", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--batch-size", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--ceiling-batches", default="", metavar="N,...",
+                    help="the writer alone at each of these batch sizes (default: the writer's own); "
+                         "with --encodings '' --light-rate 0, the writer alone and nothing else")
     ap.add_argument("--window", type=float, default=0.0, help=argparse.SUPPRESS)
     args = ap.parse_args()
 
@@ -1408,7 +1419,8 @@ def main() -> None:
         return
     if args.ceiling_target:
         what_if = tuple(w for w in args.what_if.split(",") if w)
-        result = client_loop_runner(_ceiling(args.ceiling_target, args.window, args.tabs, 1.0, what_if, args.db_pid))
+        result = client_loop_runner(_ceiling(args.ceiling_target, args.window, args.tabs, 1.0, what_if, args.db_pid,
+                                                    args.batch_size))
         print(json.dumps(result))
         return
 
@@ -1460,7 +1472,9 @@ def main() -> None:
                                   flush=True)
                             results.append(one_run(args, tmp, template, encoding, rate, tree=tree, workers=workers,
                                                    backend=backend, pg=pg))
-        ceilings = [] if args.no_ceiling else [run_ceiling(args, tmp, template, b, pg) for b in backends or [None]]
+        batches = [int(n) for n in args.ceiling_batches.split(",") if n] or [0]
+        ceilings = [] if args.no_ceiling else [run_ceiling(args, tmp, template, b, pg, n)
+                                               for n in batches for b in backends or [None]]
         profiled_runs: list[dict[str, Any]] = []
         if args.profile:
             window, args.window = args.window, 10.0
