@@ -36,7 +36,19 @@ commands from 200 producers through `await writer.do(cmd)`.
     python bench/kanban.py --profile       # and a zstd run under py-spy (10 s), summarised
     python bench/kanban.py --what-if card-cache,move-sql --quick   # suggested fixes, patched in
     python bench/kanban.py --quick --old ../old-checkout --rounds 2  # old and new servers take turns
+    python bench/kanban.py --quick --backends sqlite,postgres --workers 2 --rounds 2 --no-ceiling
+                                           # SQLite and PostgreSQL take turns (A B A B)
+    python bench/kanban.py --encodings '' --light-rate 0 --backends sqlite,postgres --ceiling-batches 512,64,16
+                                           # the writer alone on each, at each batch size
     python bench/kanban.py --summarize RUN.json   # re-summarise a --profile --json run
+
+`--backends sqlite,postgres` serves the same board from PostgreSQL as well: a throwaway cluster
+of Debian's `postgresql` (tests/pgcluster.py) with its default, durable settings over a unix
+socket, or the server `LITH_PG_URL` names. The board is seeded once by `python -m
+examples.kanban.seed URL --cards N` (the example's PostgreSQL migrations) and each run gets a
+fresh copy (`CREATE DATABASE ... TEMPLATE`), as each SQLite run gets a copy of the seeded file.
+The cluster's CPU (the postmaster and its backends) is measured over the window beside the
+server's, since on SQLite the database's work is inside the server's processes.
 """
 
 from __future__ import annotations
@@ -68,7 +80,7 @@ import brotli  # noqa: E402
 import zstandard  # noqa: E402
 
 from conditions import (  # noqa: E402
-    cpu_jiffies, load_average, one_line, percentile, print_conditions, wait_for_quiet,
+    DEFAULT_PACKAGES, cpu_jiffies, load_average, one_line, percentile, print_conditions, wait_for_quiet,
 )
 
 try:
@@ -108,23 +120,90 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def seed(path: Path, cards: int, py: str = PY, root: Path = ROOT) -> None:
+def seed(path: Path | str, cards: int, py: str = PY, root: Path = ROOT) -> None:
     """`python -m examples.kanban.seed DB --cards N`, as a user would, with a checkout's own
     code: each version migrates its database to its own schema."""
     subprocess.run([py, "-m", "examples.kanban.seed", str(path), "--cards", str(cards)],
                    cwd=root, check=True, capture_output=True)
 
 
-def board_layout(path: Path) -> tuple[list[int], list[int]]:
-    """The card ids and lane ids of board 1 (read-only)."""
+def board_layout(path: Path | str) -> tuple[list[int], list[int]]:
+    """The card ids and lane ids of board 1 (read-only), from a SQLite file or a PostgreSQL URL."""
+    lanes_sql = "SELECT id FROM lane WHERE board_id = ? ORDER BY position"
+    cards_sql = "SELECT card.id FROM card JOIN lane ON lane.id = card.lane_id WHERE lane.board_id = ? ORDER BY card.id"
+    if isinstance(path, str) and "://" in path:
+        import psycopg
+
+        with psycopg.connect("postgresql://" + path.split("://", 1)[1]) as conn:
+            lanes = [r[0] for r in conn.execute(lanes_sql.replace("?", "%s"), (BOARD_ID,))]
+            cards = [r[0] for r in conn.execute(cards_sql.replace("?", "%s"), (BOARD_ID,))]
+        return cards, lanes
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        lanes = [r[0] for r in conn.execute("SELECT id FROM lane WHERE board_id = ? ORDER BY position", (BOARD_ID,))]
-        cards = [r[0] for r in conn.execute(
-            "SELECT card.id FROM card JOIN lane ON lane.id = card.lane_id WHERE lane.board_id = ?", (BOARD_ID,))]
+        lanes = [r[0] for r in conn.execute(lanes_sql, (BOARD_ID,))]
+        cards = [r[0] for r in conn.execute(cards_sql, (BOARD_ID,))]
     finally:
         conn.close()
     return cards, lanes
+
+
+class PgBoards:
+    """PostgreSQL for `--backends postgres`: a server, the seeded board in a template database,
+    and a fresh copy of it per run."""
+
+    def __init__(self, cards: int) -> None:
+        sys.path.insert(0, str(ROOT / "tests"))
+        import pgcluster
+
+        url = os.environ.get("LITH_PG_URL")
+        self.server = pgcluster.Existing(url) if url else pgcluster.Cluster(durable=True)
+        self.described = ("LITH_PG_URL" if url else
+                          "a throwaway cluster (Debian's tools), default durable settings: fsync on, "
+                          "synchronous_commit on; unix socket")
+        self.template = self.server.create_database("kanban_seeded")
+        seed(self.template, cards)  # type: ignore[arg-type]
+        self._made: list[str] = []
+
+    def version(self) -> str:
+        import psycopg
+
+        with psycopg.connect(self.server.dsn()) as conn:
+            row = conn.execute("SHOW server_version").fetchone()
+        return f"PostgreSQL {row[0] if row else '?'}"
+
+    def postmaster(self) -> int | None:
+        """The cluster's postmaster (its backends are its children), when it runs here."""
+        data = getattr(self.server, "data", None)
+        try:
+            return int((data / "postmaster.pid").read_text().split()[0]) if data else None
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def fresh(self, prefix: str) -> str:
+        """A copy of the seeded database; returns its URL."""
+        import secrets
+        from urllib.parse import urlsplit, urlunsplit
+
+        import psycopg
+
+        name = f"{prefix}_{secrets.token_hex(4)}"
+        template = urlsplit(self.template).path.lstrip("/")
+        with psycopg.connect(self.server.dsn(), autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+        self._made.append(name)
+        return urlunsplit(urlsplit(self.template)._replace(path="/" + name))
+
+    def drop(self, url: str) -> None:
+        from urllib.parse import urlsplit
+
+        import psycopg
+
+        name = urlsplit(url).path.lstrip("/")
+        with psycopg.connect(self.server.dsn(), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    def stop(self) -> None:
+        self.server.stop()
 
 
 def proc_tree(pid: int) -> list[int]:
@@ -152,9 +231,9 @@ def proc_cpu(pid: int) -> float:
 
 
 def proc_threads_cpu(pid: int) -> dict[str, float]:
-    """CPU seconds per thread id of the process."""
+    """CPU seconds per thread id of the process and its children (thread ids are unique)."""
     out = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
+    for task in (t for p in proc_tree(pid) for t in Path(f"/proc/{p}/task").iterdir()):
         try:
             stat = (task / "stat").read_text()
         except OSError:
@@ -252,11 +331,15 @@ class Tree:
 
 
 class Server:
-    """`python -m uvicorn examples.kanban.app:app` on a free port, `KANBAN_DB` = a seeded copy."""
+    """`python -m uvicorn examples.kanban.app:app` on a free port, `KANBAN_DB` = a seeded copy
+    (a SQLite file or a PostgreSQL URL)."""
 
-    def __init__(self, db: Path, loop: str, log: Path, switch_interval: float = 0.0,
-                 what_if: tuple[str, ...] = (), tree: Tree | None = None, workers: int = 1) -> None:
+    def __init__(self, db: Path | str, loop: str, log: Path, switch_interval: float = 0.0,
+                 what_if: tuple[str, ...] = (), tree: Tree | None = None, workers: int = 1,
+                 backend: str = "sqlite", db_pid: int | None = None) -> None:
         self.db, self.loop, self.log_path = db, loop, log
+        self.backend = backend
+        self.db_pid = db_pid  # PostgreSQL's postmaster: its CPU is the database's
         self.tree = tree or Tree("new", ROOT, PY, HTTP_IMPL)
         self.workers = workers
         self.switch_interval = switch_interval
@@ -668,10 +751,13 @@ class Run:
             spy = subprocess.Popen(
                 [str(Path(PY).parent / "py-spy"), "record", "-p", str(pid), "-r", "100", "-f", "raw",
                  "-d", str(int(args.window)), "--threads", "-o", str(self.profile_out),
-                 *(["--nonblocking"] if args.spy_nonblocking else [])],
+                 *(["--nonblocking"] if args.spy_nonblocking else []),
+                 *(["--subprocesses"] if self.server.workers > 1 else [])],  # uvicorn's workers
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         thr0 = proc_threads_cpu(pid) if spy is not None else {}
+        db_pid = self.server.db_pid
         tot0, srv0, own0, mach0 = self.totals(), proc_cpu(pid), os.times(), cpu_jiffies()
+        dbc0 = proc_cpu(db_pid) if db_pid else 0.0
         rq0 = proc_runqueue_wait(pid)
         t0 = self.t0 = time.perf_counter()
         self.measuring = True
@@ -679,6 +765,7 @@ class Run:
         self.measuring = False
         t1 = time.perf_counter()
         tot1, srv1, own1, mach1 = self.totals(), proc_cpu(pid), os.times(), cpu_jiffies()
+        dbc1 = proc_cpu(db_pid) if db_pid else 0.0
         rq1 = proc_runqueue_wait(pid)
         mem = proc_mem(pid)
         wall = t1 - t0
@@ -701,6 +788,7 @@ class Run:
             spy_err = err.decode(errors="replace")[-500:] if spy.returncode else ""
         d = {k: tot1[k] - tot0[k] for k in tot0}
         server_cpu = srv1 - srv0
+        db_cpu = dbc1 - dbc0  # 0 on SQLite: the database works inside the server's processes
         client_cpu = (own1.user + own1.system) - (own0.user + own0.system)
         machine = ((mach1[0] - mach0[0]) / CLK_TCK) if mach0 and mach1 else float("nan")
         return {
@@ -709,6 +797,7 @@ class Run:
             + (f", {self.server.workers} processes" if self.server.workers > 1 else ""),
             "tabs": args.tabs,
             "rate_offered": self.rate,
+            "workers": self.server.workers,
             "window_s": wall,
             "moves": self.moves,
             "moves_s": self.moves / wall,
@@ -738,9 +827,12 @@ class Run:
             "server_ms_per_frame": server_cpu / d["events"] * 1e3 if d["events"] else float("nan"),
             "server_ms_per_move": server_cpu / self.moves * 1e3 if self.moves else float("nan"),
             "server_ms_per_board_frame": server_cpu / d["board"] * 1e3 if d["board"] else float("nan"),
+            "backend": self.server.backend,
+            "db_cores": db_cpu / wall if (db_pid or self.server.backend == "sqlite") else float("nan"),
+            "total_ms_per_move": (server_cpu + db_cpu) / self.moves * 1e3 if self.moves else float("nan"),
             "client_cores": client_cpu / wall,
             "server_runqueue_wait_cores": (rq1 - rq0) / wall,
-            "other_cores": max(0.0, machine / wall - server_cpu / wall - client_cpu / wall),
+            "other_cores": max(0.0, (machine - server_cpu - client_cpu - db_cpu) / wall),
             "server_peak_rss_mib": mem["VmHWM"],
             "server_rss_mib": mem["VmRSS"],
             "server_rss_base_mib": rss_base,
@@ -774,31 +866,42 @@ def client_loop_runner(coro: Any) -> Any:
 
 
 def one_run(args: argparse.Namespace, tmp: Path, template: Path, encoding: str, rate: float,
-            profile_out: Path | None = None, tree: Tree | None = None, workers: int = 1) -> dict[str, Any]:
+            profile_out: Path | None = None, tree: Tree | None = None, workers: int = 1,
+            backend: str | None = None, pg: PgBoards | None = None) -> dict[str, Any]:
     label = f"{encoding}-{rate:g}-w{workers}" + ("-profiled" if profile_out else "")
     if tree is not None:
         label = f"{tree.name} {label}"
+    if backend is not None:
+        label = f"{backend} {label}"
     if args.quiet > 0:
         others = wait_for_quiet(args.quiet)
         print(f"  others used {others:.2f} cores just before the {label} run", flush=True)
-    db = tmp / f"{label}.db"
+    db: Path | str = tmp / f"{label.replace(' ', '-')}.db"
     if tree is not None and tree.name == "old":  # the old checkout seeds a board of its own schema
         old_template = tmp / "seeded-old.db"
         if not old_template.exists():
             seed(old_template, args.cards, tree.py, tree.root)
         template = old_template
-    shutil.copy(template, db)
+    if backend == "postgres":
+        assert pg is not None
+        db = pg.fresh("kanban_run")
+    else:
+        shutil.copy(template, db)
     cards, lanes = board_layout(db)
     what_if = tuple(w for w in args.what_if.split(",") if w)
     server = Server(db, args.server_loop, tmp / f"{label.replace(' ', '-')}.log", args.switch_interval, what_if, tree,
-                    workers)
+                    workers, backend or "sqlite", pg.postmaster() if backend == "postgres" and pg else None)
     server.start()
     try:
         result = client_loop_runner(Run(args, encoding, rate, server, cards, lanes, profile_out).run())
     finally:
         server.stop()
+        if backend == "postgres" and pg is not None:
+            pg.drop(str(db))
     if tree is not None:
         result["label"] = f"{tree.name} {result['label']}"
+    if backend is not None:
+        result["label"] = f"{backend} {result['label']}"
     tail = server.tail(800)
     if "Traceback" in tail or "ERROR" in tail:
         result["server_log_tail"] = tail
@@ -809,15 +912,17 @@ def one_run(args: argparse.Namespace, tmp: Path, template: Path, encoding: str, 
 
 
 async def _ceiling(db: str, seconds: float, producers: int, warmup: float,
-                   what_if: tuple[str, ...] = ()) -> dict[str, Any]:
+                   what_if: tuple[str, ...] = (), db_pid: int = 0, batch_size: int = 0) -> dict[str, Any]:
     os.environ["KANBAN_DB"] = db  # the example's Lith reads it at import
     for w in what_if:
         exec(WHAT_IF[w], {})  # noqa: S102 - our own diagnostic patch, as the server gets it
     from examples.kanban.commands import MoveCard
     from examples.kanban.live import lith
 
-    cards, lanes = board_layout(Path(db))
+    cards, lanes = board_layout(db if "://" in db else Path(db))
     writer = lith.writer
+    if batch_size:
+        writer.batch_size = batch_size
     await writer.start()
     state = {"running": True, "measuring": False, "done": 0, "failed": 0}
     ops = iter(range(1, 1 << 62))
@@ -839,11 +944,13 @@ async def _ceiling(db: str, seconds: float, producers: int, warmup: float,
 
     tasks = [asyncio.create_task(producer(k)) for k in range(producers)]
     await asyncio.sleep(warmup)
+    dbc0 = proc_cpu(db_pid) if db_pid else 0.0
     c0, b0, cpu0, t0 = writer.commands, writer.batches, time.process_time(), time.perf_counter()
     state["measuring"] = True
     await asyncio.sleep(seconds)
     state["measuring"] = False
     t1, cpu1, c1, b1 = time.perf_counter(), time.process_time(), writer.commands, writer.batches
+    dbc1 = proc_cpu(db_pid) if db_pid else 0.0
     state["running"] = False
     await asyncio.gather(*tasks)
     await writer.close()
@@ -854,22 +961,36 @@ async def _ceiling(db: str, seconds: float, producers: int, warmup: float,
         "per_batch": (c1 - c0) / (b1 - b0) if b1 > b0 else float("nan"),
         "cores": (cpu1 - cpu0) / wall,
         "cpu_us_per_move": (cpu1 - cpu0) / (c1 - c0) * 1e6 if c1 > c0 else float("nan"),
+        "db_cores": (dbc1 - dbc0) / wall,
+        "db_cpu_us_per_move": (dbc1 - dbc0) / (c1 - c0) * 1e6 if c1 > c0 else float("nan"),
         "failed": state["failed"],
         "loop": "uvloop" if uvloop is not None else "asyncio",
     }
 
 
-def run_ceiling(args: argparse.Namespace, tmp: Path, template: Path) -> dict[str, Any]:
-    db = tmp / "ceiling.db"
-    shutil.copy(template, db)
-    out = subprocess.run(
-        [PY, str(Path(__file__).resolve()), "--ceiling-target", str(db), "--window", str(args.ceiling_seconds),
-         "--tabs", str(args.tabs), "--what-if", args.what_if],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )
+def run_ceiling(args: argparse.Namespace, tmp: Path, template: Path, backend: str | None = None,
+                pg: PgBoards | None = None, batch_size: int = 0) -> dict[str, Any]:
+    db: Path | str = tmp / "ceiling.db"
+    db_pid = 0
+    if backend == "postgres":
+        assert pg is not None
+        db, db_pid = pg.fresh("kanban_ceiling"), pg.postmaster() or 0
+    else:
+        shutil.copy(template, db)
+    try:
+        out = subprocess.run(
+            [PY, str(Path(__file__).resolve()), "--ceiling-target", str(db), "--window", str(args.ceiling_seconds),
+             "--tabs", str(args.tabs), "--what-if", args.what_if, "--db-pid", str(db_pid),
+             "--batch-size", str(batch_size)],
+            cwd=ROOT, capture_output=True, text=True, timeout=120,
+        )
+    finally:
+        if backend == "postgres" and pg is not None:
+            pg.drop(str(db))
     if out.returncode:
         raise RuntimeError(f"ceiling failed:\n{out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return {**json.loads(out.stdout.strip().splitlines()[-1]), "backend": backend or "sqlite",
+            "batch_size": batch_size or "default"}
 
 
 # -- py-spy summary ---------------------------------------------------------------------------------
@@ -880,7 +1001,7 @@ _THREAD = re.compile(r"^thread \((?P<tid>\d+|0x[0-9a-f]+)\):?\s*(?P<name>.*)$")
 GROUPS = {
     "rendering": "rendering (views, htpy, SQL reads, Datastar event)",
     "encoding": "encoding (zstd/brotli, on the fan-out threads since issue 12)",
-    "writer": "writer thread (MoveCard, SQLite, savepoints)",
+    "writer": "writer thread (MoveCard, SQLite or PostgreSQL, savepoints)",
     "http": "HTTP requests (uvicorn + h11 or httptools, FastAPI/Starlette, pydantic, routes)",
     "sse": "SSE send path (sse-starlette, anyio, lith streams)",
     "hub": "hub tick/fan-out, writer loop side",
@@ -894,6 +1015,10 @@ _IDLE = (
     ("aiosqlite/core.py", "_connection_worker_thread"), ("selectors.py", "select"),
     ("fastapi_lith/db.py", "_work"),  # a lith Workers thread blocked on its SimpleQueue
 )
+
+
+_WRITERS = ("fastapi_lith/writer.py", "fastapi_lith/backends/pgwriter.py")
+_SQL = ("fastapi_lith/db.py", "fastapi_lith/statements.py", "fastapi_lith/backends/postgres.py")
 
 
 def parse_frame(text: str) -> tuple[str, str, int]:
@@ -917,13 +1042,15 @@ def classify(frames: list[tuple[str, str, int]]) -> tuple[str, str]:
         return "idle", lf
     if lf == "Runner.run" or (lfile.endswith("asyncio/runners.py")):
         return "loop", "uvloop C (sockets, epoll, callbacks)"
-    if any(fn.endswith("_apply") and f.endswith("fastapi_lith/writer.py") for fn, f, _ in frames):
+    if any(fn.endswith("_apply") and f.endswith(_WRITERS) for fn, f, _ in frames):
         if any("examples/kanban" in f for _, f, _ in frames):
             if any(fn.startswith("Db.executemany") for fn, _, _ in frames):
                 return "writer", "MoveCard: Db.executemany (PLACE_CARD per card of the lane)"
-            if any(f.endswith(("fastapi_lith/db.py", "fastapi_lith/statements.py")) for _, f, _ in frames):
+            if any(f.endswith(_SQL) or _in(f, "psycopg") for _, f, _ in frames):
                 return "writer", "commands: other statements"
             return "writer", "commands (Python)"
+        if any(_in(f, "psycopg") for _, f, _ in frames):
+            return "writer", "savepoints, outcomes, NOTIFY, commit (psycopg)"
         return "writer", "savepoints, commit"
     if any(f.endswith("fastapi_lith/encoders.py") for _, f, _ in frames):
         return "encoding", "encoder.encode"
@@ -939,7 +1066,7 @@ def classify(frames: list[tuple[str, str, int]]) -> tuple[str, str]:
                 return "rendering", "kanban views (Python)"
             if f.endswith("fastapi_lith/views.py"):
                 return "rendering", f"lith views.py {fn}"
-            if f.endswith("fastapi_lith/db.py") or f.endswith("fastapi_lith/statements.py"):
+            if f.endswith(_SQL) or _in(f, "psycopg"):
                 return "rendering", "SQL reads"
             if f.endswith("fastapi_lith/hub.py"):
                 return "rendering", f"hub.py {fn}"
@@ -962,8 +1089,8 @@ def classify(frames: list[tuple[str, str, int]]) -> tuple[str, str]:
             return "sse", f"lith streams.py {fn}"
         if f.endswith("fastapi_lith/app.py"):
             return "sse", f"lith app.py {fn}"
-        if f.endswith("fastapi_lith/hub.py"):
-            return "hub", f"hub.py {fn}"
+        if f.endswith(("fastapi_lith/hub.py", "fastapi_lith/pgfeed.py")):
+            return "hub", f"{Path(f).name} {fn}"
         if f.endswith("fastapi_lith/writer.py"):
             return "hub", f"writer.py {fn}"
         if "examples/kanban" in f:
@@ -1001,6 +1128,9 @@ def summarize(path: Path, thread_cpu: dict[str, float] | None = None, wall: floa
             continue
         n = int(count)
         parts = stack.split(";")
+        if parts[0].startswith("process"):  # --subprocesses: the processes (a command line may
+            # hold a ";") come before the thread
+            parts = next((parts[i:] for i, part in enumerate(parts) if _THREAD.match(part)), parts)
         m = _THREAD.match(parts[0])
         tid, body = ("?", parts) if not m else (m["tid"], parts[1:])
         if m:
@@ -1098,7 +1228,7 @@ def fmt(v: float, digits: int = 0) -> str:
     return f"{v:,.{digits}f}" if v == v else "n/a"
 
 
-def print_table(results: list[dict[str, Any]], ceiling: dict[str, Any] | None) -> None:
+def print_table(results: list[dict[str, Any]], ceilings: list[dict[str, Any]]) -> None:
     print("| run (offered moves/s) | moves/s | frames/s | bytes/frame | server cores | server ms CPU/frame "
           "| client cores | others' cores | server peak RSS | post→frame p50 / p95 |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -1107,8 +1237,9 @@ def print_table(results: list[dict[str, Any]], ceiling: dict[str, Any] | None) -
               f"| {r['server_cores']:.2f} | {r['server_ms_per_frame']:.2f} | {r['client_cores']:.2f} "
               f"| {r['other_cores']:.2f} | {r['server_peak_rss_mib']:.0f} MiB "
               f"| {r['p50_ms']:,.0f} / {r['p95_ms']:,.0f} ms |")
-    if ceiling:
-        print(f"| writer alone, in process, 200 producers | {fmt(ceiling['moves_s'])} | | | {ceiling['cores']:.2f} "
+    for ceiling in ceilings:
+        on = f" ({ceiling['backend']}, batch_size {ceiling['batch_size']})" if len(ceilings) > 1 else ""
+        print(f"| writer alone, in process, 200 producers{on} | {fmt(ceiling['moves_s'])} | | | {ceiling['cores']:.2f} "
               f"| | | | | |")
 
 
@@ -1126,31 +1257,45 @@ COMPARED = (
     ("others' cores", "other_cores", "{:.2f}"),
     ("lost moves", "lost", "{:,.0f}"),
 )
+# Beside the server: the database's own processes (PostgreSQL; none on SQLite).
+COMPARED_DB = (
+    ("post→204 p95 ms", "post_p95_ms", "{:,.0f}"),
+    ("server ms CPU per move", "server_ms_per_move", "{:.2f}"),
+    ("database server cores", "db_cores", "{:.2f}"),
+    ("server + database ms CPU per move", "total_ms_per_move", "{:.2f}"),
+    ("runnable, waiting for a CPU (cores)", "server_runqueue_wait_cores", "{:.2f}"),
+)
 
 
-def print_compare(results: list[dict[str, Any]]) -> None:
-    """Old and new side by side per (encoding, rate): medians over the rounds, and new / old."""
+def print_compare(results: list[dict[str, Any]], by: str = "tree", a: str = "old", b: str = "new") -> None:
+    """`a` and `b` (old and new checkouts, or SQLite and PostgreSQL) side by side per (encoding,
+    rate, processes): medians over the rounds, and b / a."""
     import statistics
 
-    runs: dict[tuple[str, float], dict[str, list[dict[str, Any]]]] = {}
+    runs: dict[tuple[str, float, int], dict[str, list[dict[str, Any]]]] = {}
     for r in results:
-        runs.setdefault((r["encoding"], r["rate_offered"]), {}).setdefault(r["tree"], []).append(r)
-    for (encoding, rate), trees in runs.items():
-        old, new = trees.get("old", []), trees.get("new", [])
-        if not old or not new:
+        runs.setdefault((r["encoding"], r["rate_offered"], r["workers"]), {}).setdefault(r[by], []).append(r)
+    for (encoding, rate, workers), variants in runs.items():
+        first, second = variants.get(a, []), variants.get(b, [])
+        if not first or not second:
             continue
-        print(f"\n{encoding} at {rate:g} offered: old (http {old[0]['server_http']}) vs new (http "
-              f"{new[0]['server_http']}), medians of {len(old)} and {len(new)} runs")
-        print("| figure | old | new | new / old |")
+        if by == "tree":
+            names = f"{a} (http {first[0]['server_http']}) vs {b} (http {second[0]['server_http']})"
+        else:
+            names = f"{a} vs {b}"
+        print(f"\n{encoding} at {rate:g} offered, {workers} process{'es' if workers > 1 else ''}: {names}, "
+              f"medians of {len(first)} and {len(second)} runs")
+        print(f"| figure | {a} | {b} | {b} / {a} |")
         print("|---|---:|---:|---:|")
-        for title, key, form in COMPARED:
-            o = statistics.median(float(r[key]) for r in old)
-            n = statistics.median(float(r[key]) for r in new)
-            ratio = f"{n / o:.2f}×" if o else "–"
+        compared = COMPARED if by == "tree" else COMPARED + COMPARED_DB
+        for title, key, form in compared:
+            o = statistics.median(float(r[key]) for r in first)
+            n = statistics.median(float(r[key]) for r in second)
+            ratio = f"{n / o:.2f}×" if o and o == o and n == n else "–"
             print(f"| {title} | {form.format(o)} | {form.format(n)} | {ratio} |")
 
 
-def print_report(results: list[dict[str, Any]], ceiling: dict[str, Any] | None) -> None:
+def print_report(results: list[dict[str, Any]], ceilings: list[dict[str, Any]]) -> None:
     for r in results:
         print(f"\n{r['label']}: {r['tabs']} tabs, offered {r['rate_offered'] or 'unpaced'} moves/s, "
               f"window {r['window_s']:.1f} s; server loop {r['server_loop']}, http {r['server_http']}")
@@ -1171,6 +1316,9 @@ def print_report(results: list[dict[str, Any]], ceiling: dict[str, Any] | None) 
               f"{r['other_cores']:.2f}; server RSS peak {r['server_peak_rss_mib']:.0f} MiB, end "
               f"{r['server_rss_mib']:.0f} MiB (before streams {r['server_rss_base_mib']:.0f}; "
               f"{r['mib_per_stream_end']:.2f} MiB per stream)")
+        if r.get("backend") == "postgres":
+            print(f"  PostgreSQL's processes {r['db_cores']:.2f} cores; server + database "
+                  f"{r['total_ms_per_move']:.2f} ms CPU per move")
         if r["stream_errors_n"]:
             print(f"  STREAM ERRORS: {r['stream_errors_n']} {r['stream_errors']}")
         if r["reconnects"]:
@@ -1179,12 +1327,16 @@ def print_report(results: list[dict[str, Any]], ceiling: dict[str, Any] | None) 
                   f"window's start, after {r['reconnects_after_events']} events")
         if r.get("server_log_tail"):
             print("  server log:\n" + r["server_log_tail"])
-    if ceiling:
-        print(f"\nwriter alone, in process ({ceiling['loop']}): {ceiling['moves_s']:,.0f} moves/s, "
-              f"{ceiling['per_batch']:.0f} per batch, {ceiling['cores']:.2f} cores, "
-              f"{ceiling['cpu_us_per_move']:.0f} µs CPU per move, failed {ceiling['failed']}")
+    for ceiling in ceilings:
+        print(f"\nwriter alone, in process, on {ceiling['backend']} ({ceiling['loop']}; batch_size "
+              f"{ceiling['batch_size']}): {ceiling['moves_s']:,.0f} "
+              f"moves/s, {ceiling['per_batch']:.0f} per batch, {ceiling['cores']:.2f} cores, "
+              f"{ceiling['cpu_us_per_move']:.0f} µs CPU per move"
+              + (f" (+ PostgreSQL's processes {ceiling['db_cores']:.2f} cores, {ceiling['db_cpu_us_per_move']:.0f} µs "
+                 f"per move)" if ceiling["backend"] == "postgres" else "")
+              + f", failed {ceiling['failed']}")
     print()
-    print_table(results, ceiling)
+    print_table(results, ceilings)
     print("\nAgainst lith (Go) over HTTP, 200 tabs, and the goals:")
     for r in results:
         lith = LITH.get(r["encoding"])
@@ -1243,9 +1395,17 @@ def main() -> None:
     ap.add_argument("--old", default="", metavar="DIR",
                     help="a second checkout (with its .venv) whose server takes turns with this one's")
     ap.add_argument("--rounds", type=int, default=1, help="runs of each (encoding, rate, tree); medians")
+    ap.add_argument("--backends", default="", metavar="sqlite,postgres",
+                    help="the same load on the board served from each database, taking turns run by run "
+                         "(postgres: a throwaway cluster, or LITH_PG_URL)")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (dbs, logs, profile)")
     ap.add_argument("--summarize", default="", help="summarise an existing py-spy raw file and exit")
     ap.add_argument("--ceiling-target", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--db-pid", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--batch-size", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--ceiling-batches", default="", metavar="N,...",
+                    help="the writer alone at each of these batch sizes (default: the writer's own); "
+                         "with --encodings '' --light-rate 0, the writer alone and nothing else")
     ap.add_argument("--window", type=float, default=0.0, help=argparse.SUPPRESS)
     args = ap.parse_args()
 
@@ -1259,11 +1419,18 @@ def main() -> None:
         return
     if args.ceiling_target:
         what_if = tuple(w for w in args.what_if.split(",") if w)
-        result = client_loop_runner(_ceiling(args.ceiling_target, args.window, args.tabs, 1.0, what_if))
+        result = client_loop_runner(_ceiling(args.ceiling_target, args.window, args.tabs, 1.0, what_if, args.db_pid,
+                                                    args.batch_size))
         print(json.dumps(result))
         return
 
     args.window = 10.0 if args.quick else args.seconds
+    backends = [b for b in args.backends.split(",") if b]
+    if any(b not in ("sqlite", "postgres") for b in backends):
+        ap.error("--backends takes sqlite and postgres")
+    if backends and args.old:
+        ap.error("--old and --backends compare one thing at a time")
+    pg = PgBoards(args.cards) if "postgres" in backends else None
     tmp = Path(tempfile.mkdtemp(prefix="lith-kanban-"))
     found = print_conditions(
         loop=f"server: {args.server_loop} (uvicorn --loop {args.server_loop} --http {HTTP_IMPL}"
@@ -1273,7 +1440,12 @@ def main() -> None:
         sources=("fastapi_lith/app.py", "fastapi_lith/hub.py", "fastapi_lith/streams.py",
                  "fastapi_lith/encoders.py", "fastapi_lith/writer.py", "fastapi_lith/views.py",
                  "examples/kanban/views.py", "examples/kanban/commands.py", "examples/kanban/app.py",
-                 "bench/kanban.py"),
+                 "bench/kanban.py",
+                 *(("fastapi_lith/backends/postgres.py", "fastapi_lith/backends/pgwriter.py",
+                    "fastapi_lith/pgfeed.py") if pg else ())),
+        packages=(*DEFAULT_PACKAGES, *(("psycopg",) if pg else ())),
+        postgres=f"{pg.version()}, {pg.described}" if pg else None,
+        backends=", ".join(backends) or None,
         what_if=args.what_if or None,
         switch_interval=args.switch_interval or None,
         load=f"{args.tabs} tabs, {args.rate:g} moves/s offered (and {args.light_rate:g} for zstd), "
@@ -1294,25 +1466,36 @@ def main() -> None:
             for encoding, rate in plan:
                 for workers in (int(w) for w in args.workers.split(",")):
                     for tree in trees:  # old and new take turns, run by run
-                        print(f"running {encoding} at {rate:g} moves/s, {workers} process(es)"
-                              f"{' (' + tree.name + ')' if tree else ''} ...", flush=True)
-                        results.append(one_run(args, tmp, template, encoding, rate, tree=tree, workers=workers))
-        ceiling = None if args.no_ceiling else run_ceiling(args, tmp, template)
-        profiled = None
+                        for backend in backends or [None]:  # and so do SQLite and PostgreSQL
+                            print(f"running {encoding} at {rate:g} moves/s, {workers} process(es)"
+                                  f"{' (' + tree.name + ')' if tree else ''}{' on ' + backend if backend else ''} ...",
+                                  flush=True)
+                            results.append(one_run(args, tmp, template, encoding, rate, tree=tree, workers=workers,
+                                                   backend=backend, pg=pg))
+        batches = [int(n) for n in args.ceiling_batches.split(",") if n] or [0]
+        ceilings = [] if args.no_ceiling else [run_ceiling(args, tmp, template, b, pg, n)
+                                               for n in batches for b in backends or [None]]
+        profiled_runs: list[dict[str, Any]] = []
         if args.profile:
-            print("running zstd under py-spy ...", flush=True)
             window, args.window = args.window, 10.0
-            profiled = one_run(args, tmp, template, "zstd", args.rate, profile_out=tmp / "zstd.raw")
+            workers = int(args.workers.split(",")[-1])
+            for backend in backends or [None]:
+                print(f"running zstd under py-spy{' on ' + backend if backend else ''} ...", flush=True)
+                profiled_runs.append(one_run(args, tmp, template, "zstd", args.rate, workers=workers, backend=backend,
+                                             pg=pg, profile_out=tmp / f"zstd-{backend or 'sqlite'}.raw"))
             args.window = window
-        print_report(results, ceiling)
+        profiled = profiled_runs[0] if profiled_runs else None
+        print_report(results, ceilings)
         if args.old:
             print_compare(results)
-        if profiled is not None:
-            print(f"\nProfiled zstd run (py-spy record -r 100 -f raw -d 10 --threads"
+        if len(backends) == 2:
+            print_compare(results, "backend", backends[0], backends[1])
+        for profiled in profiled_runs:
+            print(f"\nProfiled {profiled['label']} (py-spy record -r 100 -f raw -d 10 --threads"
                   f"{' --nonblocking' if args.spy_nonblocking else ''}, on the server; shares scaled to each "
                   f"thread's CPU from /proc):")
             print(f"  moves/s {profiled['moves_s']:,.0f}, server {profiled['server_cores']:.2f} cores, "
-                  f"p95 {profiled['p95_ms']:.1f} ms  {profiled['profile_error']}")
+                  f"database {profiled['db_cores']:.2f}, p95 {profiled['p95_ms']:.1f} ms  {profiled['profile_error']}")
             raw = Path(profiled["profile"])
             if raw.exists() and raw.stat().st_size:
                 profile = summarize(raw, profiled["thread_cpu"], profiled["window_s"])
@@ -1320,9 +1503,12 @@ def main() -> None:
                 print(f"  raw profile: {raw}")
         if args.json:
             Path(args.json).write_text(json.dumps(
-                {"conditions": one_line(found), "runs": results, "ceiling": ceiling, "profiled": profiled,
+                {"conditions": one_line(found), "runs": results, "ceiling": ceilings, "profiled": profiled,
+                 "profiled_runs": profiled_runs,
                  "profile": profile}, indent=1, default=str))
     finally:
+        if pg is not None:
+            pg.stop()
         if not (args.keep or args.profile):
             shutil.rmtree(tmp, ignore_errors=True)
     print("\nload average at the end:", load_average())

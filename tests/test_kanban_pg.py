@@ -17,6 +17,7 @@ from test_kanban import (  # noqa: F401 - collected here, against PostgreSQL
     test_a_command_retried_after_a_lost_answer_applies_once,
     test_add_move_rename_delete_show_in_the_other_page,
     test_bad_titles_show_in_the_acting_page_only,
+    test_every_board_is_listed_even_one_seeded_later,
     test_http_surface,
     test_move_to_a_lane_deleted_a_moment_ago,
     two_pages,

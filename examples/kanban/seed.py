@@ -1,6 +1,7 @@
 """Demo boards: a small one for a first start, a 200-card one for the benchmarks.
 
     python -m examples.kanban.seed kanban.db --cards 200
+    python -m examples.kanban.seed postgresql+psycopg://app@db/kanban --cards 200
 
 The content is deterministic, so two seeds of the same size render the same HTML (about
 156 KB for 200 cards; `tests/test_kanban.py` checks the figure).
@@ -79,7 +80,10 @@ def insert_demo(db: Db, cards: int) -> int:
 
 
 def seed(path: str | Path, cards: int = 200) -> int:
-    """Migrate the database at `path` and add a demo board of `cards` cards; returns its id."""
+    """Migrate the database at `path` (a SQLite file or a PostgreSQL URL) and add a demo board
+    of `cards` cards; returns its id."""
+    if isinstance(path, str) and "://" in path:
+        return _seed_postgres(path, cards)
     conn = connect(path)
     try:
         migrate(conn, MIGRATIONS)
@@ -91,10 +95,30 @@ def seed(path: str | Path, cards: int = 200) -> int:
         conn.close()
 
 
+def _seed_postgres(url: str, cards: int) -> int:
+    """The same board on PostgreSQL: its own migrations folder, migrated under the lock the
+    app's processes take, so a seed beside a starting app does not migrate twice."""
+    from fastapi_lith.backends.postgres import DIALECT, MIGRATION_LOCK, PgDb, connect as pg_connect, find_folder
+    from fastapi_lith.backends.postgres import migrate as pg_migrate
+    from fastapi_lith.statements import StatementCache
+
+    conn = pg_connect(url)
+    try:
+        conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK,))
+        try:
+            pg_migrate(conn, find_folder(MIGRATIONS))
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK,))
+        with conn.transaction():
+            return insert_demo(PgDb(conn, StatementCache(dialect=DIALECT)), cards)  # type: ignore[arg-type]
+    finally:
+        conn.close()
+
+
 def main(argv: list[str] | None = None) -> None:
     """The command line: `python -m examples.kanban.seed DB --cards 200`."""
     parser = argparse.ArgumentParser(description="Add a demo board to a kanban database.")
-    parser.add_argument("db", help="the SQLite file (created and migrated if needed)")
+    parser.add_argument("db", help="the SQLite file (created if needed) or a postgresql+psycopg:// URL; migrated if needed")
     parser.add_argument("--cards", type=int, default=200, help="how many cards (default 200)")
     args = parser.parse_args(argv)
     board_id = seed(args.db, args.cards)
