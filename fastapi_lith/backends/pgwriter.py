@@ -109,10 +109,10 @@ class PgWriter(Writer):
     random 1 ms up to `backoff` seconds (doubling) between runs.
 
     A batch goes out in pipeline mode (see pgpipeline.py), first without savepoints: every
-    command going through, or failing before it wrote, is the common case, and each SAVEPOINT
-    and RELEASE costs the server a subtransaction. A command that fails after writing has no
-    savepoint to roll back to: the batch then runs again with a SAVEPOINT per command, as the
-    next few batches do. A statement that fails there rolls back to its command's savepoint and
+    command going through, or failing before it sent a statement, is the common case, and each
+    SAVEPOINT and RELEASE costs the server a subtransaction. A command that fails after sending
+    one (a read counts) has no savepoint to roll back to: the batch then runs again with a
+    SAVEPOINT per command, as the next few batches do. A statement that fails there rolls back to its command's savepoint and
     that command runs again waiting on each statement, so its apply() meets the error where it
     occurs, as it would without the pipeline; what followed it in the pipeline is sent again.
     """
@@ -243,7 +243,7 @@ class PgWriter(Writer):
                 careful = False
                 self._fast_misses = 0
             else:
-                # A command failed after writing: run the batch again, each in its savepoint.
+                # A command failed after sending a statement: run the batch again, with savepoints.
                 # While that keeps happening, batches go straight to savepoints, ever longer.
                 self._fast_misses = min(2 * self._fast_misses or 1, 64)
                 self._skip_fast = self._fast_misses
@@ -281,7 +281,7 @@ class PgWriter(Writer):
         conn = self._pg
         assert conn is not None
         error: psycopg.Error | None = None
-        lost = False  # a command failed after writing, with no savepoint to roll back to
+        lost = False  # a command failed after sending a statement, and there is no savepoint
         try:
             with conn.pipeline() if PIPELINE else nullcontext():
                 try:
@@ -320,7 +320,7 @@ class PgWriter(Writer):
     def _command(self, b: _Batch, i: int, savepoint: bool = True, again: bool = False) -> bool:
         """Apply command `i`, in its savepoint unless `savepoint` is false; `again` after its
         statement failed in the pipeline: the savepoint is there, the key claimed, and the
-        statements wait. False if it failed after writing and there is no savepoint."""
+        statements wait. False if it failed after sending a statement, without a savepoint."""
         conn, cur, tx, cmd = self._pg, b.cur, b.tx, b.cmds[i]
         assert isinstance(conn, WriterConnection)
         key = None if b.keys is None else b.keys[i]
