@@ -27,9 +27,12 @@ bench: $(STAMP)
 
 # Mutation testing of the core (tests/MUTATION.md). MUTANTS narrows it to one module, e.g.
 # `make mutate MUTANTS='fastapi_lith.hub.*'`; `.venv/bin/mutmut browse` shows the survivors.
+# Two mutants per core: many tests wait on threads and timers, and another mutant's tests fill
+# that time.
+MUTATE_JOBS ?= $(shell echo $$(( 2 * $$(nproc) )))
 mutate: $(STAMP)
 	rm -rf mutants
-	$(BIN)/mutmut run $(MUTANTS)
+	$(BIN)/mutmut run --max-children $(MUTATE_JOBS) $(MUTANTS)
 	$(BIN)/mutmut results
 
 clean:

@@ -27,7 +27,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from .exceptions import AccountUnavailable, LithError, SettingError, UnknownAccount, ViewError
-from .guard import BodyLimit, add_error_handlers, same_origin_reason
+from .guard import BodyLimit, add_error_handlers
+from .origin import same_origin_reason
 from .streams import TAB_ID, Frame
 from .account_pool import Account, AccountPool
 from .views import Render

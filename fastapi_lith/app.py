@@ -27,11 +27,12 @@ from .encoders import Encoder
 from .backends import open_backend
 from .exceptions import LithError, NotRunning, SettingError, ViewError, WriterClosed
 from .feed import Feed
-from .guard import BodyLimit, Messages, add_error_handlers, command_endpoint, same_origin_reason
+from .guard import BodyLimit, Messages, add_error_handlers, command_endpoint
 from .hub import Hub
 from .ops import Backups
 from .ops.litestream import WRITER_CHECKPOINT_PAGES
 from .ops.replica import Replica
+from .origin import same_origin_reason
 from .streams import Frame, stream_response
 from .views import Render, Views
 from .writer import Writer

@@ -206,31 +206,6 @@ def http_error_fragment(exc: HTTPException, element_id: str) -> str:
     return str(h.div(id=element_id, role="alert", class_="lith-error")[h.ul[h.li[str(exc.detail)]]])
 
 
-def cross_site_reason(request: Request) -> str | None:
-    """Why a command request is refused, or None: it must be same-origin and from Datastar."""
-    if request.headers.get("datastar-request") != "true":
-        return "command requests must come from Datastar (Datastar-Request: true)"
-    return same_origin_reason(request)
-
-
-def same_origin_reason(request: Request) -> str | None:
-    """Why a request is refused as cross-site, or None when it is same-origin.
-
-    Routes that cannot carry `Datastar-Request` (a `navigator.sendBeacon`) check this alone.
-    """
-    site = request.headers.get("sec-fetch-site")
-    if site is not None:
-        return None if site == "same-origin" else f"cross-site request refused (Sec-Fetch-Site: {site})"
-    origin = request.headers.get("origin")
-    if origin is None:
-        return "cross-site request refused (no Sec-Fetch-Site or Origin header)"
-    # Scheme and host both: `https://host` and `http://host.evil.example` are other origins.
-    expected = f"{request.url.scheme}://{request.headers.get('host', '')}"
-    if origin != expected:
-        return f"cross-site request refused (Origin {origin} is not {expected})"
-    return None
-
-
 def command_endpoint(writer: Callable[..., Any], command: type[Command]) -> Callable[..., Any]:
     """The endpoint of `lith.command`: validate the body as `command`, apply it, answer 204.
 

@@ -25,7 +25,7 @@ from . import db, settings
 from .commands import Command
 from .db import Db
 from .exceptions import WriterClosed
-from .guard import cross_site_reason
+from .origin import cross_site_reason
 from .outcomes import (
     FIND_OUTCOME,
     IDEMPOTENCY_KEY,

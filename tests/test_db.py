@@ -121,3 +121,87 @@ async def test_each_reader_thread_keeps_one_connection(tmp_path: Path) -> None:
     finally:
         readers.close()
     assert readers._conns == []
+
+
+def test_a_file_that_cannot_use_wal_is_refused_with_the_mode_it_got() -> None:
+    from fastapi_lith import DatabaseError
+
+    with pytest.raises(DatabaseError, match=r"^:memory:: could not switch to WAL mode \(got 'memory'\)$"):
+        connect(":memory:")
+
+
+def test_migration_files_are_found_by_their_number(tmp_path: Path) -> None:
+    from fastapi_lith.db import find_migrations
+
+    mig = tmp_path / "migrations"
+    write(mig, "0001_init.sql", "")
+    write(mig, "0002-notes.txt", "")  # sorts between two migrations: skipped, not the end
+    write(mig, "0002_b.sql", "")
+    write(mig, "3.sql", "")  # a bare number is a migration too
+    assert [(m.version, m.path.name) for m in find_migrations(mig)] == [(1, "0001_init.sql"), (2, "0002_b.sql"), (3, "3.sql")]
+    with pytest.raises(MigrationError, match=r"^migrations folder .*missing does not exist$"):
+        find_migrations(tmp_path / "missing")
+    write(mig, "0000_zero.sql", "")
+    with pytest.raises(MigrationError, match=r"^0000_zero.sql: migrations are numbered from 1$"):
+        find_migrations(mig)
+
+
+def test_an_empty_migrations_folder_is_version_0(tmp_path: Path) -> None:
+    from fastapi_lith.db import pending_migrations
+
+    (tmp_path / "migrations").mkdir()
+    assert pending_migrations(tmp_path / "migrations", 0) == []
+    with pytest.raises(MigrationError, match="database version 1 is newer than the newest migration 0"):
+        pending_migrations(tmp_path / "migrations", 1)
+
+
+def test_integers_out_of_sqlites_range_are_found_wherever_they_hide() -> None:
+    from enum import IntEnum
+
+    from fastapi_lith.db import oversized_int
+
+    class Big(IntEnum):
+        HUGE = 2**70
+        SMALL = 3
+
+    assert oversized_int({"a": 1, "b": [2, 2**63]}) == 2**63
+    assert oversized_int({-(2**63) - 1: "key"}) == -(2**63) - 1
+    assert oversized_int((1, Big.HUGE)) == 2**70 and oversized_int([Big.SMALL, True, 1.5e300, "9" * 30, None]) is None
+
+
+def test_a_db_without_a_cache_of_its_own_compiles_core_statements(tmp_path: Path) -> None:
+    import sqlalchemy as sa
+
+    from fastapi_lith import Db
+
+    table = sa.table("t", sa.column("a"), sa.column("b"))
+    conn = connect(tmp_path / "a.db")
+    conn.execute("CREATE TABLE t (a, b)")
+    db = Db(conn)
+    db.execute(table.insert(), {"a": 1, "b": 2})  # the columns come from the parameters
+    db.execute(table.insert(), {"a": 3, "b": 4})
+    assert [tuple(r) for r in db.all(sa.select(table.c.a, table.c.b).order_by(table.c.a))] == [(1, 2), (3, 4)]
+
+
+async def test_threads_are_named_daemons_and_only_settled_calls_refuse_cancel(tmp_path: Path) -> None:
+    import threading
+
+    from fastapi_lith.db import Workers
+
+    connect(tmp_path / "a.db").close()
+    readers = Readers(tmp_path / "a.db")
+    try:
+        mine = [t for t in threading.enumerate() if t.name.startswith("lith-reader")]
+        assert sorted(t.name for t in mine) == ["lith-reader-0", "lith-reader-1"] and all(t.daemon for t in mine)
+    finally:
+        readers.close()
+    workers = Workers(1, "w")
+    try:
+        release = threading.Event()
+        held = workers.submit(release.wait, 10)
+        assert workers.submit(int).cancel() is True  # a read nobody waits for any more is dropped
+        assert workers.submit(int, settled=True).cancel() is False  # a batch always lands
+        release.set()
+        assert await held is True
+    finally:
+        workers.close()

@@ -576,3 +576,11 @@ def test_brotli_quality_2_keeps_its_window_and_gzip_keeps_its_level() -> None:
     encoder.encode(b"data: small\n\n")
     assert encoder.memory_size() == 560_000 + 65_536
     assert GzipEncoder(level=1).level == 1
+
+
+def test_the_zstd_window_holds_four_writes_of_the_first_size_exactly() -> None:
+    from fastapi_lith.encoders import _zstd_window_log
+
+    assert _zstd_window_log(2**18) == 20  # four writes of 256 KiB fill 1 MiB: no more is needed
+    assert _zstd_window_log(2**18 + 1) == 21
+    assert (_zstd_window_log(1), _zstd_window_log(2**30)) == (17, 23)

@@ -215,3 +215,17 @@ async def test_the_lock_file_is_held_while_a_batch_runs(tmp_path: Path) -> None:
         finally:
             os.close(fd)
     assert seen == ["held"]
+
+
+async def test_a_hub_on_its_timer_hears_another_process_with_no_commit_of_its_own(tmp_path: Path) -> None:
+    from fastapi_lith.streams import Stream
+
+    a, b = make_lith(tmp_path), make_lith(tmp_path)
+    async with a.lifespan(), b.lifespan():
+        stream = Stream("t1")
+        subscription = await b.hub.open(stream, ["counter"])
+        assert [f.html for f in stream.take()] == ['<p id="counter">0</p>']
+        await a.writer.do(Add())
+        frames = await asyncio.wait_for(stream.next(), 10)  # b polls the feed every tick
+        assert [f.html for f in frames] == ['<p id="counter">1</p>']
+        subscription.close()

@@ -165,7 +165,9 @@ async def test_render_errors_are_contained(tmp_path: Path, caplog: pytest.LogCap
         await tabs.do(Add())
         with caplog.at_level(logging.ERROR, logger="fastapi_lith.hub"):
             await tabs.tick()
-        assert "fragile/1" in caplog.text and "kaput" in caplog.text
+        [record] = caplog.records
+        assert record.getMessage() == "view fragile/1 (fragile/{board_id}) failed to render: RuntimeError('kaput')"
+        assert isinstance(record.exc_info[1], RuntimeError)  # type: ignore[index]  # with its traceback
         assert lith.hub.counters.render_errors == 1
         assert tab.html("fragile/1") == '<p id="fragile">0</p>'  # the last good frame stays
         assert tab.html("board/1") == '<p id="board-1">1</p>'  # other views go on
@@ -469,6 +471,24 @@ async def test_an_unchanged_render_sends_nothing(tmp_path: Path) -> None:
         await tabs.do(Add(n=2))
         await tabs.tick()
         assert [f.html for f in tab.read()] == ['<p id="board-1">2</p>']
+        await tabs.do(Add(n=0))
+        await tabs.tick()
+        assert lith.hub.counters.unchanged == 2
+
+
+async def test_unchanged_instances_do_not_hold_back_a_changed_one_in_the_same_tick(tmp_path: Path) -> None:
+    lith, _ = make_lith(tmp_path)
+
+    @lith.view("same/{n}", topics={"board:1"})
+    def same(db: Db, n: int) -> h.Element:
+        return h.p(id=f"same-{n}")["always the same"]
+
+    async with Tabs(lith) as tabs:
+        tab = await tabs.open("board/1", *(f"same/{n}" for n in range(40)))
+        await tabs.do(Add(n=3))  # dirties 41 instances; 40 render as before, in any order
+        assert await tabs.tick() == 41
+        assert [f.html for f in tab.read()] == ['<p id="board-1">3</p>']
+        assert lith.hub.counters.unchanged == 40
 
 
 async def test_push_reaches_every_stream_of_one_tab_only(tmp_path: Path) -> None:
@@ -588,3 +608,54 @@ async def test_a_view_failing_its_first_render_does_not_keep_the_others_from_a_t
         again = await tabs.open("board/1")  # an instance with a frame: offered, not rendered
         assert again.html("board/1") == '<p id="board-1">0</p>'
         assert (lith.hub.counters.renders, lith.hub.counters.frames) == (2, 2)
+
+
+async def test_the_hub_on_its_own_defaults_and_timer(tmp_path: Path) -> None:
+    from fastapi_lith.db import Readers
+    from fastapi_lith.feed import LocalFeed
+    from fastapi_lith.hub import Hub
+    from fastapi_lith.views import Views
+
+    readers = Readers(tmp_path / "none.db")
+    try:
+        hub = Hub(Views(), readers)
+        assert hub.interval == 0.05 and isinstance(hub.feed, LocalFeed)
+    finally:
+        readers.close()
+    lith, _ = make_lith(tmp_path)
+    async with lith.lifespan():
+        assert lith.hub._task is not None and lith.hub._task.get_name() == "lith-hub"
+        await lith.hub.stop()
+        await lith.hub.stop()  # a second stop finds nothing to do
+
+
+async def test_a_failing_feed_poll_is_logged_and_the_hub_goes_on(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from fastapi_lith.feed import SqliteFeed
+
+    class Flaky(SqliteFeed):
+        failures = 1
+
+        def poll(self):  # type: ignore[no-untyped-def]
+            if self.failures:
+                self.failures -= 1
+                raise RuntimeError("feed unreadable")
+            return super().poll()
+
+    (tmp_path / "migrations").mkdir()
+    (tmp_path / "migrations" / "0001_init.sql").write_text(SCHEMA)
+    lith = Lith(tmp_path / "app.db", migrations=tmp_path / "migrations", feed=Flaky(tmp_path / "app.db"))
+
+    @lith.view("board/{board_id}", topics={"board:{board_id}"})
+    def board(db: Db, board_id: int) -> h.Element:
+        return h.p(id=f"board-{board_id}")[db.scalar(COUNT, {"cid": board_id})]
+
+    async with lith.lifespan():
+        stream = Stream("t1")
+        subscription = await lith.hub.open(stream, ["board/1"])
+        await lith.writer.do(Add(n=4))
+        async with asyncio.timeout(10):
+            while '<p id="board-1">4</p>' not in [f.html for f in await stream.next()]:
+                pass
+        subscription.close()
+    [record] = [r for r in caplog.records if r.name == "fastapi_lith.hub"]
+    assert record.getMessage() == "feed poll failed" and isinstance(record.exc_info[1], RuntimeError)  # type: ignore[index]

@@ -101,3 +101,13 @@ def test_a_callable_default_takes_the_slow_path() -> None:
     conn.execute("INSERT INTO items (id, name) VALUES (7, 'late')")
     assert cache.statement(stmt, None).slow
     assert run(cache, conn, stmt) == [(7,)]
+
+
+def test_the_cache_compiles_for_its_dialect() -> None:
+    from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
+
+    assert StatementCache().size == 512
+    stmt = sa.update(items).where(items.c.id == sa.bindparam("key")).values(name=sa.bindparam("name"))
+    assert "?" in StatementCache().statement(stmt, {"key": 1, "name": "x"}).sql
+    pg = StatementCache(dialect=PGDialect_psycopg()).statement(stmt, {"key": 1, "name": "x"}).sql
+    assert "%(name)s" in pg and "%(key)s" in pg and "?" not in pg

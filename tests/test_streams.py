@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 import zlib
@@ -15,7 +16,7 @@ import pytest
 import zstandard
 
 from browser import Server
-from fastapi_lith.streams import sse_event
+from fastapi_lith.streams import Frame, sse_event
 
 TESTS = Path(__file__).resolve().parent
 
@@ -512,3 +513,137 @@ def test_a_frame_with_signals_patches_both_and_a_stream_counts_what_it_took() ->
     assert len(stream.take()) == 2
     stream.offer(frame)
     assert stream.take() == [frame] and stream.taken == 3
+
+
+# -- the stream route in process: its 400s, its headers, its life and its end ------------------
+
+
+def stream_request(query: str) -> Any:
+    from starlette.requests import Request
+
+    return Request({"type": "http", "method": "GET", "scheme": "http", "path": "/stream",
+                    "query_string": query.encode(), "headers": [(b"host", b"app.test")]})
+
+
+class Exchange:
+    """Runs a response as a server would: `send` collects the body, `receive` reports a
+    disconnect once asked to; `stall` makes every later send wait forever (a client that stopped
+    reading)."""
+
+    def __init__(self, response: Any, encoding: str) -> None:
+        import asyncio
+
+        self.decoder = Decoder(encoding)
+        self.text = ""
+        self.messages: list[dict] = []
+        self.stall = False
+        self.gone = asyncio.Event()
+        self.changed = asyncio.Event()
+        scope = {"type": "http", "method": "GET", "path": "/stream", "headers": []}
+        self.task = asyncio.ensure_future(response(scope, self.receive, self.send))
+
+    async def receive(self) -> dict:
+        await self.gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: dict) -> None:
+        import asyncio
+
+        if self.stall and message["type"] == "http.response.body":
+            await asyncio.Event().wait()
+        self.messages.append(message)
+        self.text += self.decoder.feed(message.get("body", b"")).decode()
+        self.changed.set()
+
+    async def until(self, text: str) -> None:
+        import asyncio
+
+        async def seen() -> None:
+            while text not in self.text:
+                self.changed.clear()
+                await self.changed.wait()
+
+        await asyncio.wait_for(seen(), 10)
+
+
+async def test_the_stream_route_refuses_a_bad_query_with_a_plain_400(tmp_path: Path) -> None:
+    from test_hub import make_lith
+
+    from fastapi_lith.encoders import ZstdEncoder
+
+    lith, _ = make_lith(tmp_path)
+    async with lith.lifespan(ticks=False):
+        for query, message in [
+            ("views=board/1", "tab must be 1 to 64 letters, digits, '-' or '_'"),
+            ("views=board/1&tab=a%20b", "tab must be 1 to 64 letters, digits, '-' or '_'"),
+            ("tab=t1", "views is required: ?views=key1,key2&tab=…"),
+            ("views=,&tab=t1", "views is required: ?views=key1,key2&tab=…"),
+            ("views=board/1,nope&tab=t1", "no view matches 'nope'"),
+        ]:
+            response = await lith.open_stream(stream_request(query), ZstdEncoder())
+            assert (response.status_code, response.body.decode()) == (400, message), query
+        assert not lith.hub.streams and not lith.hub.instances  # a refused stream holds nothing
+
+
+async def test_a_stream_sends_its_views_then_their_changes_and_closes_on_disconnect(tmp_path: Path) -> None:
+    from test_hub import Add, make_lith
+
+    from fastapi_lith.encoders import ZstdEncoder
+
+    lith, _ = make_lith(tmp_path)
+    async with lith.lifespan():
+        response = await lith.open_stream(stream_request("views=board/1,quiet&views=board/2&tab=t1"), ZstdEncoder())
+        assert response.headers["content-encoding"] == "zstd" and response.headers["vary"] == "Accept-Encoding"
+        exchange = Exchange(response, "zstd")
+        await exchange.until('<p id="board-2">0</p>')
+        assert '<p id="board-1">0</p>' in exchange.text and "nothing happens here" in exchange.text
+        assert exchange.text.startswith("event: datastar-patch-elements")  # no raw ping before it
+        await lith.writer.do(Add(n=5))
+        await exchange.until('<p id="board-1">5</p>')
+        [stream] = lith.hub.streams
+        assert stream.taken == 4  # three first frames, then one change
+        assert lith.hub.push("t1", Frame("lith-error", '<div id="lith-error">pushed</div>')) == 1
+        await exchange.until('<div id="lith-error">pushed</div>')  # pushes find the tab by its id
+        exchange.gone.set()
+        await asyncio.wait_for(exchange.task, 10)
+        assert not lith.hub.streams and not lith.hub.instances  # the tab's views are dropped
+
+
+async def test_server_shutdown_ends_a_stream_cleanly_and_frees_it(tmp_path: Path) -> None:
+    from test_hub import make_lith
+
+    from fastapi_lith.encoders import IdentityEncoder
+
+    lith, _ = make_lith(tmp_path)
+    lith.keepalive = 0.3
+    async with lith.lifespan():
+        response = await lith.open_stream(stream_request("views=board/1&tab=t1"), IdentityEncoder())
+        assert "content-encoding" not in response.headers
+        exchange = Exchange(response, "identity")
+        await exchange.until('<p id="board-1">0</p>')
+        # Idle, the body sends the app's keep-alives (through the encoder), never a raw ping.
+        await exchange.until(": keep-alive\n\n" * 4)
+        assert "ping" not in exchange.text
+        response._shutdown_event.set()  # what sse-starlette does when uvicorn is told to stop
+        await asyncio.wait_for(exchange.task, 10)
+        assert exchange.messages[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
+        assert not lith.hub.streams
+
+
+async def test_a_client_that_stops_reading_is_ended_after_the_send_timeout(tmp_path: Path) -> None:
+    from sse_starlette.sse import SendTimeoutError
+    from test_hub import Add, make_lith
+
+    from fastapi_lith.encoders import IdentityEncoder
+
+    lith, _ = make_lith(tmp_path)
+    lith.send_timeout = 0.2
+    async with lith.lifespan():
+        response = await lith.open_stream(stream_request("views=board/1&tab=t1"), IdentityEncoder())
+        exchange = Exchange(response, "identity")
+        await exchange.until('<p id="board-1">0</p>')
+        exchange.stall = True
+        await lith.writer.do(Add())
+        with pytest.raises(SendTimeoutError):  # the server then drops the connection
+            await asyncio.wait_for(exchange.task, 10)  # ended, not waiting on the client forever
+        assert not lith.hub.streams

@@ -515,6 +515,8 @@ async def test_an_unpicklable_result_is_applied_once_and_its_repeat_says_so(writ
         ({"statement_cache": "no"}, "statement_cache must be True or False, not 'no'"),
         ({"same_origin_only": 0}, "same_origin_only must be True or False, not 0"),
         ({"repeat_window": -1}, "repeat_window must be a number at least 0, not -1"),
+        ({"cached_statements": -1}, "cached_statements must be an integer at least 0, not -1"),
+        ({"cached_statements": 1.5}, "cached_statements must be an integer, not 1.5"),
     ],
 )
 def test_writer_settings_are_checked_when_built(tmp_path: Path, kwargs: dict, message: str) -> None:
@@ -524,6 +526,7 @@ def test_writer_settings_are_checked_when_built(tmp_path: Path, kwargs: dict, me
         Writer(tmp_path / "app.db", **kwargs)
     assert isinstance(info.value, LithError)
     assert Writer(tmp_path / "app.db", synchronous="full").synchronous == "FULL"
+    assert Writer(tmp_path / "app.db", cached_statements=0).statements.size == 0
 
 
 def test_integers_sqlite_cannot_store_fail_validation() -> None:
@@ -761,3 +764,242 @@ def test_a_command_without_apply_names_itself() -> None:
 
     with pytest.raises(NotImplementedError, match=r"Forgot\.apply\(tx\)"):
         Forgot().apply(None)  # type: ignore[arg-type]
+
+
+# -- what an operator reads: defaults, threads, counters, logs --------------------------------
+
+
+async def test_a_writer_built_without_settings_uses_the_documented_defaults(tmp_path: Path, migrations: Path) -> None:
+    import gc
+
+    w = Writer(tmp_path / "app.db", migrations=migrations)
+    assert (w.batch_size, w.repeat_window, w.synchronous, w.same_origin_only) == (512, 3600.0, "NORMAL", True)
+    assert (w.statements.enabled, w.statements.size) == (True, 512)
+    assert Writer(tmp_path / "app.db", cached_statements=7).statements.size == 7
+    assert w.commit_seconds.maxlen == 100_000  # a long-running app keeps a bounded record
+    with pytest.raises(WriterClosed, match="^the writer is not running$"):
+        await w.do(Add())  # before start: refused, not queued
+    await w.close()  # before start: nothing to close
+    await w.start()
+    try:
+        pragmas = await w._thread.run(  # type: ignore[union-attr]
+            lambda: [w._conn.execute(f"PRAGMA {p}").fetchone()[0] for p in ("synchronous", "wal_autocheckpoint")]  # type: ignore[union-attr]
+        )
+        assert pragmas == [1, 1000]  # NORMAL
+        # One thread owns the connection, and both it and the task say what they are in a
+        # profile or a traceback.
+        [thread] = [t for t in threading.enumerate() if t.name.startswith("lith-writer")]
+        assert thread.name == "lith-writer-0" and thread.daemon
+        assert w._task is not None and w._task.get_name() == "lith-writer"
+        assert gc.get_freeze_count() > 0  # start-up's long-lived objects are out of the collector's way
+    finally:
+        await w.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("lith-writer")]
+    full = Writer(tmp_path / "app.db", migrations=migrations, synchronous="FULL")
+    await full.start()
+    try:
+        assert await full._thread.run(lambda: full._conn.execute("PRAGMA synchronous").fetchone()[0]) == 2  # type: ignore[union-attr]
+    finally:
+        await full.close()
+
+
+async def test_the_writer_uses_its_statement_cache(writer: Writer) -> None:
+    for _ in range(3):
+        await writer.do(Add())
+    assert writer.statements.misses == 2  # ADD and COUNT, each compiled once for every command
+
+
+async def test_counters_add_up_across_batches(fk_writer: Writer) -> None:
+    w = fk_writer
+    await w.do(Add())
+    await w.do(Append(value="a"))
+    with pytest.raises(ValueError):
+        await w.do(Boom())
+    assert (w.commands, w.batches, w.failed) == (3, 3, 1)
+    outcomes = await asyncio.gather(w.do(Add()), w.do(Orphan()), return_exceptions=True)
+    assert all(isinstance(o, sqlite3.IntegrityError) for o in outcomes)
+    assert (w.commands, w.batches, w.failed) == (3, 3, 3)  # a batch that failed at COMMIT is not counted
+    assert len(w.commit_seconds) == 3 and all(0 <= s < 60 for s in w.commit_seconds)
+
+
+async def test_migrating_is_logged_once(tmp_path: Path, migrations: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="fastapi_lith.writer")
+    for _ in range(2):
+        w = Writer(tmp_path / "app.db", migrations=migrations)
+        await w.start()
+        await w.close()
+    assert [r.getMessage() for r in caplog.records] == ["app.db: migrated from version 0 to 1"]
+
+
+async def test_closing_closes_the_file_and_may_be_repeated(writer: Writer, caplog: pytest.LogCaptureFixture) -> None:
+    await writer.do(Add())
+    assert Path(f"{writer.path}-wal").exists()
+    await writer.close()
+    await writer.close()
+    assert not Path(f"{writer.path}-wal").exists()  # the last connection to close removes the WAL
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+
+
+async def test_closing_a_writer_whose_task_failed_logs_why(tmp_path: Path, migrations: Path, caplog: pytest.LogCaptureFixture) -> None:
+    class Broken(Writer):
+        async def _run(self) -> None:
+            raise RuntimeError("a bug in the writer task")
+
+    w = Broken(tmp_path / "app.db", migrations=migrations)
+    await w.start()
+    with pytest.raises(WriterClosed, match="^the writer stopped before taking the command$"):
+        await w.do(Add())  # queued before the task ran: it is told, not left waiting
+    with pytest.raises(WriterClosed, match="^the writer is not running$"):
+        await w.do(Add())
+    await w.close()
+    [record] = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert record.getMessage() == "the writer task failed"
+    assert isinstance(record.exc_info[1], RuntimeError)  # type: ignore[index]
+
+
+async def test_an_app_table_named_like_the_librarys_stops_start_with_sqlites_reason(tmp_path: Path, migrations: Path) -> None:
+    (migrations / "0002_clash.sql").write_text("CREATE TABLE lith_outcome (id INTEGER PRIMARY KEY);")
+    w = Writer(tmp_path / "app.db", migrations=migrations)
+    with pytest.raises(sqlite3.OperationalError, match="no such column: at"):
+        await w.start()
+    assert not [t for t in threading.enumerate() if t.name.startswith("lith-writer")]
+
+
+async def test_a_commit_failure_and_a_broken_subscriber_are_logged_with_their_traceback(
+    fk_writer: Writer, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(topics: frozenset[str]) -> None:
+        raise RuntimeError("subscriber bug")
+
+    fk_writer.subscribe(broken)
+    await fk_writer.do(Add())
+    await asyncio.gather(fk_writer.do(Add()), fk_writer.do(Orphan()), return_exceptions=True)
+    messages = [(r.getMessage(), type(r.exc_info[1]).__name__) for r in caplog.records if r.exc_info]
+    assert messages == [
+        (f"commit subscriber {broken!r} failed", "RuntimeError"),
+        ("batch of 2 commands failed to commit", "IntegrityError"),
+    ]
+
+
+# -- the queue: cancelled callers, keys off ---------------------------------------------------
+
+
+async def test_a_batch_of_only_cancelled_commands_leaves_the_writer_running(writer: Writer) -> None:
+    started, release = threading.Event(), threading.Event()
+
+    class Slow(Command):
+        def apply(self, tx: Tx) -> None:
+            started.set()
+            release.wait(30)
+
+    slow = asyncio.ensure_future(writer.do(Slow()))
+    assert await asyncio.to_thread(started.wait, 30)
+    dropped = [asyncio.ensure_future(writer.do(Add(n=100))) for _ in range(2)]
+    await asyncio.sleep(0)
+    for fut in dropped:
+        fut.cancel()
+    release.set()
+    await slow
+    assert await asyncio.wait_for(writer.do(Add(n=1)), 10) == 1
+    assert rows(writer.path, "SELECT count FROM counter") == [(1,)]
+
+
+async def test_a_caller_cancelled_mid_batch_does_not_hold_up_the_others(writer: Writer) -> None:
+    global GATE
+    GATE = _Gate()
+    first, middle, last = (asyncio.ensure_future(writer.do(Gated(value=v, gate="c"))) for v in "abc")
+    await wait_for(GATE.reached)  # all three are on the writer thread, in one batch
+    middle.cancel()
+    GATE.release.set()
+    assert await asyncio.wait_for(asyncio.gather(first, last), 10) == ["a", "c"]
+    assert sorted(v for (v,) in rows(writer.path, "SELECT value FROM log")) == ["a", "b", "c"]  # taken: applied
+
+
+async def test_a_zero_repeat_window_turns_keys_off(tmp_path: Path, migrations: Path) -> None:
+    w = Writer(tmp_path / "app.db", migrations=migrations, repeat_window=0)
+    await w.start()
+    try:
+        assert await w.do(Keyed(tab="t", op=1, value="x")) == 1
+        assert await w.do(Keyed(tab="t", op=1, value="y")) == 2  # applied again: nobody remembers
+    finally:
+        await w.close()
+    assert rows(w.path, "SELECT count(*) FROM lith_outcome") == [(0,)]
+
+
+async def test_tab_outcomes_outlive_a_restart(tmp_path: Path, migrations: Path) -> None:
+    from fastapi_lith import TabCommand
+
+    class Save(TabCommand):
+        def apply(self, tx: Tx) -> None:
+            self.say("saved")
+
+    w = Writer(tmp_path / "app.db", migrations=migrations)
+    await w.start()
+    await w.do(Save(tab="tab-aaaaaaaa", op=1))
+    await w.close()
+    await w.start()  # which prunes what is older than a week
+    await w.close()
+    assert rows(w.path, "SELECT tab, op, message FROM lith_tab") == [("tab-aaaaaaaa", 1, "saved")]
+
+
+# -- the dependency: idempotency keys and errors answered as HTML ------------------------------
+
+
+@pytest.fixture
+def command_app(writer: Writer):
+    import httpx
+    from fastapi import Depends, FastAPI
+
+    app = FastAPI()
+
+    @app.post("/append")
+    async def append(cmd: Append, w: Writer = Depends(writer)) -> int:
+        return await w.do(cmd)
+
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app.test")
+
+
+SAME_ORIGIN = {"Datastar-Request": "true", "Sec-Fetch-Site": "same-origin"}
+
+
+async def test_an_idempotency_key_header_applies_a_request_once(writer: Writer, command_app) -> None:
+    async with command_app as client:
+        headers = {**SAME_ORIGIN, "Idempotency-Key": "req-1"}
+        first = await client.post("/append", json={"value": "a"}, headers=headers)
+        again = await client.post("/append", json={"value": "a"}, headers=headers)
+        other = await client.post("/append", json={"value": "b"}, headers={**SAME_ORIGIN, "Idempotency-Key": "req-2"})
+    assert (first.status_code, first.json(), again.status_code, again.json()) == (200, 1, 200, 1)
+    assert other.json() == 2 and log_values(writer.path) == ["a", "b"]
+
+
+@pytest.mark.parametrize("key", ["", "two words", "tab\tkey", "k" * 201])
+async def test_a_malformed_idempotency_key_is_refused(writer: Writer, command_app, key: str) -> None:
+    async with command_app as client:
+        response = await client.post("/append", json={"value": "a"}, headers={**SAME_ORIGIN, "Idempotency-Key": key})
+    assert response.status_code == 400
+    assert response.json()["detail"] == "Idempotency-Key must be 1 to 200 visible ASCII characters"
+    assert log_values(writer.path) == []
+
+
+async def test_errors_on_a_command_route_are_answered_as_html(tmp_path: Path, migrations: Path) -> None:
+    import httpx
+    from fastapi import Depends, FastAPI
+
+    from fastapi_lith import Lith
+
+    # Without the Datastar header (a test client, a form), the writer dependency marks the
+    # request as a command's: its errors are still HTML for the page.
+    lith = Lith(tmp_path / "app.db", migrations=migrations, same_origin_only=False)
+    app = FastAPI()
+    lith.install(app)
+
+    @app.post("/append")
+    async def append(cmd: Append, w: Writer = Depends(lith.writer)) -> int:
+        return await w.do(cmd)
+
+    async with lith.lifespan(app, ticks=False):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app.test") as client:
+            response = await client.post("/append", json={"value": 5})
+    assert response.status_code == 422
+    assert response.headers["content-type"].startswith("text/html")
+    assert 'class="lith-error"' in response.text and "value" in response.text
