@@ -26,7 +26,11 @@ def request(headers: dict[str, str], scheme: str = "http", host: str = "app.test
         ({"Origin": "http://app.test"}, "https", "cross-site request refused (Origin http://app.test is not https://app.test)"),
         ({"Origin": "https://app.test"}, "http", "cross-site request refused (Origin https://app.test is not http://app.test)"),
         ({"Origin": "null"}, "http", "cross-site request refused (Origin null is not http://app.test)"),
-        ({"Origin": "http://app.test.evil.example"}, "http", "cross-site request refused (Origin http://app.test.evil.example is not http://app.test)"),
+        (
+            {"Origin": "http://app.test.evil.example"},
+            "http",
+            "cross-site request refused (Origin http://app.test.evil.example is not http://app.test)",
+        ),
         ({"Origin": "http://evil.example"}, "http", "cross-site request refused (Origin http://evil.example is not http://app.test)"),
         ({}, "http", "cross-site request refused (no Sec-Fetch-Site or Origin header)"),
     ],
