@@ -584,3 +584,9 @@ def test_the_zstd_window_holds_four_writes_of_the_first_size_exactly() -> None:
     assert _zstd_window_log(2**18) == 20  # four writes of 256 KiB fill 1 MiB: no more is needed
     assert _zstd_window_log(2**18 + 1) == 21
     assert (_zstd_window_log(1), _zstd_window_log(2**30)) == (17, 23)
+
+
+def test_gzip_defaults_to_zlibs_own_level() -> None:
+    from fastapi_lith.encoders import GzipEncoder
+
+    assert GzipEncoder().level == 6  # zlib's own default

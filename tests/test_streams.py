@@ -591,6 +591,7 @@ async def test_a_stream_sends_its_views_then_their_changes_and_closes_on_disconn
     from fastapi_lith.encoders import ZstdEncoder
 
     lith, _ = make_lith(tmp_path)
+    lith.hibernate_after = 0.3
     async with lith.lifespan():
         response = await lith.open_stream(stream_request("views=board/1,quiet&views=board/2&tab=t1"), ZstdEncoder())
         assert response.headers["content-encoding"] == "zstd" and response.headers["vary"] == "Accept-Encoding"
@@ -604,6 +605,10 @@ async def test_a_stream_sends_its_views_then_their_changes_and_closes_on_disconn
         assert stream.taken == 4  # three first frames, then one change
         assert lith.hub.push("t1", Frame("lith-error", '<div id="lith-error">pushed</div>')) == 1
         await exchange.until('<div id="lith-error">pushed</div>')  # pushes find the tab by its id
+        async with asyncio.timeout(10):  # idle past the app's hibernate_after: the zstd frame ends
+            while not exchange.decoder.frames_ended:
+                exchange.changed.clear()
+                await exchange.changed.wait()
         exchange.gone.set()
         await asyncio.wait_for(exchange.task, 10)
         assert not lith.hub.streams and not lith.hub.instances  # the tab's views are dropped
@@ -647,3 +652,10 @@ async def test_a_client_that_stops_reading_is_ended_after_the_send_timeout(tmp_p
         with pytest.raises(SendTimeoutError):  # the server then drops the connection
             await asyncio.wait_for(exchange.task, 10)  # ended, not waiting on the client forever
         assert not lith.hub.streams
+
+
+async def test_next_returns_nothing_once_its_timeout_passes() -> None:
+    from fastapi_lith.streams import Stream
+
+    stream = Stream("t1")
+    assert await asyncio.wait_for(stream.next(timeout=0.05), 10) == []
