@@ -154,16 +154,9 @@ class Lith:
         self.keepalive = settings.number("keepalive", keepalive, low=0.001)
         self.hibernate_after = settings.number("hibernate_after", hibernate_after, low=0.001)
         self.send_timeout = settings.number("send_timeout", send_timeout, low=0.001)
-        # None sizes each stream's window from its first write; browsers refuse one over 8 MiB.
-        if zstd_window_log is not None:
-            settings.number("zstd_window_log", zstd_window_log, low=10, high=23, integer=True)
-        settings.number("brotli_quality", brotli_quality, low=0, high=11, integer=True)
-        settings.number("gzip_level", gzip_level, low=0, high=9, integer=True)
-        self.encoder_settings = {
-            "zstd": {"window_log": zstd_window_log},
-            "br": {"quality": brotli_quality},
-            "gzip": {"level": gzip_level},
-        }
+        self.encoder_settings = encoders.encoder_settings(
+            zstd_window_log=zstd_window_log, brotli_quality=brotli_quality, gzip_level=gzip_level
+        )
         if not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix):
             raise SettingError(f"prefix must be a path like '/lith' (a leading '/', none at the end), not {prefix!r}")
         self.prefix = prefix
@@ -389,10 +382,8 @@ class Lith:
         - the stream route, `GET {prefix}/stream`, out of OpenAPI;
         - `BodyLimit`, a middleware that stops the body of every route taking
           `Depends(lith.writer)` at `max_body` bytes (see `guard.py` for why a middleware);
-        - handlers for `RequestValidationError` and `HTTPException`: on a command request (one
-          Datastar sent, or one the writer dependency marked) a 4xx answer becomes an HTML
-          fragment, pushed to the acting tab with `done` set. Other requests get the app's
-          handlers as they were when this was called (FastAPI's own by default).
+        - handlers that answer a refused command as HTML, also pushed to the acting tab with
+          `done` set; other requests keep the app's handlers (see `guard.add_error_handlers`).
         """
         app.include_router(self.router)
         app.add_middleware(BodyLimit, writer=self.writer, max_body=self.max_body)

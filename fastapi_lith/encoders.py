@@ -27,6 +27,7 @@ __all__ = [
     "negotiate",
 ]
 
+from . import settings as _settings
 from .accept import ENCODINGS, negotiate
 
 
@@ -361,3 +362,16 @@ def make_encoder(name: str, **settings: Any) -> Encoder:
     except KeyError:
         raise ValueError(f"unknown encoding {name!r}, expected one of {ENCODINGS}") from None
     return cls(**settings)
+
+
+def encoder_settings(
+    *, zstd_window_log: int | None, brotli_quality: int, gzip_level: int
+) -> dict[str, dict[str, Any]]:
+    """Each encoding's `make_encoder` arguments from an app's settings, checked when the app is
+    built (`SettingError`) rather than at its first stream. A None window sizes each zstd
+    stream's window from its first write."""
+    if zstd_window_log is not None:
+        _settings.number("zstd_window_log", zstd_window_log, low=10, high=ZstdEncoder.MAX_WINDOW_LOG, integer=True)
+    _settings.number("brotli_quality", brotli_quality, low=0, high=11, integer=True)
+    _settings.number("gzip_level", gzip_level, low=0, high=9, integer=True)
+    return {"zstd": {"window_log": zstd_window_log}, "br": {"quality": brotli_quality}, "gzip": {"level": gzip_level}}

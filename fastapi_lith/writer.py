@@ -3,7 +3,7 @@
 Every change is a command. The writer applies commands in arrival order, up to `batch_size` in
 one `BEGIN IMMEDIATE` transaction, each in its own savepoint, so a failing command rolls back
 alone. One thread owns the connection and gets whole batches, one thread hop per batch: the
-cost of a hop (about 60 µs) is paid once for hundreds of commands.
+cost of a hop is paid once for hundreds of commands.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from .outcomes import (
     load_outcome,
     request_key,
 )
-from .statements import StatementCache
+from .statements import DIALECT, StatementCache
 
 if TYPE_CHECKING:
     from .feed import Feed
@@ -74,6 +74,8 @@ class Writer:
     refuses cross-site requests, see `__call__`.
     """
 
+    dialect = DIALECT  # what the statement cache compiles for: another backend names its own
+
     def __init__(
         self,
         path: str | Path,
@@ -89,11 +91,10 @@ class Writer:
         feed: Feed | None = None,
     ) -> None:
         self.path = Path(path)
-        if feed is None:  # one process: its hub hears of commits through `subscribe` alone
-            from .feed import LocalFeed
+        from .feed import LocalFeed  # here: feed.py builds on this module
 
-            feed = LocalFeed()
-        self.feed = feed
+        # One process by default: its hub hears of commits through `subscribe` alone.
+        self.feed = feed if feed is not None else LocalFeed()
         # SQLite's default; raised while Litestream replicates, since it checkpoints itself.
         self.wal_autocheckpoint = wal_autocheckpoint
         self.migrations = migrations
@@ -103,7 +104,9 @@ class Writer:
         self.same_origin_only = settings.flag("same_origin_only", same_origin_only)
         # How long a command's first outcome answers its repeats; 0 turns keys off.
         self.repeat_window = settings.number("repeat_window", repeat_window, low=0)
-        self.statements = StatementCache(cached_statements, enabled=settings.flag("statement_cache", statement_cache))
+        self.statements = StatementCache(
+            cached_statements, enabled=settings.flag("statement_cache", statement_cache), dialect=self.dialect
+        )
         self._cached_statements = cached_statements if statement_cache else 0
         self._queue: deque[tuple[Command, str | None, asyncio.Future[Any]]] = deque()
         self._wake = asyncio.Event()
@@ -115,10 +118,7 @@ class Writer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._next_prune = 0.0
         # Counters a user and the benchmarks read.
-        self.commands = 0
-        self.failed = 0
-        self.repeats = 0
-        self.batches = 0
+        self.commands = self.failed = self.repeats = self.batches = 0
         self.commit_seconds: deque[float] = deque(maxlen=100_000)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -136,9 +136,8 @@ class Writer:
         self._closing = False
         self._task = asyncio.create_task(self._run(), name="lith-writer")
         self._task.add_done_callback(self._stopped)
-        # Start-up leaves ~80k long-lived objects (fastapi, SQLAlchemy, pydantic): frozen, the
-        # collector stops walking them. Under 200 producers collection fell from 17% of the
-        # time to 4%, and its pauses from 100+ ms to a few (bench/RESULTS.md, Writer).
+        # Start-up leaves many long-lived objects (fastapi, SQLAlchemy, pydantic): frozen, the
+        # collector stops walking them, its pauses under load (bench/RESULTS.md, Writer).
         gc.collect()
         gc.freeze()
 
@@ -223,11 +222,8 @@ class Writer:
         return await fut
 
     async def __call__(self, request: Request) -> Writer:
-        """The FastAPI dependency for command routes: refuse cross-site and non-Datastar requests.
-
-        A browser sends `Sec-Fetch-Site` on every fetch; older ones send `Origin`. Requiring
-        `Datastar-Request: true` as well makes a plain HTML form on another site useless.
-        Non-browser clients and tests turn this off with `Lith(..., same_origin_only=False)`.
+        """The FastAPI dependency for command routes: refuse cross-site and non-Datastar requests
+        (see origin.py); non-browser clients and tests turn that off (`same_origin_only=False`).
         It marks the request as a command's (`request.state.lith_command`), so errors on it are
         answered as HTML for the acting tab, and takes its `Idempotency-Key` header, if any.
         """
@@ -275,11 +271,11 @@ class Writer:
             try:
                 await outcome
             except asyncio.CancelledError:
-                self._settle(outcome, futures, started)
                 raise
             except BaseException:
                 pass  # the COMMIT failed: `_settle` hands the error to every caller
-            self._settle(outcome, futures, started)
+            finally:
+                self._settle(outcome, futures, started)
 
     def _stopped(self, task: asyncio.Task[None]) -> None:
         """The task ended (closed, cancelled, even before it ran, or a bug): commands never

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from pathlib import Path
 
 import httpx
 import psycopg
@@ -18,7 +17,9 @@ from playwright.sync_api import Page, expect
 from browser import Server, wait_for_datastar
 from fastapi_lith.backends.postgres import dsn
 from fastapi_lith.pgfeed import LISTENER_NAME
-from test_workers import APP, COMMAND_HEADERS, REPO, TESTS, Tab, add, client  # noqa: F401 - fixture
+from test_workers import (  # noqa: F401 - client is a fixture
+    APP, REPO, TESTS, Tab, add, add_from_200_producers, client, kill_a_under_load,
+)
 
 __all__ = ["client"]
 
@@ -93,37 +94,13 @@ async def test_kill_9_of_one_process_loses_no_acknowledged_command(
 ) -> None:
     a, b = serve(server_factory, pg_url), serve(server_factory, pg_url)
     watching_b = await Tab(b.url).open(client)
-    acknowledged = {"a": 0, "b": 0}
-    sent = 0
-    stop = asyncio.Event()
 
-    async def producer(name: str, server: Server) -> None:
-        nonlocal sent
-        async with httpx.AsyncClient(timeout=10) as c:
-            while not stop.is_set():
-                sent += 1
-                try:
-                    r = await c.post(f"{server.url}/add", json={"n": 1, "tab": "load"}, headers=COMMAND_HEADERS)
-                except httpx.HTTPError:
-                    await asyncio.sleep(0.05)
-                    continue
-                if r.status_code == 204:
-                    acknowledged[name] += 1
+    async def meanwhile() -> None:
+        pass
 
-    producers = [asyncio.create_task(producer(n, s)) for n, s in (("a", a), ("b", b)) for _ in range(10)]
-    async with asyncio.timeout(30):
-        while acknowledged["a"] < 100:
-            await asyncio.sleep(0.02)
-    a.proc.kill()  # type: ignore[union-attr]  # SIGKILL, mid-batch most likely
-    a.proc.wait()  # type: ignore[union-attr]
-    before = acknowledged["b"]
-    async with asyncio.timeout(30):
-        while acknowledged["b"] < before + 100:
-            await asyncio.sleep(0.02)
-    stop.set()
-    await asyncio.gather(*producers)
+    acknowledged, sent = await kill_a_under_load(a, b, meanwhile)
     total = count(pg_url)
-    assert acknowledged["a"] + acknowledged["b"] <= total <= sent  # nothing acknowledged lost
+    assert acknowledged <= total <= sent  # nothing acknowledged lost
     await watching_b.until(lambda t: t.count() == total)
     watching_b.close()
 
@@ -133,16 +110,7 @@ async def test_200_producers_over_two_processes_no_errors(
 ) -> None:
     args = ("--timeout-keep-alive", "60")
     a, b = serve(server_factory, pg_url, args), serve(server_factory, pg_url, args)
-    results: list[int] = []
-
-    async def producer(c: httpx.AsyncClient, server: Server) -> None:
-        for _ in range(3):
-            r = await c.post(f"{server.url}/add", json={"n": 1, "tab": "load"}, headers=COMMAND_HEADERS)
-            results.append(r.status_code)
-
-    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=None)) as c:
-        await asyncio.gather(*(producer(c, s) for s in (a, b) for _ in range(100)))
-    assert results == [204] * 600
+    assert await add_from_200_producers(a, b) == [204] * 600
     assert count(pg_url) == 600
     for server in (a, b):
         assert "Traceback" not in server.output

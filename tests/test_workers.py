@@ -12,7 +12,7 @@ import time
 import itertools
 import re
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +179,28 @@ async def test_kill_9_of_one_process_under_load(
     db = tmp_path / "app.db"
     a, b = serve(server_factory, db), serve(server_factory, db)
     watching_b = await Tab(b.url).open(client)
+
+    async def meanwhile() -> None:
+        shown = watching_b.count() or 0  # b keeps serving, and its tabs keep updating
+        await watching_b.until(lambda t: (t.count() or 0) > shown)
+        a.start()  # the killed process restarts and catches up
+        watching_a = await Tab(a.url).open(client)
+        await watching_a.until(lambda t: t.count() is not None)
+        watching_a.close()
+
+    acknowledged, sent = await kill_a_under_load(a, b, meanwhile)
+    total = count(db)
+    assert acknowledged <= total <= sent  # nothing acknowledged lost
+    watching_a = await Tab(a.url).open(client)
+    for tab in (watching_a, watching_b):
+        await tab.until(lambda t: t.count() == total)
+        tab.close()
+
+
+async def kill_a_under_load(a: Server, b: Server, meanwhile: Callable[[], Awaitable[None]]) -> tuple[int, int]:
+    """Ten producers on each process; once a acknowledged 100 commands it is killed (SIGKILL,
+    mid-batch most likely), b serves 100 more, then `meanwhile` runs before the producers stop.
+    Returns the commands acknowledged and the commands sent."""
     acknowledged = {"a": 0, "b": 0}
     sent = 0
     stop = asyncio.Event()
@@ -200,33 +222,20 @@ async def test_kill_9_of_one_process_under_load(
     async with asyncio.timeout(30):
         while acknowledged["a"] < 100:
             await asyncio.sleep(0.02)
-    a.proc.kill()  # type: ignore[union-attr]  # SIGKILL, mid-batch most likely
+    a.proc.kill()  # type: ignore[union-attr]
     a.proc.wait()  # type: ignore[union-attr]
     before = acknowledged["b"]
-    async with asyncio.timeout(30):  # b keeps serving, and its tabs keep updating
+    async with asyncio.timeout(30):
         while acknowledged["b"] < before + 100:
             await asyncio.sleep(0.02)
-    shown = watching_b.count() or 0
-    await watching_b.until(lambda t: (t.count() or 0) > shown)
-    a.start()  # the killed process restarts and catches up
-    watching_a = await Tab(a.url).open(client)
-    await watching_a.until(lambda t: t.count() is not None)
+    await meanwhile()
     stop.set()
     await asyncio.gather(*producers)
-    total = count(db)
-    assert acknowledged["a"] + acknowledged["b"] <= total <= sent  # nothing acknowledged lost
-    for tab in (watching_a, watching_b):
-        await tab.until(lambda t: t.count() == total)
-        tab.close()
+    return acknowledged["a"] + acknowledged["b"], sent
 
 
-async def test_200_producers_over_two_processes_no_busy_errors(
-    server_factory: Callable[..., Server], tmp_path: Path
-) -> None:
-    db = tmp_path / "app.db"
-    # Connections wait their turn in the client's pool: keep them open longer than uvicorn's 5 s.
-    args = ("--timeout-keep-alive", "60")
-    a, b = serve(server_factory, db, args), serve(server_factory, db, args)
+async def add_from_200_producers(a: Server, b: Server) -> list[int]:
+    """100 producers on each process, three commands each, all at once: their statuses."""
     results: list[int] = []
 
     async def producer(c: httpx.AsyncClient, server: Server) -> None:
@@ -236,7 +245,17 @@ async def test_200_producers_over_two_processes_no_busy_errors(
 
     async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=None)) as c:
         await asyncio.gather(*(producer(c, s) for s in (a, b) for _ in range(100)))
-    assert results == [204] * 600
+    return results
+
+
+async def test_200_producers_over_two_processes_no_busy_errors(
+    server_factory: Callable[..., Server], tmp_path: Path
+) -> None:
+    db = tmp_path / "app.db"
+    # Connections wait their turn in the client's pool: keep them open longer than uvicorn's 5 s.
+    args = ("--timeout-keep-alive", "60")
+    a, b = serve(server_factory, db, args), serve(server_factory, db, args)
+    assert await add_from_200_producers(a, b) == [204] * 600
     assert count(db) == 600
     for server in (a, b):
         assert "database is locked" not in server.output and "Traceback" not in server.output

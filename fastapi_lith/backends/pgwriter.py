@@ -15,7 +15,6 @@ import psycopg
 
 from .. import settings
 from ..outcomes import TAB_KEEP, dump_outcome, load_outcome
-from ..statements import StatementCache
 from ..writer import Command, Topics, Writer
 from .pgpipeline import Replay, WriterConnection, WriterCursor, deallocate_owed
 from .postgres import DIALECT, MIGRATION_LOCK, PgTx, connect, describe, find_folder, migrate, rollback
@@ -112,10 +111,13 @@ class PgWriter(Writer):
     command going through, or failing before it sent a statement, is the common case, and each
     SAVEPOINT and RELEASE costs the server a subtransaction. A command that fails after sending
     one (a read counts) has no savepoint to roll back to: the batch then runs again with a
-    SAVEPOINT per command, as the next few batches do. A statement that fails there rolls back to its command's savepoint and
-    that command runs again waiting on each statement, so its apply() meets the error where it
-    occurs, as it would without the pipeline; what followed it in the pipeline is sent again.
+    SAVEPOINT per command, as the next few batches do. A statement that fails there rolls back
+    to its command's savepoint and that command runs again waiting on each statement, so its
+    apply() meets the error where it occurs, as it would without the pipeline; what followed it
+    in the pipeline is sent again.
     """
+
+    dialect = DIALECT
 
     def __init__(
         self,
@@ -147,9 +149,6 @@ class PgWriter(Writer):
         self.take_turns = settings.flag("take_turns", take_turns)
         self.retries = settings.number("retries", retries, low=0, integer=True)
         self.backoff = settings.number("backoff", backoff, low=0.001)
-        self.statements = StatementCache(
-            cached_statements, enabled=settings.flag("statement_cache", statement_cache), dialect=DIALECT
-        )
         self._prepared = max(cached_statements, 1)
         self._pg: WriterConnection | None = None
         self._fast_misses = 0  # batches in a row that had to run again with savepoints
