@@ -368,3 +368,22 @@ class Bump(Command):
     def apply(self, tx: Any) -> None:
         tx.execute("UPDATE counter SET count = count + 1 WHERE id = 1")
         tx.touch("counter")
+
+
+# -- the version -------------------------------------------------------------------------------
+
+
+def test_the_version_has_one_source_and_the_changelog_names_it() -> None:
+    """pyproject's version is `fastapi_lith.__version__`, the version of CHANGELOG's top section."""
+    import tomllib
+
+    import fastapi_lith
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "fastapi_lith.__version__"}
+    top = re.search(r"^## (.+)$", (REPO / "CHANGELOG.md").read_text(), flags=re.M)
+    assert top is not None
+    named = re.fullmatch(r"Unreleased \((\d+\.\d+\.\d+)\)|(\d+\.\d+\.\d+)\b.*", top.group(1))
+    assert named is not None, f"CHANGELOG's top section names no version: {top.group(0)!r}"
+    assert fastapi_lith.__version__ == (named.group(1) or named.group(2))
