@@ -368,4 +368,3 @@ class Bump(Command):
     def apply(self, tx: Any) -> None:
         tx.execute("UPDATE counter SET count = count + 1 WHERE id = 1")
         tx.touch("counter")
-
