@@ -41,4 +41,4 @@ __all__ = [
     "LithError", "AccountUnavailable", "DatabaseError", "MigrationError", "MissingParameter", "NotOneRow",
     "NotRunning", "OutcomeLost", "SettingError", "UnknownAccount", "ViewError", "WriterClosed",
 ]  # fmt: skip
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -47,7 +47,7 @@ class Accounts(AccountPool):
     """Many accounts, one SQLite file each, with one set of migrations, commands and views.
 
     ```python
-    accounts = Accounts("accounts/", migrations="migrations/")   # accounts/NAME.db
+    accounts = Accounts("accounts/", migrations=Path(__file__).parent / "migrations")  # accounts/NAME.db
     app = FastAPI(lifespan=accounts.lifespan)
     accounts.install(app)
 

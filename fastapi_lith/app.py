@@ -46,11 +46,14 @@ class Lith:
     """A live app on one SQLite file.
 
     ```python
-    lith = Lith("app.db", migrations="migrations/")
+    lith = Lith("app.db", migrations=Path(__file__).parent / "migrations")
     app = FastAPI(lifespan=lith.lifespan)
     lith.install(app)
     lith.command(app, "/add", Add)  # POST /add: validate, apply, 204
     ```
+
+    Name the migrations folder from the app's file: a relative `"migrations/"` follows the
+    working directory, so the app would not start from any other folder.
     """
 
     def __init__(

@@ -126,7 +126,7 @@ class _Touch(Command):
 
 
 def new_tab() -> str:
-    """A fresh tab id for a page: random, URL-safe, matching `TAB_PATTERN`."""
+    """A fresh tab id for a page: random and URL-safe, a valid `TabId` (12 of `A-Z a-z 0-9 - _`)."""
     return secrets.token_urlsafe(9)
 
 

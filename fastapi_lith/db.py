@@ -165,7 +165,15 @@ def find_migrations(directory: str | Path) -> list[Migration]:
     """The numbered `.sql` files of a folder, in order; `0003_add_lanes.sql` is version 3."""
     folder = Path(directory)
     if not folder.is_dir():
-        raise MigrationError(f"migrations folder {folder} does not exist")
+        # A relative path follows the working directory, not the app's file: name the folder it
+        # resolved to, which is where a service or a test runner started from another one looked.
+        where = folder.resolve()
+        problem = "is not a folder" if folder.exists() else "does not exist"
+        hint = "" if folder.is_absolute() else (
+            f' ({directory!s} is relative to the working directory; name it from the app\'s file:'
+            ' Path(__file__).parent / "migrations")'
+        )
+        raise MigrationError(f"migrations folder {where} {problem}{hint}")
     found: dict[int, Path] = {}
     for path in sorted(folder.iterdir()):
         match = _NUMBERED.match(path.name)

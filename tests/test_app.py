@@ -185,10 +185,12 @@ README_SCHEMA = "CREATE TABLE counter (id INTEGER PRIMARY KEY, count INTEGER NOT
 def test_the_readmes_app_refuses_integers_sqlite_cannot_store(tmp_path: Path) -> None:
     readme = (REPO / "README.md").read_text()
     code = re.search(r"```python\n(.*?)```", readme, re.S).group(1)  # type: ignore[union-attr]
-    (tmp_path / "readme_app.py").write_text(code.replace('Lith("counter.db", ', 'Lith("counter.db", same_origin_only=False, '))
-    (tmp_path / "migrations").mkdir()
-    (tmp_path / "migrations" / "0001_init.sql").write_text(README_SCHEMA)
-    server = Server("readme_app:app", cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)})
+    app = tmp_path / "app"
+    (app / "migrations").mkdir(parents=True)
+    (app / "readme_app.py").write_text(code.replace('Lith("counter.db", ', 'Lith("counter.db", same_origin_only=False, '))
+    (app / "migrations" / "0001_init.sql").write_text(README_SCHEMA)
+    # Started from another folder, as a service is: the migrations are still found.
+    server = Server("readme_app:app", cwd=tmp_path, args=["--app-dir", str(app)])
     server.start()
     try:
         for n in (2**63, -(2**63) - 1):

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import sqlite3
+import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from browser import Server, ServerError
 from fastapi_lith import MigrationError
 from fastapi_lith.db import Readers, connect, migrate, user_version
 
@@ -141,9 +144,36 @@ def test_migration_files_are_found_by_their_number(tmp_path: Path) -> None:
     assert [(m.version, m.path.name) for m in find_migrations(mig)] == [(1, "0001_init.sql"), (2, "0002_b.sql"), (3, "3.sql")]
     with pytest.raises(MigrationError, match=r"^migrations folder .*missing does not exist$"):
         find_migrations(tmp_path / "missing")
+    write(mig, "notes.sql", "")
+    with pytest.raises(MigrationError, match=r"^migrations folder .*notes.sql is not a folder$"):
+        find_migrations(mig / "notes.sql")
+    (mig / "notes.sql").unlink()
     write(mig, "0000_zero.sql", "")
     with pytest.raises(MigrationError, match=r"^0000_zero.sql: migrations are numbered from 1$"):
         find_migrations(mig)
+
+
+def test_a_relative_migrations_folder_that_is_missing_is_named_by_its_absolute_path(
+    server_factory: Callable[..., Server], tmp_path: Path
+) -> None:
+    """`migrations="migrations/"` follows the working directory: the error says which folder it looked in."""
+    app = tmp_path / "app"
+    write(app, "app.py", textwrap.dedent("""\
+        from fastapi import FastAPI
+        from fastapi_lith import Lith
+
+        lith = Lith("app.db", migrations="migrations/")
+        app = FastAPI(lifespan=lith.lifespan)
+        lith.install(app)
+    """))
+    write(app / "migrations", "0001_init.sql", "CREATE TABLE t (id INTEGER PRIMARY KEY);")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    with pytest.raises(ServerError) as refused:
+        server_factory("app:app", cwd=elsewhere, args=["--app-dir", str(app)])
+    looked_in = elsewhere.resolve() / "migrations"
+    assert f"migrations folder {looked_in} does not exist" in str(refused.value)
+    assert 'Path(__file__).parent / "migrations"' in str(refused.value)  # and how to name it instead
 
 
 def test_an_empty_migrations_folder_is_version_0(tmp_path: Path) -> None:

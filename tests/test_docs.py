@@ -8,8 +8,11 @@ quote it line for line.
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import shutil
+import subprocess
+import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +22,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Page, expect
 
-from browser import NON_LOOPBACK_RE, Server, wait_for_datastar
+from browser import DATASTAR_CACHE_DIR, NON_LOOPBACK_RE, Server, wait_for_datastar
 from fastapi_lith import Rejected
 from fastapi_lith.scaffold import render_text
 from fastapi_lith import Command
@@ -93,13 +96,21 @@ def test_without_datastar_the_counter_says_so(browser: Any, counter: Server) -> 
 # -- a local copy of Datastar ------------------------------------------------------------------
 
 
-def test_a_local_copy_of_datastar_works_with_no_network(
+def test_a_local_copy_of_datastar_from_pypi_works_with_no_network(
     browser: Any, datastar_js: Path, server_factory: Callable[..., Server], tmp_path: Path
 ) -> None:
+    """The page's script, run as it stands on this Python, makes the file the app serves."""
     folder = tmp_path / "app"
     shutil.copytree(SRC / "local_datastar", folder, ignore=shutil.ignore_patterns("__pycache__", "static"))
-    (folder / "static").mkdir()
-    shutil.copy(datastar_js, folder / "static" / "datastar.js")  # what `curl -o` fetches
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    cached = sorted(DATASTAR_CACHE_DIR.glob("starhtml-0.7.0-*.whl"))  # the datastar_js fixture's download
+    if cached:  # the same pip resolution, from the wheel already here: PyPI's Requires-Python included
+        env.update(PIP_NO_INDEX="1", PIP_FIND_LINKS=str(DATASTAR_CACHE_DIR))
+    script = subprocess.run(["sh", "-e", "datastar_from_pypi.sh"], cwd=folder, env=env, capture_output=True, text=True)
+    assert script.returncode == 0, script.stdout + script.stderr
+    served = (folder / "static" / "datastar.js").read_bytes()
+    assert served.startswith(b"// Datastar v1.0.1") and b'from "./datastar-core.js"' not in served
+    assert not (folder / ".starhtml").exists()
     server = server_factory("app:app", cwd=folder)
     context = offline(browser)
     page = context.new_page()

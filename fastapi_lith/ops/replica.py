@@ -1,7 +1,7 @@
 """Continuous replication: Litestream as the app's managed child process.
 
 ```python
-lith = Lith("app.db", migrations="migrations/", replica="s3://bucket/app")
+lith = Lith("app.db", migrations=Path(__file__).parent / "migrations", replica="s3://bucket/app")
 ```
 
 In the app's lifespan, in order: `prepare()` finds the binary, checks the credentials and, when

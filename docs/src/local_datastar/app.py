@@ -9,7 +9,7 @@ from fastapi.staticfiles import StaticFiles
 
 from fastapi_lith import Lith
 
-STATIC = Path(__file__).parent / "static"  # holds datastar.js
+STATIC = Path(__file__).parent / "static"  # holds datastar.js (datastar_from_pypi.sh, or curl from the CDN)
 
 lith = Lith("app.db", datastar_url="/static/datastar.js")
 app = FastAPI(lifespan=lith.lifespan)
