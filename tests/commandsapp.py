@@ -7,8 +7,9 @@ import os
 from pathlib import Path
 
 from fastapi import Depends, FastAPI, Header, HTTPException
+from fastapi.responses import HTMLResponse
 
-from fastapi_lith import Command, Lith, Rejected, TabCommand, Tx
+from fastapi_lith import Command, Db, Lith, Rejected, TabCommand, Tx
 
 lith = Lith(os.environ["COMMANDS_DB"], migrations=Path(__file__).parent / "commands_migrations")
 
@@ -37,7 +38,24 @@ def admin(x_admin: str | None = Header(None)) -> None:
         raise HTTPException(401, "admins only")
 
 
+@lith.view("note/{note_id}", topics={"notes"})
+def note(db: Db, note_id: int) -> str:
+    row = db.first("SELECT text FROM note WHERE id = :id", {"id": note_id})
+    return f'<p id="note-{note_id}">{row["text"] if row else "No such note."}</p>'
+
+
 app = FastAPI(lifespan=lith.lifespan)
 lith.install(app)
 lith.command(app, "/notes", AddNote)
 lith.command(app, "/purge", Purge, dependencies=[Depends(admin)])
+
+
+@app.get("/notes/{note_id}", response_class=HTMLResponse)
+async def note_page(note_id: int) -> str:
+    """A page whose path parameter reaches the view unbounded: the render checks its range."""
+    return f"<main>{await lith.render(f'note/{note_id}')}</main>"
+
+
+@app.get("/notes-by-param/{note_id}", response_class=HTMLResponse)
+async def note_page_by_param(note_id: int) -> str:
+    return f"<main>{await lith.render('note/{note_id}', note_id=note_id)}</main>"

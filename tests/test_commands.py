@@ -181,3 +181,17 @@ def test_a_route_takes_other_dependencies_and_a_plain_rejection_is_409(server: o
     assert notes(tmp_path / "c.db") == ["kept"]
     assert httpx.post(url + "/purge", json={"confirm": True}, headers=admin).status_code == 204
     assert notes(tmp_path / "c.db") == []
+
+
+def test_a_page_render_refuses_a_parameter_sqlite_cannot_store_with_400(server: object) -> None:
+    url = server.url  # type: ignore[attr-defined]
+    assert httpx.get(url + "/notes/1").text == '<main><p id="note-1">No such note.</p></main>'
+    for path in ("/notes/", "/notes-by-param/"):
+        for note_id in (2**63, -(2**63) - 1):
+            page = httpx.get(f"{url}{path}{note_id}")
+            assert page.status_code == 400, (path, note_id, page.text)
+            assert "outside SQLite's integers" in page.json()["detail"]
+    # the stream's answer for the same key: the same check, the same words
+    stream = httpx.get(f"{url}/lith/stream?views=note/{2**63}&tab=t1")
+    assert stream.status_code == 400 and "outside SQLite's integers" in stream.text
+    assert "Traceback" not in server.output  # type: ignore[attr-defined]

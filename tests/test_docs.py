@@ -232,6 +232,7 @@ def test_the_boards_routes(server_factory: Callable[..., Server], tmp_path: Path
     assert missing.status_code == 409 and "deleted a moment ago" in missing.text  # an HTML fragment for Datastar
     assert missing.headers["content-type"].startswith("text/html")
     assert httpx.get(server.url + "/boards/1/count.json").json() == {"count": 0}
+    assert httpx.get(server.url + f"/boards/{2**63}/count.json").status_code == 422  # not SQLite's OverflowError
     stats = httpx.get(server.url + "/stats.json").json()
     assert stats["commands"] == 1 and set(stats) >= {"ticks", "renders", "frames", "tick_ms"}
 
