@@ -161,6 +161,29 @@ def send(url: str, **fields: str | int) -> str:
     return f"$op = $op + 1; {_action.post(url, payload=payload, request_cancellation='disabled')}"
 
 
+# A data attribute a CSS selector and `getAttribute` take as is: `data-card-id`.
+_DATA_ATTR = re.compile(r"data-[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
+
+
+def delegate(url: str, attr: str, **fields: str | int) -> dict[str, str]:
+    """One click handler on a list's root that sends a command for the row clicked.
+
+    A click on (or inside) an element of the list carrying `attr`, `data-card-id="3"`, sends
+    `send(url, card_id="3", **fields)`: the attribute's value, a string that pydantic turns into
+    an `int` field's 3, under the field named after it. `fields` are JavaScript, as for `send`,
+    and may read `row`, the element carrying `attr`. A row holds only its data: a `send()` on
+    every row repeats the whole expression, escaped, in each.
+    """
+    if not _DATA_ATTR.fullmatch(attr):
+        raise ValueError(f"attr must be a data attribute such as 'data-card-id', not {attr!r}")
+    name = attr.removeprefix("data-").replace("-", "_")
+    if name in fields:
+        raise ValueError(f"{name!r} is the field {attr!r} fills: leave it out of fields")
+    post = send(url, **{name: f"row.getAttribute('{attr}')", **fields})
+    # `el` is the list's root: a row is looked for inside it only, never in a page around it.
+    return {"data-on:click": f"const row = evt.target.closest('[{attr}]'); if (row && el.contains(row)) {{ {post} }}"}
+
+
 def pending(mine: str | None = None) -> dict[str, str]:
     """Attributes that mark a button busy from its click until its `op` lands (`$op != $done`).
 

@@ -164,6 +164,19 @@ def test_the_page_helpers() -> None:
     assert "$busy == 3" in pending("$busy == 3")["data-class"]
 
 
+def test_delegate_reads_the_rows_attribute_and_refuses_what_is_not_one() -> None:
+    from fastapi_lith import delegate
+
+    click = delegate("/cards/finish", "data-card-id", lane_id="row.dataset.lane")["data-on:click"]
+    assert click.startswith("const row = evt.target.closest('[data-card-id]'); if (row && el.contains(row)) {")
+    assert '"card_id": (row.getAttribute(\'data-card-id\')), "lane_id": (row.dataset.lane)' in click
+    for bad in ("card-id", "data-Card", "data-card]", "data-"):
+        with pytest.raises(ValueError, match="data attribute"):
+            delegate("/x", bad)
+    with pytest.raises(ValueError, match="'card_id' is the field"):
+        delegate("/x", "data-card-id", card_id="1")
+
+
 async def test_touch_later_re_renders_through_the_writer(tmp_path: Path) -> None:
     lith = Lith(tmp_path / "a.db", migrations=MIGRATIONS)
     renders = []
