@@ -8,10 +8,11 @@ Everything an app needs is here; other modules are the library's own, except
 from .account_pool import ACCOUNT_NAME, Account
 from .accounts import Accounts
 from .app import DATASTAR_CDN, Lith
-from .commands import Command, Rejected, TabCommand, TabId, new_tab, pending, send, tab_signals
+from .commands import Command, Rejected, TabCommand, TabId, delegate, new_tab, pending, send, tab_signals
 from .db import Db
 from .exceptions import (
     AccountUnavailable,
+    BadParameter,
     DatabaseError,
     LithError,
     MigrationError,
@@ -32,13 +33,13 @@ __all__ = [
     # the app, its commands and views
     "Lith", "Command", "TabCommand", "TabId", "Rejected", "Tx", "Db", "Writer", "fragment",
     # the page's side of a tab
-    "new_tab", "tab_signals", "send", "pending", "DATASTAR_CDN",
+    "new_tab", "tab_signals", "send", "delegate", "pending", "DATASTAR_CDN",
     # what the hub sends a tab
     "Frame", "Stream",
     # one database per account
     "Accounts", "Account", "ACCOUNT_NAME",
     # errors: every one is a LithError
-    "LithError", "AccountUnavailable", "DatabaseError", "MigrationError", "MissingParameter", "NotOneRow",
-    "NotRunning", "OutcomeLost", "SettingError", "UnknownAccount", "ViewError", "WriterClosed",
+    "LithError", "AccountUnavailable", "BadParameter", "DatabaseError", "MigrationError", "MissingParameter",
+    "NotOneRow", "NotRunning", "OutcomeLost", "SettingError", "UnknownAccount", "ViewError", "WriterClosed",
 ]  # fmt: skip
 __version__ = "0.2.0"

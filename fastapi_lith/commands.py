@@ -8,6 +8,7 @@ pending. `raise Rejected("...")` in `apply` rolls the command back and tells the
 
 from __future__ import annotations
 
+import logging
 import re
 import secrets
 import time
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
 TAB_PATTERN = r"[A-Za-z0-9_-]{1,64}"
 TAB_ID = re.compile(TAB_PATTERN)
 TabId = Annotated[str, Field(pattern=f"^{TAB_PATTERN}$")]
+
+log = logging.getLogger("fastapi_lith")
 
 # What a tab is told when its command failed for a reason `apply` did not give (a bug).
 FAILED = "Something went wrong, so nothing changed. Try again, or reload the page."
@@ -90,7 +93,10 @@ class TabCommand(Command):
     """A command a person makes from a page: `tab` says who, `op` which of their clicks.
 
     Declare only the command's own fields. In `apply`, `self.say("...")` sets the message the
-    tab's outcome view shows once the command commits.
+    tab's outcome view shows once the command commits. Each op starts a fresh outcome: the view
+    shows the newest op's message (none if it did not `say()`) or its error. An `op` of 0, the
+    page's value before its first `send()`, is no click: the command applies, unkeyed, and the
+    tab's outcome is left as it was (`lith.command` answers its `Rejected` with 409 instead).
     """
 
     model_config = ConfigDict(str_strip_whitespace=True)
@@ -104,6 +110,11 @@ class TabCommand(Command):
         self._message = message
 
     def _settled(self, tx: Tx, error: BaseException | None) -> None:
+        if self.op == 0:  # no click to answer: `done` cannot move back to 0, so nothing is recorded
+            if error is None and self._message is not None:
+                log.warning("%s said %r with op 0, so no tab is told: a page's send() numbers its "
+                            "clicks from 1", type(self).__name__, self._message)
+            return
         if error is None:
             ok, message = True, self._message
         else:
@@ -148,6 +159,29 @@ def send(url: str, **fields: str | int) -> str:
         return f"$op = $op + 1; {_action.post(url, request_cancellation='disabled')}"
     payload = {name: _JS(str(value)) for name, value in {"tab": "$tab", "op": "$op", **fields}.items()}
     return f"$op = $op + 1; {_action.post(url, payload=payload, request_cancellation='disabled')}"
+
+
+# A data attribute a CSS selector and `getAttribute` take as is: `data-card-id`.
+_DATA_ATTR = re.compile(r"data-[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
+
+
+def delegate(url: str, attr: str, **fields: str | int) -> dict[str, str]:
+    """One click handler on a list's root that sends a command for the row clicked.
+
+    A click on (or inside) an element of the list carrying `attr`, `data-card-id="3"`, sends
+    `send(url, card_id="3", **fields)`: the attribute's value, a string that pydantic turns into
+    an `int` field's 3, under the field named after it. `fields` are JavaScript, as for `send`,
+    and may read `row`, the element carrying `attr`. A row holds only its data: a `send()` on
+    every row repeats the whole expression, escaped, in each.
+    """
+    if not _DATA_ATTR.fullmatch(attr):
+        raise ValueError(f"attr must be a data attribute such as 'data-card-id', not {attr!r}")
+    name = attr.removeprefix("data-").replace("-", "_")
+    if name in fields:
+        raise ValueError(f"{name!r} is the field {attr!r} fills: leave it out of fields")
+    post = send(url, **{name: f"row.getAttribute('{attr}')", **fields})
+    # `el` is the list's root: a row is looked for inside it only, never in a page around it.
+    return {"data-on:click": f"const row = evt.target.closest('[{attr}]'); if (row && el.contains(row)) {{ {post} }}"}
 
 
 def pending(mine: str | None = None) -> dict[str, str]:

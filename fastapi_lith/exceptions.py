@@ -7,6 +7,8 @@ catches it.
 
 from __future__ import annotations
 
+from starlette.exceptions import HTTPException
+
 
 class LithError(Exception):
     """The base of fastapi-lith's own errors."""
@@ -42,6 +44,20 @@ class NotOneRow(LithError, LookupError):
 
 class ViewError(LithError, ValueError):
     """A view key, a parameter or a view's output is unusable."""
+
+
+class BadParameter(ViewError, HTTPException):
+    """A view's parameter is not of its type or outside SQLite's integers: the request's fault.
+
+    Also an `HTTPException` (400), so a page whose path parameter reaches `lith.render` answers
+    400 with the reason, with no handler in the app, as the stream route does for the same key.
+    """
+
+    def __init__(self, message: str) -> None:
+        HTTPException.__init__(self, 400, message)
+
+    def __str__(self) -> str:
+        return str(self.detail)
 
 
 class OutcomeLost(LithError):

@@ -218,7 +218,7 @@ def command_endpoint(writer: Callable[..., Any], command: type[Command]) -> Call
         try:
             await lith_writer.do(cmd)
         except Rejected as exc:
-            if not isinstance(cmd, TabCommand):
+            if not isinstance(cmd, TabCommand) or not cmd.op:  # op 0: no outcome holds the message
                 raise HTTPException(409, str(exc)) from None
         return Response(status_code=204)
 

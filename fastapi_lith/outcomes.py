@@ -93,21 +93,25 @@ def load_outcome(blob: bytes | None) -> tuple[bool, Any]:
 
 
 def outcome_view(db: Db, tab: str, *, hint: str = "") -> Element:
-    """The built-in `"outcome/{tab}"` view: the tab's last outcome, and `done` set to its op.
+    """The built-in `"outcome/{tab}"` view: the outcome of the tab's newest op, and `done` set to it.
 
-    `ok_op` is set too when it succeeded, so a page can clear or close the form that sent it.
-    `#lith-error` is where a refused request's errors land (see `Lith.install`).
+    A new op starts a fresh outcome. The message belongs to one op and shows only while `done` is
+    that op (`data-show`), so a refused request's error, pushed into `#lith-error` with `done` set
+    to its own op, replaces the message of the op before rather than sitting under it. A command
+    that succeeds without `say()` shows no message. `ok_op` is set when it succeeded, so a page
+    can clear or close the form that sent it.
     """
     last = db.first(LAST_TAB, {"tab": tab})
     if last is None:
         return h.div("#outcome.outcome", {"data-signals:done": "0"}, role="status")[
-            hint and h.p(".message.hint")[hint], h.div("#lith-error")
+            hint and h.p(".message.hint", {"data-show": "$done == 0"})[hint], h.div("#lith-error")
         ]
-    signals = {"data-signals:done": str(last["op"])}
+    op = str(last["op"])
+    signals = {"data-signals:done": op}
     if last["ok"]:
-        signals["data-signals:ok_op"] = str(last["op"])
-    kind = ".ok" if last["ok"] else ".failed"
+        signals["data-signals:ok_op"] = op
+    kind, role = (".ok", None) if last["ok"] else (".failed", "alert")
+    mine = {"data-show": f"$done == {op}"}
     return h.div("#outcome.outcome", signals, role="status")[
-        h.p(f".message{kind}", role=None if last["ok"] else "alert")[last["message"] or ""],
-        h.div("#lith-error"),
+        last["message"] and h.p(f".message{kind}", mine, role=role)[last["message"]], h.div("#lith-error")
     ]

@@ -19,7 +19,7 @@ from markupsafe import Markup, escape
 from pydantic import BaseModel, ValidationError, create_model
 
 from .db import Db, oversized_int
-from .exceptions import ViewError
+from .exceptions import BadParameter, ViewError
 
 
 class HasHtml(Protocol):
@@ -74,17 +74,19 @@ class View:
         self._match = re.compile(regex + r"\Z")
 
     def validate(self, raw: dict[str, Any]) -> dict[str, Any]:
-        """Typed parameters from strings (a URL) or values (Python), or `ViewError` saying why."""
+        """Typed parameters from strings (a URL) or values (Python), or `BadParameter` saying why.
+
+        The one check of a view's parameters, for the stream route and a page's `lith.render`."""
         if self._params is None:
             return {}
         try:
             params = self._params(**raw).model_dump()
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-            raise ViewError(f"view {self.pattern!r}: {problems}") from None
+            raise BadParameter(f"view {self.pattern!r}: {problems}") from None
         for name, value in params.items():
             if oversized_int(value) is not None:  # sqlite3 would raise OverflowError in the render
-                raise ViewError(f"view {self.pattern!r}: {name}: {value} is outside SQLite's integers (-2**63 to 2**63 - 1)")
+                raise BadParameter(f"view {self.pattern!r}: {name}: {value} is outside SQLite's integers (-2**63 to 2**63 - 1)")
         return params
 
     def key(self, params: dict[str, Any]) -> str:

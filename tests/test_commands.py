@@ -13,6 +13,9 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
+from playwright.sync_api import Page, expect
+
+from browser import Server, wait_for_datastar
 from fastapi_lith import Lith, Rejected, TabCommand, Tx, WriterClosed, pending, send, tab_signals
 from fastapi_lith.testing import Tabs
 
@@ -86,6 +89,49 @@ async def test_an_older_op_landing_late_does_not_move_done_back(tmp_path: Path) 
     assert notes(tmp_path / "a.db") == ["new", "old"]
 
 
+class AddQuietly(TabCommand):
+    def apply(self, tx: Tx) -> None:
+        tx.execute("INSERT INTO note (text) VALUES ('quiet')")
+
+
+async def test_a_new_op_starts_a_fresh_outcome(tmp_path: Path) -> None:
+    lith = Lith(tmp_path / "a.db", migrations=MIGRATIONS, outcome_hint="Nothing yet.")
+    async with Tabs(lith) as tabs:
+        alice = await tabs.open("outcome/{tab}")
+        assert '<p class="message hint" data-show="$done == 0">Nothing yet.</p>' in alice.html("outcome/{tab}")
+        await alice.do(AddNote(tab=alice.id, op=1, text="hello"))
+        await tabs.tick()
+        # The message is op 1's: shown while `done` is 1, hidden once an error for op 2 sets it to 2.
+        assert '<p class="message ok" data-show="$done == 1">Noted: hello.</p>' in alice.html("outcome/{tab}")
+        await alice.do(AddQuietly(tab=alice.id, op=2))
+        await tabs.tick()
+        html = alice.html("outcome/{tab}")
+        assert 'data-signals:done="2"' in html and 'data-signals:ok_op="2"' in html
+        assert "Noted" not in html and "<p" not in html  # no message, not the last one nor an empty one
+
+
+async def test_op_0_is_no_click_so_it_leaves_the_outcome_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    lith = Lith(tmp_path / "a.db", migrations=MIGRATIONS)
+    async with Tabs(lith) as tabs:
+        alice, bob = await tabs.open("outcome/{tab}"), await tabs.open("outcome/{tab}")
+        await alice.do(AddNote(tab=alice.id, op=3, text="first"))
+        await tabs.tick()
+        before = alice.html("outcome/{tab}")
+        with caplog.at_level("WARNING", logger="fastapi_lith"):
+            assert await alice.do(AddNote(tab=alice.id, op=0, text="zero")) == 7
+            await bob.do(AddNote(tab=bob.id, text="none"))  # op 0 by default
+        await tabs.tick()
+        assert alice.html("outcome/{tab}") == before  # `done` stays 3, the message op 3's
+        assert 'data-signals:done="0"' in bob.html("outcome/{tab}") and "Noted" not in bob.html("outcome/{tab}")
+        said = [r.getMessage() for r in caplog.records if "op 0" in r.getMessage()]
+        assert len(said) == 2 and "'Noted: zero.'" in said[0] and "AddNote" in said[0]
+    assert notes(tmp_path / "a.db") == ["first", "zero", "none"]  # applied all the same
+    with sqlite3.connect(tmp_path / "a.db") as conn:
+        assert conn.execute("SELECT count(*) FROM lith_tab").fetchone() == (1,)
+
+
 async def test_an_app_may_replace_the_outcome_view(tmp_path: Path) -> None:
     lith = Lith(tmp_path / "a.db", migrations=MIGRATIONS)
 
@@ -116,6 +162,19 @@ def test_the_page_helpers() -> None:
     attrs = pending()
     assert attrs["data-class"] == '{"pending": ($op != $done)}'
     assert "$busy == 3" in pending("$busy == 3")["data-class"]
+
+
+def test_delegate_reads_the_rows_attribute_and_refuses_what_is_not_one() -> None:
+    from fastapi_lith import delegate
+
+    click = delegate("/cards/finish", "data-card-id", lane_id="row.dataset.lane")["data-on:click"]
+    assert click.startswith("const row = evt.target.closest('[data-card-id]'); if (row && el.contains(row)) {")
+    assert '"card_id": (row.getAttribute(\'data-card-id\')), "lane_id": (row.dataset.lane)' in click
+    for bad in ("card-id", "data-Card", "data-card]", "data-"):
+        with pytest.raises(ValueError, match="data attribute"):
+            delegate("/x", bad)
+    with pytest.raises(ValueError, match="'card_id' is the field"):
+        delegate("/x", "data-card-id", card_id="1")
 
 
 async def test_touch_later_re_renders_through_the_writer(tmp_path: Path) -> None:
@@ -181,3 +240,49 @@ def test_a_route_takes_other_dependencies_and_a_plain_rejection_is_409(server: o
     assert notes(tmp_path / "c.db") == ["kept"]
     assert httpx.post(url + "/purge", json={"confirm": True}, headers=admin).status_code == 204
     assert notes(tmp_path / "c.db") == []
+
+
+def test_a_tab_command_rejected_with_op_0_is_409_as_no_outcome_holds_its_message(server: object) -> None:
+    url = server.url  # type: ignore[attr-defined]
+    for body in ({"tab": "t1", "text": "no"}, {"tab": "t1", "op": 0, "text": "no"}):
+        rejected = httpx.post(url + "/notes", json=body, headers=SAME_ORIGIN)
+        assert rejected.status_code == 409 and "Notes cannot say no." in rejected.text
+        assert rejected.text.startswith('<div id="lith-error"')
+    assert httpx.post(url + "/notes", json={"tab": "t1", "op": 1, "text": "no"}, headers=SAME_ORIGIN).status_code == 204
+
+
+def test_a_new_op_starts_a_fresh_outcome_in_the_page(new_page: Callable[..., Page], server: Server) -> None:
+    """What a person sees: each click's outcome replaces the last, an error included."""
+    page = new_page()
+    page.goto(server.url + "/")
+    wait_for_datastar(page)
+    outcome, error = page.locator("#outcome .message"), page.locator("#lith-error")
+    note, add = page.get_by_label("Note"), page.get_by_role("button", name="Add", exact=True)
+    note.fill("hello")
+    add.click()
+    expect(outcome).to_have_text("Noted: hello.")  # through the stream: it is live from here on
+    note.fill("x" * 41)
+    add.click()  # 422, pushed to this tab with `done` set to this op
+    expect(error).to_contain_text("at most 40 characters")
+    expect(page.get_by_text("Noted: hello.")).to_be_hidden()  # not left above the error
+    note.fill("no")
+    add.click()
+    expect(page.get_by_role("alert")).to_have_text("Notes cannot say no.")
+    expect(error).to_be_empty()  # the outcome of the new op replaced the error
+    page.get_by_role("button", name="Add quietly").click()
+    expect(page.get_by_text("Notes cannot say no.")).to_have_count(0)  # said nothing: no message
+    expect(page.locator("[aria-busy=true]")).to_have_count(0)  # nothing left pending
+
+
+def test_a_page_render_refuses_a_parameter_sqlite_cannot_store_with_400(server: object) -> None:
+    url = server.url  # type: ignore[attr-defined]
+    assert httpx.get(url + "/notes/1").text == '<main><p id="note-1">No such note.</p></main>'
+    for path in ("/notes/", "/notes-by-param/"):
+        for note_id in (2**63, -(2**63) - 1):
+            page = httpx.get(f"{url}{path}{note_id}")
+            assert page.status_code == 400, (path, note_id, page.text)
+            assert "outside SQLite's integers" in page.json()["detail"]
+    # the stream's answer for the same key: the same check, the same words
+    stream = httpx.get(f"{url}/lith/stream?views=note/{2**63}&tab=t1")
+    assert stream.status_code == 400 and "outside SQLite's integers" in stream.text
+    assert "Traceback" not in server.output  # type: ignore[attr-defined]

@@ -243,8 +243,48 @@ def test_the_boards_routes(server_factory: Callable[..., Server], tmp_path: Path
     assert missing.status_code == 409 and "deleted a moment ago" in missing.text  # an HTML fragment for Datastar
     assert missing.headers["content-type"].startswith("text/html")
     assert httpx.get(server.url + "/boards/1/count.json").json() == {"count": 0}
+    assert httpx.get(server.url + f"/boards/{2**63}/count.json").status_code == 422  # not SQLite's OverflowError
     stats = httpx.get(server.url + "/stats.json").json()
     assert stats["commands"] == 1 and set(stats) >= {"ticks", "renders", "frames", "tick_ms"}
+
+
+# -- a long list, delegated ---------------------------------------------------------------------
+
+
+def test_a_delegated_list_is_the_size_the_docs_say() -> None:
+    example = load(SRC / "delegate.py", "docs_delegate")
+    rows = [{"id": i, "title": f"Card {i}"} for i in range(1, 2_001)]
+    per_row, delegated = (str(f(rows)).encode() for f in (example.todo_list_sending_per_row, example.todo_list))
+    text = " ".join((DOCS / "views.md").read_text().split())
+    sizes = f"{round(len(per_row) / 1000)} KB of HTML per row `send()`, {round(len(delegated) / 1000)} KB delegated"
+    assert sizes in text
+    assert delegated.count(b"data-on:click") == 1 and per_row.count(b"data-on:click") == 2_000
+
+
+def test_a_click_on_a_row_of_a_delegated_list_sends_its_command(
+    new_page: Callable[..., Page], server_factory: Callable[..., Server], tmp_path: Path
+) -> None:
+    import sqlite3
+
+    server = server_factory("delegate:app", cwd=tmp_path, args=["--app-dir", str(SRC)])
+    with sqlite3.connect(tmp_path / "board.db") as conn:  # migrated by the server's start
+        conn.executemany("INSERT INTO card (board_id, title) VALUES (1, ?)", [("Card 1",), ("Card 2",), ("Card 3",)])
+    page = new_page()
+    page.goto(server.url + "/")
+    wait_for_datastar(page)
+    todo = page.locator("#todo li")
+    expect(todo).to_have_text(["Card 1Done", "Card 2Done", "Card 3Done"])
+    todo.nth(0).click(position={"x": 2, "y": 2})  # the row's text, not its button: nothing is sent
+    todo.nth(1).get_by_role("button", name="Done").click()
+    expect(todo).to_have_text(["Card 1Done", "Card 3Done"])
+    expect(page.locator("#outcome .message")).to_have_text("Done.")
+    with sqlite3.connect(tmp_path / "board.db") as conn:
+        assert conn.execute("SELECT id FROM card WHERE lane = 'done'").fetchall() == [(2,)]
+        assert conn.execute("SELECT op FROM lith_tab").fetchall() == [(1,)]  # the first click sent no op
+    todo.nth(1).get_by_role("button", name="Done").click()  # each row sends its own id
+    expect(todo).to_have_text(["Card 1Done"])
+    no_errors = [m for m in page.console_log if m.startswith(("error", "pageerror"))]
+    assert not no_errors, no_errors
 
 
 # -- encoders, backups, virtual tabs -----------------------------------------------------------

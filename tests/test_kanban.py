@@ -398,6 +398,14 @@ def test_integers_sqlite_cannot_store_are_refused_on_every_route(server: Server,
     assert "Traceback" not in server.output
 
 
+def test_a_board_id_sqlite_cannot_store_is_refused_by_the_page_route(server: Server) -> None:
+    for board_id in (2**63, -(2**63) - 1, 0, -1):  # bounded by the route's type: FastAPI's 422
+        page = httpx.get(f"{server.url}/boards/{board_id}")
+        assert page.status_code == 422 and "board_id" in page.text, (board_id, page.text)
+    assert httpx.get(f"{server.url}/boards/{2**63 - 1}").status_code == 404  # in range: no such board
+    assert "Traceback" not in server.output
+
+
 def test_seeded_board_is_about_156_kb(tmp_path: Path) -> None:
     from examples.kanban.seed import seed
     from examples.kanban.views import board_view, card_item

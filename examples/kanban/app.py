@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Annotated
 from urllib.parse import parse_qsl
 
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException, Path, Request
 from fastapi.responses import HTMLResponse
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -36,6 +37,9 @@ from .live import lith
 from .page import Visit, boards_page, not_found, page
 from .views import first_paint
 
+# A board id from the URL, bounded like the table's ids: 2**63 would overflow SQLite's integers
+# in the app's own query (a 500); out of range is FastAPI's 422 instead.
+BoardId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 DEMO_CARDS = 12  # the board a first start shows, so `make run` has something on it
 BEACON_MAX_BYTES = 1024
 
@@ -96,7 +100,7 @@ async def home(conn: AsyncConnection = Depends(lith.db)) -> HTMLResponse:
 
 
 @app.get("/boards/{board_id}", response_class=HTMLResponse, include_in_schema=False)
-async def board_page(board_id: int, conn: AsyncConnection = Depends(lith.db)) -> HTMLResponse:
+async def board_page(board_id: BoardId, conn: AsyncConnection = Depends(lith.db)) -> HTMLResponse:
     """The board for one tab: first paint from the views, then their live stream."""
     title = await conn.scalar(s.BOARD_TITLE, {"board_id": board_id})
     if title is None:

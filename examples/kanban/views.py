@@ -27,6 +27,7 @@ Attrs = dict[str, str]
 # -- the board ---------------------------------------------------------------------------------
 
 # The board's behaviour, attached once to its root (see board.js): a card's HTML holds data only.
+# A list whose rows each send one command needs no script: `delegate(url, "data-card-id")`.
 _MOVE = send("/cards/move", card_id="a.card", lane_id="a.lane", position="a.position")
 _DELETE = send("/cards/delete", card_id="a.card")
 _DROP = send("/cards/move", card_id="$drag", lane_id="d.lane", position="d.position")

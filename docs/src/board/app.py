@@ -2,10 +2,11 @@
 
 import sqlite3
 from pathlib import Path
+from typing import Annotated
 
 import htpy as h
 import sqlalchemy as sa
-from fastapi import Depends, FastAPI
+from fastapi import Depends, FastAPI, Path as PathParam
 from pydantic import BaseModel
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -98,8 +99,11 @@ async def import_cards(writer: Writer, cards: list[NewCard], chunk: int = 1000) 
 COUNT = sa.select(sa.func.count()).select_from(card).where(card.c.board_id == sa.bindparam("board_id"))
 
 
+BoardId = Annotated[int, PathParam(ge=1, le=2**63 - 1)]  # a URL's id, in SQLite's range: else 422
+
+
 @app.get("/boards/{board_id}/count.json")
-async def count(board_id: int, conn: AsyncConnection = Depends(lith.db)) -> dict[str, int]:
+async def count(board_id: BoardId, conn: AsyncConnection = Depends(lith.db)) -> dict[str, int]:
     return {"count": await conn.scalar(COUNT, {"board_id": board_id})}
 # --8<-- [end:read]
 
