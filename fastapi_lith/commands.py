@@ -8,6 +8,7 @@ pending. `raise Rejected("...")` in `apply` rolls the command back and tells the
 
 from __future__ import annotations
 
+import inspect
 import re
 import secrets
 import time
@@ -63,8 +64,33 @@ class Command(BaseModel):
             )
         return value
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # The writer calls `apply` on its thread and never awaits it: an `async def apply`
+        # would answer 204 and write nothing, so it is refused where it is written.
+        super().__init_subclass__(**kwargs)
+        apply = cls.__dict__.get("apply")
+        if inspect.iscoroutinefunction(apply) or inspect.isasyncgenfunction(apply):
+            raise TypeError(
+                f"{cls.__qualname__}.apply is async def, but the writer runs it on its thread inside a "
+                "transaction and cannot await it: write a plain def apply(self, tx), and do awaited "
+                "work in the route before writer.do"
+            )
+
     def apply(self, tx: Tx) -> Any:
         raise NotImplementedError(f"{type(self).__name__}.apply(tx)")
+
+    def _apply(self, tx: Tx) -> Any:
+        """`apply`, as the writers call it: a result the caller could only await is an error, so
+        the command rolls back instead of committing what it did before (a forgotten `await`)."""
+        result = self.apply(tx)
+        if hasattr(result, "__await__"):
+            if inspect.iscoroutine(result):
+                result.close()  # it never runs: no "was never awaited" warning as the only trace
+            raise TypeError(
+                f"{type(self).__name__}.apply returned {'a coroutine' if inspect.iscoroutine(result) else 'an awaitable'}, "
+                "which the writer cannot await: apply must do its work itself, synchronously"
+            )
+        return result
 
     def idempotency_key(self) -> str | None:
         """The key a repeat of this command is known by, or None: then every send applies.

@@ -365,7 +365,7 @@ class Writer:
                 mark = len(touched)
                 cmd = batch[i]
                 try:
-                    result = cmd.apply(tx)
+                    result = cmd._apply(tx)
                     cmd._settled(tx, None)
                     if key is not None:
                         cur.execute(RECORD_OUTCOME, (key, now, dump_outcome(True, result)))

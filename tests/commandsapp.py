@@ -41,3 +41,18 @@ app = FastAPI(lifespan=lith.lifespan)
 lith.install(app)
 lith.command(app, "/notes", AddNote)
 lith.command(app, "/purge", Purge, dependencies=[Depends(admin)])
+
+
+class Deferred(TabCommand):
+    """A sync `apply` that hands back a coroutine (a helper it forgot to await): refused."""
+
+    text: str
+
+    def apply(self, tx: Tx) -> object:
+        return self.insert(tx)
+
+    async def insert(self, tx: Tx) -> None:
+        tx.execute("INSERT INTO note (text) VALUES (?)", (self.text,))
+
+
+lith.command(app, "/deferred", Deferred)

@@ -336,7 +336,7 @@ class PgWriter(Writer):
             b.marks[i] = len(tx._touched)
         sent = conn.sent
         try:
-            result = cmd.apply(tx)
+            result = cmd._apply(tx)
             cmd._settled(tx, None)
         except Exception as exc:
             if retryable(exc):
