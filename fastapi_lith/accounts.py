@@ -31,7 +31,7 @@ from .guard import BodyLimit, add_error_handlers
 from .origin import same_origin_reason
 from .streams import TAB_ID, Frame
 from .account_pool import Account, AccountPool
-from .views import Render
+from .views import Render, Topics
 from .writer import Writer
 
 
@@ -158,7 +158,7 @@ class Accounts(AccountPool):
             )
         return account
 
-    def view(self, key: str, *, topics: set[str] | frozenset[str] | tuple[str, ...] = ()) -> Callable[[Render], Render]:
+    def view(self, key: str, *, topics: Topics = ()) -> Callable[[Render], Render]:
         """`@accounts.view(...)`: as `@lith.view`, a view every account has, on its own data."""
         return self.views.register(key, topics)
 

@@ -34,7 +34,7 @@ from .ops.litestream import WRITER_CHECKPOINT_PAGES
 from .ops.replica import Replica
 from .origin import same_origin_reason
 from .streams import Frame, stream_response
-from .views import Render, Views
+from .views import Render, Topics, Views
 from .writer import Writer
 
 log = logging.getLogger("fastapi_lith")
@@ -201,7 +201,7 @@ class Lith:
             self._router.add_api_route("/stream", self._stream_endpoint(), methods=["GET"])
         return self._router
 
-    def view(self, key: str, *, topics: set[str] | frozenset[str] | tuple[str, ...] = ()) -> Callable[[Render], Render]:
+    def view(self, key: str, *, topics: Topics = ()) -> Callable[[Render], Render]:
         """Register `fn(db, **params) -> HTML` as the view `key`, rendered when `topics` change.
 
         ```python
@@ -209,10 +209,11 @@ class Lith:
         def board(db: Db, board_id: int) -> Element: ...
         ```
         """
+        register = self.views.register(key, topics)  # its topics checked before anything changes
         builtin = self.views.get(key)
         if builtin is not None and builtin.render == self._outcome_view:
             self.views.drop(key)  # the app's own outcome view replaces the built-in one
-        return self.views.register(key, topics)
+        return register
 
     def _outcome_view(self, db: Db, tab: str) -> h.Element:
         return outcomes.outcome_view(db, tab, hint=self.outcome_hint)
@@ -240,6 +241,7 @@ class Lith:
     def touch_later(self, delay: float, *topics: str) -> None:
         """Mark `topics` changed in `delay` seconds, in every process: a view that depends on the
         time (who is still here) re-renders when that time comes. Dropped at shutdown."""
+        settings.topic_names("touch_later", topics)  # now, not in a task nobody awaits
         async def touch() -> None:
             await asyncio.sleep(delay)
             with suppress(WriterClosed):  # shutting down: the next start renders afresh anyway

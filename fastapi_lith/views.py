@@ -18,6 +18,7 @@ from typing import Any, ParamSpec, Protocol
 from markupsafe import Markup, escape
 from pydantic import BaseModel, ValidationError, create_model
 
+from . import settings
 from .db import Db, oversized_int
 from .exceptions import ViewError
 
@@ -27,6 +28,7 @@ class HasHtml(Protocol):
 
 
 Render = Callable[..., HasHtml | str]
+Topics = set[str] | frozenset[str] | tuple[str, ...] | list[str]
 
 
 _ROOT_ID = re.compile(r"""\A\s*<[a-zA-Z][\w:-]*(?:\s[^>]*?)?\sid=(?:"([^"]+)"|'([^']+)'|([^\s>"']+))""")
@@ -112,11 +114,13 @@ class Views:
     def __init__(self) -> None:
         self._views: dict[str, View] = {}
 
-    def register(self, pattern: str, topics: set[str] | frozenset[str] | tuple[str, ...] = ()) -> Callable[[Render], Render]:
+    def register(self, pattern: str, topics: Topics = ()) -> Callable[[Render], Render]:
+        watched = settings.topics(f"view {pattern!r}: topics", topics)
+
         def decorator(fn: Render) -> Render:
             if pattern in self._views:
                 raise ViewError(f"view {pattern!r} is registered twice")
-            self._views[pattern] = View(pattern, frozenset(topics), fn)
+            self._views[pattern] = View(pattern, watched, fn)
             return fn
 
         return decorator

@@ -63,6 +63,7 @@ class Tx(Db):
 
     def touch(self, *topics: str) -> None:
         """Mark topics changed: views that watch them render in the next tick, if this commits."""
+        settings.topic_names("tx.touch", topics)  # a list here would fail the whole batch's commit
         self._touched.extend(topics)
 
 

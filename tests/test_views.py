@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
+from pathlib import Path
 
 import htpy as h
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fastapi_lith import Db, Lith, ViewError, fragment
+from fastapi_lith import Accounts, Command, Db, Lith, SettingError, Tx, ViewError, fragment
 from fastapi_lith.statements import StatementCache
+from fastapi_lith.testing import Tabs
 from fastapi_lith.views import Views, root_id
 
 
@@ -139,3 +142,56 @@ def test_integer_parameters_sqlite_cannot_store_are_a_view_error() -> None:
     with pytest.raises(ViewError, match="board_id"):
         views.resolve("board/{board_id}", {"board_id": 2**64})
     assert views.resolve("board/9223372036854775807")[1] == {"board_id": 2**63 - 1}
+
+
+# -- topics: a string where a collection is expected is refused, never split into letters ----------
+
+
+def test_topics_given_as_one_string_are_a_setting_error(tmp_path: Path) -> None:
+    lith = Lith(tmp_path / "a.db")
+    accounts = Accounts(tmp_path / "accounts")
+    for register in (lith.view, accounts.view, lambda key, topics: Views().register(key, topics)):
+        with pytest.raises(SettingError, match=r"collection of topics, such as \{'items'\}, not the string 'items'"):
+            register("items", topics="items")
+        with pytest.raises(SettingError, match="a topic is a string, not 3"):
+            register("items", topics={"items", 3})
+        with pytest.raises(SettingError, match="collection of topics"):
+            register("items", topics=3)
+    assert lith.views.get("items") is None  # nothing half-registered: the right call still works
+    lith.view("items", topics=["items"])(lambda db: h.p(id="items"))
+    assert lith.views.get("items").topics == {"items"}  # type: ignore[union-attr]
+    with pytest.raises(SettingError, match=r"a topic is a string, not \['a', 'b'\].*\*topics"):
+        lith.touch_later(1, ["a", "b"])  # type: ignore[arg-type]
+
+
+class TouchAll(Command):
+    topics: list[str]
+    spread: bool
+
+    def apply(self, tx: Tx) -> None:
+        tx.execute("INSERT INTO t (x) VALUES (1)")
+        if self.spread:
+            tx.touch(*self.topics)
+        else:
+            tx.touch(self.topics)  # type: ignore[arg-type]
+
+
+async def test_a_list_passed_as_one_topic_fails_its_command_alone(tmp_path: Path) -> None:
+    lith = Lith(tmp_path / "a.db")
+    async with Tabs(lith) as tabs:
+        await lith.writer.do(Schema())
+        wrong, right = await asyncio.gather(
+            tabs.do(TouchAll(topics=["a", "b"], spread=False)),
+            tabs.do(TouchAll(topics=["a", "b"], spread=True)),
+            return_exceptions=True,
+        )
+        assert isinstance(wrong, SettingError) and "*topics" in str(wrong)
+        assert right is None  # the batch it shared committed
+        assert await tabs.do(TouchAll(topics=["c"], spread=True)) is None  # the writer still serves
+    with sqlite3.connect(tmp_path / "a.db") as conn:
+        assert conn.execute("SELECT count(*) FROM t").fetchone() == (2,)
+
+
+class Schema(Command):
+    def apply(self, tx: Tx) -> None:
+        tx.execute("CREATE TABLE t (x INTEGER)")
