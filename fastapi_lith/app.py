@@ -270,11 +270,14 @@ class Lith:
         """The `data-init` expression that opens a tab's stream of `keys` (`{tab}` is filled in).
 
         `retry: 'always'` reconnects when the stream ends (a deploy) and, with no retry limit,
-        whenever the network comes back.
+        whenever the network comes back. Each key is checked as the stream will check it: one
+        that no view matches is a `ViewError` here, not a stream that answers 400 forever.
         """
         if not TAB_ID.fullmatch(tab):
             raise ViewError(f"bad tab id {tab!r}: 1 to 64 letters, digits, '-' or '_'")
-        views = ",".join(quote(k.format(tab=tab), safe="/{}") for k in keys)
+        keys = tuple(k.format(tab=tab) for k in keys)
+        self.views.for_tab(tab, keys)
+        views = ",".join(quote(k, safe="/{}") for k in keys)
         url = f"{self.prefix}/stream?views={views}&tab={tab}"
         # The stream needs no signals: without the filter every reconnect would carry the
         # page's form drafts in its query string.

@@ -11,7 +11,7 @@ import functools
 import inspect
 import re
 import string
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, Protocol
 
@@ -141,6 +141,22 @@ class Views:
             if match:
                 return view, view.validate(match.groupdict())
         raise ViewError(f"no view matches {key!r}")
+
+    def for_tab(self, tab: str, keys: Iterable[str]) -> list[tuple[str, View, dict[str, Any]]]:
+        """The instances a tab's stream of `keys` watches: key, view and typed parameters.
+
+        `ViewError` for a key no view matches, a bad parameter, or another tab's view (one with
+        a `tab` parameter is private to that tab). The stream route and `lith.connect` share
+        this check, so a page that names a wrong key fails where it is rendered, not in a stream
+        answering 400 while Datastar retries it.
+        """
+        resolved: list[tuple[str, View, dict[str, Any]]] = []
+        for raw in keys:
+            view, params = self.resolve(raw)
+            if "tab" in params and params["tab"] != tab:
+                raise ViewError(f"view {raw!r} belongs to another tab")
+            resolved.append((view.key(params), view, params))
+        return resolved
 
 
 # -- fragments ----------------------------------------------------------------------------

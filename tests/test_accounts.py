@@ -19,7 +19,7 @@ from fastapi.responses import HTMLResponse
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from fastapi_lith import Accounts, AccountUnavailable, Command, Db, SettingError, Stream, Tx, UnknownAccount, Writer
+from fastapi_lith import Accounts, AccountUnavailable, Command, Db, SettingError, Stream, Tx, UnknownAccount, ViewError, Writer
 
 SAME_ORIGIN = {"Sec-Fetch-Site": "same-origin", "Datastar-Request": "true"}
 
@@ -76,6 +76,10 @@ def make_app(folder: Path, migrations: Path, **kwargs: object) -> tuple[Accounts
     async def page() -> str:
         return str(await accounts.render("counter")) + accounts.connect("counter", tab="t1")
 
+    @accounts.router.get("/connect", response_class=HTMLResponse)
+    async def connect(key: str) -> str:
+        return accounts.connect(key, tab="t1")
+
     return accounts, app
 
 
@@ -109,6 +113,14 @@ async def test_an_unknown_account_is_a_404_and_makes_no_file(served: tuple[Accou
     with pytest.raises(UnknownAccount):
         await accounts.get("ghost")
     assert (await client.get("/a/acme/")).status_code == 200
+
+
+async def test_connect_refuses_a_key_no_view_matches(served: tuple[Accounts, httpx.AsyncClient]) -> None:
+    accounts, client = served
+    await accounts.create("acme")
+    assert "/a/acme/lith/stream?views=counter&tab=t1" in (await client.get("/a/acme/connect?key=counter")).text
+    with pytest.raises(ViewError, match="no view matches 'itemz'"):  # the page fails, not its stream
+        await client.get("/a/acme/connect?key=itemz")
 
 
 async def test_two_accounts_with_the_same_view_key_never_see_each_other(served: tuple[Accounts, httpx.AsyncClient]) -> None:

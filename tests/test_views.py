@@ -195,3 +195,22 @@ async def test_a_list_passed_as_one_topic_fails_its_command_alone(tmp_path: Path
 class Schema(Command):
     def apply(self, tx: Tx) -> None:
         tx.execute("CREATE TABLE t (x INTEGER)")
+
+
+# -- connect: a key the stream would refuse is refused where the page is rendered -------------------
+
+
+def test_connect_refuses_a_key_the_stream_would_refuse(tmp_path: Path) -> None:
+    lith = Lith(tmp_path / "a.db")
+
+    @lith.view("board/{board_id}", topics={"board:{board_id}"})
+    def board(db: Db, board_id: int) -> h.Element:
+        return h.p(id="board")
+
+    with pytest.raises(ViewError, match="no view matches 'itemz'"):
+        lith.connect("itemz", tab="t1")
+    with pytest.raises(ViewError, match="board_id"):
+        lith.connect("board/seven", tab="t1")
+    with pytest.raises(ViewError, match="'outcome/t2' belongs to another tab"):
+        lith.connect("outcome/t2", tab="t1")
+    assert "views=board/3,outcome/t1&tab=t1" in lith.connect("board/3", "outcome/{tab}", tab="t1")
