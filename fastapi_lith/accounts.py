@@ -26,6 +26,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from starlette.requests import Request
 from starlette.responses import Response
 
+from . import settings
+from .app import Lith
 from .exceptions import AccountUnavailable, LithError, SettingError, UnknownAccount, ViewError
 from .guard import BodyLimit, add_error_handlers
 from .origin import same_origin_reason
@@ -64,6 +66,7 @@ class Accounts(AccountPool):
     may name the account as `{account}` (one Litestream process per open account).
     """
 
+    @settings.checked(forward=Lith.__init__)  # any other keyword is a Lith setting
     def __init__(
         self,
         folder: str | Path,

@@ -53,6 +53,7 @@ class Lith:
     ```
     """
 
+    @settings.checked()
     def __init__(
         self,
         path: str | Path,

@@ -77,6 +77,7 @@ class Writer:
 
     dialect = DIALECT  # what the statement cache compiles for: another backend names its own
 
+    @settings.checked()
     def __init__(
         self,
         path: str | Path,

@@ -269,7 +269,7 @@ def test_accounts_settings_are_checked_when_built(tmp_path: Path) -> None:
         Accounts(tmp_path, prefix="/teams")
     with pytest.raises(SettingError, match="feed is set per account"):
         Accounts(tmp_path, feed=None)
-    with pytest.raises(TypeError):
+    with pytest.raises(SettingError, match="did you mean 'synchronous'"):
         Accounts(tmp_path, synchronus="FULL")
 
 

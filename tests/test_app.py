@@ -346,6 +346,9 @@ async def test_a_lifespan_without_install_says_what_is_missing(tmp_path: Path) -
         ({"keepalive": -1}, "keepalive must be a number at least 0.001, not -1"),
         ({"backup_keep": 0}, "backup_keep must be an integer at least 1, not 0"),
         ({"migrations": 3}, "migrations must be a path or None, not 3"),
+        ({"tikc": 0.05}, "Lith() has no setting 'tikc': did you mean 'tick'?"),
+        ({"max_bdy": 10}, "Lith() has no setting 'max_bdy': did you mean 'max_body'?"),
+        ({"colour": "red"}, "Lith() has no setting 'colour': its settings are backup_every, "),
     ],
 )
 def test_lith_settings_are_checked_when_built(tmp_path: Path, kwargs: dict[str, Any], message: str) -> None:
@@ -354,6 +357,22 @@ def test_lith_settings_are_checked_when_built(tmp_path: Path, kwargs: dict[str, 
     with pytest.raises(ValueError, match=re.escape(message)) as info:
         Lith(tmp_path / "app.db", **kwargs)
     assert isinstance(info.value, LithError)
+
+
+def test_a_misspelt_setting_of_any_part_names_the_one_meant(tmp_path: Path) -> None:
+    import inspect
+
+    from fastapi_lith import Accounts, Lith, SettingError, Writer
+
+    with pytest.raises(SettingError, match=re.escape("Writer() has no setting 'batchsize': did you mean 'batch_size'?")):
+        Writer(tmp_path / "a.db", batchsize=5)  # type: ignore[call-arg]
+    with pytest.raises(SettingError, match=re.escape("Accounts() has no setting 'max_opn': did you mean 'max_open'?")):
+        Accounts(tmp_path, max_opn=5)
+    with pytest.raises(SettingError, match=re.escape("Accounts() has no setting 'tikc': did you mean 'tick'?")):
+        Accounts(tmp_path, tikc=0.05)
+    # The signatures stay explicit, for IDEs and type checkers.
+    assert "tick" in inspect.signature(Lith).parameters and "batch_size" in inspect.signature(Writer).parameters
+    assert Lith(tmp_path / "b.db", tick=0.5).tick == 0.5 and Accounts(tmp_path, tick=0.5).max_open == 100
 
 
 def test_every_library_error_is_a_lith_error() -> None:

@@ -119,6 +119,7 @@ class PgWriter(Writer):
 
     dialect = DIALECT
 
+    @settings.checked(forward=Writer.__init__)
     def __init__(
         self,
         url: str,
