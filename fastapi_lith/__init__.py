@@ -12,6 +12,7 @@ from .commands import Command, Rejected, TabCommand, TabId, new_tab, pending, se
 from .db import Db
 from .exceptions import (
     AccountUnavailable,
+    AlreadyRunning,
     DatabaseError,
     LithError,
     MigrationError,
@@ -38,7 +39,7 @@ __all__ = [
     # one database per account
     "Accounts", "Account", "ACCOUNT_NAME",
     # errors: every one is a LithError
-    "LithError", "AccountUnavailable", "DatabaseError", "MigrationError", "MissingParameter", "NotOneRow",
+    "LithError", "AccountUnavailable", "AlreadyRunning", "DatabaseError", "MigrationError", "MissingParameter", "NotOneRow",
     "NotRunning", "OutcomeLost", "SettingError", "UnknownAccount", "ViewError", "WriterClosed",
 ]  # fmt: skip
 __version__ = "0.1.0"

@@ -25,7 +25,7 @@ from .commands import TAB_ID, Command, _Touch
 from .db import Db
 from .encoders import Encoder
 from .backends import open_backend
-from .exceptions import LithError, NotRunning, SettingError, ViewError, WriterClosed
+from .exceptions import AlreadyRunning, LithError, NotRunning, SettingError, ViewError, WriterClosed
 from .feed import Feed
 from .guard import BodyLimit, Messages, add_error_handlers, command_endpoint
 from .hub import Hub
@@ -192,6 +192,7 @@ class Lith:
         self._engine: AsyncEngine | None = None
         self._installed: weakref.WeakSet[FastAPI] = weakref.WeakSet()
         self._later: set[asyncio.Task[None]] = set()
+        self._running = False
 
     @property
     def router(self) -> APIRouter:
@@ -336,8 +337,23 @@ class Lith:
     async def lifespan(self, app: FastAPI | None = None, *, ticks: bool = True) -> AsyncIterator[None]:
         """Start the writer (migrating first), the readers and the hub; on exit drain and close.
 
-        `ticks=False` leaves the hub still until `await lith.hub.tick()`, for tests.
+        `ticks=False` leaves the hub still until `await lith.hub.tick()`, for tests. One start
+        at a time: a second, while the first runs, is `AlreadyRunning` and leaves it unharmed.
         """
+        if self._running:  # checked and claimed before any await: two starts at once are caught
+            raise AlreadyRunning(
+                "this Lith is already running (its app is serving, or Tabs(lith) is open): a second "
+                "start would replace its writer and hub, so use the running one or stop it first"
+            )
+        self._running = True
+        try:
+            async with self._serve(app, ticks=ticks):
+                yield
+        finally:
+            self._running = False
+
+    @asynccontextmanager
+    async def _serve(self, app: FastAPI | None, *, ticks: bool) -> AsyncIterator[None]:
         if app is not None and app not in self._installed:
             raise LithError(
                 "lith.install(app) was not called: without it the stream route, the body limit "

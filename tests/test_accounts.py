@@ -19,7 +19,7 @@ from fastapi.responses import HTMLResponse
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from fastapi_lith import Accounts, AccountUnavailable, Command, Db, SettingError, Stream, Tx, UnknownAccount, ViewError, Writer
+from fastapi_lith import Accounts, AccountUnavailable, AlreadyRunning, Command, Db, SettingError, Stream, Tx, UnknownAccount, ViewError, Writer
 
 SAME_ORIGIN = {"Sec-Fetch-Site": "same-origin", "Datastar-Request": "true"}
 
@@ -458,3 +458,12 @@ async def test_max_open_never_closes_an_account_a_page_is_watching(tmp_path: Pat
         acme.lith.hub.close(stream)
         await accounts.get("globex")  # now acme is the least recently used idle one
         assert accounts.open_names() == ["globex"]
+
+
+async def test_accounts_served_twice_is_refused_and_the_first_serves_on(served: tuple[Accounts, httpx.AsyncClient]) -> None:
+    accounts, client = served
+    await accounts.create("acme")
+    with pytest.raises(AlreadyRunning, match="already being served"):
+        async with accounts.lifespan():
+            pass
+    assert (await client.post("/a/acme/add", json={"n": 2})).json() == 2

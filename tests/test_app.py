@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import select
@@ -476,3 +477,49 @@ def test_a_command_route_answers_bad_input_with_html_without_the_datastar_header
         assert '<div id="lith-error"' in response.text and "<strong>card</strong>" in response.text
     finally:
         server.close()
+
+
+# -- one start at a time ----------------------------------------------------------------------------
+
+
+async def test_a_second_start_is_refused_and_the_first_runs_on(tmp_path: Path) -> None:
+    from markupsafe import Markup
+
+    from fastapi_lith import AlreadyRunning, Command, Db, Lith, Tx
+    from fastapi_lith.testing import Tabs
+
+    class Note(Command):
+        def apply(self, tx: Tx) -> None:
+            tx.execute("INSERT INTO note (text) VALUES ('x')")
+            tx.touch("notes")
+
+    lith = Lith(tmp_path / "a.db", migrations=REPO / "tests" / "commands_migrations")
+
+    @lith.view("notes", topics={"notes"})
+    def notes(db: Db) -> Markup:
+        return Markup('<p id="notes">{}</p>').format(db.scalar("SELECT count(*) FROM note"))
+
+    async with Tabs(lith) as tabs:
+        tab = await tabs.open("notes")
+        with pytest.raises(AlreadyRunning, match="already running"):
+            async with Tabs(lith):
+                pass
+        with pytest.raises(AlreadyRunning):
+            async with lith.lifespan():
+                pass
+        await tabs.do(Note())
+        await tabs.tick()
+        assert tab.html("notes") == '<p id="notes">1</p>'
+    async with Tabs(lith) as tabs:  # stopped, it starts again
+        assert (await tabs.open("notes")).html("notes") == '<p id="notes">1</p>'
+
+
+async def test_two_starts_at_once_are_one_start(tmp_path: Path) -> None:
+    from fastapi_lith import AlreadyRunning, Lith
+
+    lith = Lith(tmp_path / "a.db")
+    first, second = lith.lifespan(), lith.lifespan()
+    results = await asyncio.gather(first.__aenter__(), second.__aenter__(), return_exceptions=True)
+    assert results[0] is None and isinstance(results[1], AlreadyRunning)
+    assert await lith.hub.readers.run(lambda db: db.scalar("SELECT 1")) == 1
+    await first.__aexit__(None, None, None)
