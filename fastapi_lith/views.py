@@ -27,11 +27,22 @@ class HasHtml(Protocol):
     def __html__(self) -> str: ...
 
 
-Render = Callable[..., HasHtml | str]
+Render = Callable[..., HasHtml]
 Topics = set[str] | frozenset[str] | tuple[str, ...] | list[str]
 
 
 _ROOT_ID = re.compile(r"""\A\s*<[a-zA-Z][\w:-]*(?:\s[^>]*?)?\sid=(?:"([^"]+)"|'([^']+)'|([^\s>"']+))""")
+
+
+def html_of(out: Any) -> Markup:
+    """The one rule for what becomes HTML, in views and fragments alike: markup (anything with
+    `__html__`: htpy elements, `Markup`) is inserted as it is, and text is escaped.
+
+    A plain `str` is text, whatever it holds: inserted raw, a `<script>` in a card's title would
+    run in every tab. HTML built elsewhere (a Jinja2 template's `render()`) is the app's to
+    vouch for, with `Markup(...)`.
+    """
+    return escape(out)
 
 
 def root_id(html: str) -> str | None:
@@ -98,10 +109,15 @@ class View:
     def html(self, db: Db, params: dict[str, Any]) -> str:
         """Render one instance; its root element must carry an id."""
         out = self.render(db, **params)
-        html = out if isinstance(out, str) else (out.__html__() if hasattr(out, "__html__") else None)
-        if html is None:
+        if not isinstance(out, str) and not hasattr(out, "__html__"):
             raise ViewError(f"view {self.key(params)!r} returned {type(out).__name__}, not HTML")
+        html = html_of(out)
         if root_id(html) is None:
+            if not hasattr(out, "__html__"):
+                raise ViewError(
+                    f"view {self.key(params)!r} returned a str, which is text and is escaped: return "
+                    "htpy elements, or Markup(html) for HTML you trust (a Jinja2 template's render())"
+                )
             raise ViewError(
                 f"view {self.key(params)!r}: its root element has no id, so Datastar cannot patch it"
             )
@@ -174,14 +190,14 @@ def fragment(maxsize: int = 4096) -> Callable[[Callable[P, Any]], Callable[P, Ma
 
     The arguments are the cache key, so pass what the HTML depends on (the row, a version), all
     hashable. The result is `Markup`: htpy inserts it as is, byte for byte what the element
-    would have rendered (a plain `str` result is escaped, as htpy would). Cached HTML lives as
+    would have rendered (a plain `str` result is escaped: see `html_of`). Cached HTML lives as
     long as the process; `maxsize` bounds it.
     """
 
     def decorator(fn: Callable[P, Any]) -> Callable[P, Markup]:
         @functools.lru_cache(maxsize=maxsize)
         def cached(*args: Hashable, **kwargs: Hashable) -> Markup:
-            return escape(fn(*args, **kwargs))  # type: ignore[arg-type]
+            return html_of(fn(*args, **kwargs))
 
         functools.update_wrapper(cached, fn)
         return cached  # type: ignore[return-value]

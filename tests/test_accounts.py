@@ -16,6 +16,7 @@ import httpx
 import pytest
 from fastapi import Depends, FastAPI
 from fastapi.responses import HTMLResponse
+from markupsafe import Markup
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -58,8 +59,8 @@ def make_app(folder: Path, migrations: Path, **kwargs: object) -> tuple[Accounts
     accounts = Accounts(folder, migrations=migrations, same_origin_only=False, **kwargs)
 
     @accounts.view("counter", topics={"counter"})
-    def counter(db: Db) -> str:
-        return f'<p id="counter">{db.scalar("SELECT count FROM counter")}</p>'
+    def counter(db: Db) -> Markup:
+        return Markup('<p id="counter">{}</p>').format(db.scalar("SELECT count FROM counter"))
 
     app = FastAPI(lifespan=accounts.lifespan)
     accounts.install(app)

@@ -7,12 +7,13 @@ import asyncio
 import gc
 import re
 import sqlite3
-from collections.abc import Callable
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
+from markupsafe import Markup
 from pydantic import ValidationError
 
 from fastapi_lith import Command, Lith, Rejected, TabCommand, Tx, WriterClosed, pending, send, tab_signals
@@ -92,8 +93,8 @@ async def test_an_app_may_replace_the_outcome_view(tmp_path: Path) -> None:
     lith = Lith(tmp_path / "a.db", migrations=MIGRATIONS)
 
     @lith.view("outcome/{tab}", topics={"tab:{tab}"})
-    def mine(db: object, tab: str) -> str:
-        return f'<p id="outcome">mine {tab}</p>'
+    def mine(db: object, tab: str) -> Markup:
+        return Markup('<p id="outcome">mine {}</p>').format(tab)
 
     async with Tabs(lith) as tabs:
         alice = await tabs.open("outcome/{tab}")
@@ -125,9 +126,9 @@ async def test_touch_later_re_renders_through_the_writer(tmp_path: Path) -> None
     renders = []
 
     @lith.view("clock", topics={"clock"})
-    def clock(db: object) -> str:
+    def clock(db: object) -> Markup:
         renders.append(1)
-        return f'<p id="clock">{len(renders)}</p>'
+        return Markup('<p id="clock">{}</p>').format(len(renders))
 
     async with Tabs(lith) as tabs:
         tab = await tabs.open("clock")

@@ -9,6 +9,7 @@ from pathlib import Path
 import htpy as h
 import pytest
 from hypothesis import given, settings
+from markupsafe import Markup
 from hypothesis import strategies as st
 
 from fastapi_lith import Accounts, Command, Db, Lith, SettingError, Tx, ViewError, fragment
@@ -214,3 +215,34 @@ def test_connect_refuses_a_key_the_stream_would_refuse(tmp_path: Path) -> None:
     with pytest.raises(ViewError, match="'outcome/t2' belongs to another tab"):
         lith.connect("outcome/t2", tab="t1")
     assert "views=board/3,outcome/t1&tab=t1" in lith.connect("board/3", "outcome/{tab}", tab="t1")
+
+
+# -- one rule for what becomes HTML: text is escaped unless it is markup ----------------------------
+
+
+async def test_a_views_text_is_escaped_unless_it_is_markup(tmp_path: Path) -> None:
+    lith = Lith(tmp_path / "a.db")
+
+    @lith.view("raw")
+    def raw(db: Db) -> str:
+        return '<p id="raw"><script>alert(1)</script></p>'
+
+    @lith.view("safe")
+    def safe(db: Db) -> Markup:
+        return Markup('<p id="safe">{}</p>').format("<script>alert(1)</script>")
+
+    async with Tabs(lith) as tabs:
+        with pytest.raises(ViewError, match=r"view 'raw' returned a str, which is text.*Markup\("):
+            await lith.render("raw")  # the first paint
+        tab = await tabs.open("raw", "safe")  # the stream: the str is never sent as HTML
+        assert [frame.key for frame in tab.received] == ["safe"]
+        assert lith.hub.counters.render_errors == 1
+        assert tab.html("safe") == '<p id="safe">&lt;script&gt;alert(1)&lt;/script&gt;</p>'
+        assert await lith.render("safe") == tab.html("safe")
+
+
+def test_a_fragment_follows_the_same_rule() -> None:
+    text = fragment()(lambda s: s)
+    assert text("<script>") == "&lt;script&gt;" and isinstance(text("x"), Markup)
+    assert text(Markup("<b>bold</b>")) == "<b>bold</b>"
+    assert text(h.b["<i>"]) == "<b>&lt;i&gt;</b>"
