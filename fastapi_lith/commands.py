@@ -79,19 +79,6 @@ class Command(BaseModel):
     def apply(self, tx: Tx) -> Any:
         raise NotImplementedError(f"{type(self).__name__}.apply(tx)")
 
-    def _apply(self, tx: Tx) -> Any:
-        """`apply`, as the writers call it: a result the caller could only await is an error, so
-        the command rolls back instead of committing what it did before (a forgotten `await`)."""
-        result = self.apply(tx)
-        if hasattr(result, "__await__"):
-            if inspect.iscoroutine(result):
-                result.close()  # it never runs: no "was never awaited" warning as the only trace
-            raise TypeError(
-                f"{type(self).__name__}.apply returned {'a coroutine' if inspect.iscoroutine(result) else 'an awaitable'}, "
-                "which the writer cannot await: apply must do its work itself, synchronously"
-            )
-        return result
-
     def idempotency_key(self) -> str | None:
         """The key a repeat of this command is known by, or None: then every send applies.
 
@@ -110,6 +97,22 @@ class Command(BaseModel):
     def _settled(self, tx: Tx, error: BaseException | None) -> None:
         """Called by the writer after `apply`, in the same transaction: inside the savepoint on
         success, after its rollback on an error. Nothing to do for a plain command."""
+
+
+def run_apply(cmd: Command, tx: Tx) -> Any:
+    """`cmd.apply(tx)`, as both writers call it: a result the caller could only await is an
+    error, so the command rolls back instead of committing what it did before a forgotten
+    `await`. A function, not a method: a second attribute lookup on a model costs more."""
+    result = cmd.apply(tx)
+    if result is not None and hasattr(result, "__await__"):
+        what = "a coroutine" if inspect.iscoroutine(result) else "an awaitable"
+        if inspect.iscoroutine(result):
+            result.close()  # it never runs: no "was never awaited" warning as the only trace
+        raise TypeError(
+            f"{type(cmd).__name__}.apply returned {what}, which the writer cannot await: "
+            "apply must do its work itself, synchronously"
+        )
+    return result
 
 
 class TabCommand(Command):

@@ -22,7 +22,7 @@ from fastapi import HTTPException
 from starlette.requests import Request
 
 from . import db, settings
-from .commands import Command
+from .commands import Command, run_apply
 from .db import Db
 from .exceptions import WriterClosed
 from .origin import cross_site_reason
@@ -63,7 +63,9 @@ class Tx(Db):
 
     def touch(self, *topics: str) -> None:
         """Mark topics changed: views that watch them render in the next tick, if this commits."""
-        settings.topic_names("tx.touch", topics)  # a list here would fail the whole batch's commit
+        for topic in topics:
+            if type(topic) is not str:  # a list here would fail the whole batch's commit
+                settings.topic_names("tx.touch", topics)
         self._touched.extend(topics)
 
 
@@ -367,7 +369,7 @@ class Writer:
                 mark = len(touched)
                 cmd = batch[i]
                 try:
-                    result = cmd._apply(tx)
+                    result = run_apply(cmd, tx)
                     cmd._settled(tx, None)
                     if key is not None:
                         cur.execute(RECORD_OUTCOME, (key, now, dump_outcome(True, result)))

@@ -15,6 +15,7 @@ import psycopg
 
 from .. import settings
 from ..outcomes import TAB_KEEP, dump_outcome, load_outcome
+from ..commands import run_apply
 from ..writer import Command, Topics, Writer
 from .pgpipeline import Replay, WriterConnection, WriterCursor, deallocate_owed
 from .postgres import DIALECT, MIGRATION_LOCK, PgTx, connect, describe, find_folder, migrate, rollback
@@ -337,7 +338,7 @@ class PgWriter(Writer):
             b.marks[i] = len(tx._touched)
         sent = conn.sent
         try:
-            result = cmd._apply(tx)
+            result = run_apply(cmd, tx)
             cmd._settled(tx, None)
         except Exception as exc:
             if retryable(exc):
