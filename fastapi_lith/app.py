@@ -272,8 +272,7 @@ class Lith:
         """The `data-init` expression that opens a tab's stream of `keys` (`{tab}` is filled in).
 
         `retry: 'always'` reconnects when the stream ends (a deploy) and, with no retry limit,
-        whenever the network comes back. Each key is checked as the stream will check it: one
-        that no view matches is a `ViewError` here, not a stream that answers 400 forever.
+        whenever the network comes back. A key the stream would refuse is a `ViewError` here.
         """
         if not TAB_ID.fullmatch(tab):
             raise ViewError(f"bad tab id {tab!r}: 1 to 64 letters, digits, '-' or '_'")
@@ -340,11 +339,8 @@ class Lith:
         `ticks=False` leaves the hub still until `await lith.hub.tick()`, for tests. One start
         at a time: a second, while the first runs, is `AlreadyRunning` and leaves it unharmed.
         """
-        if self._running:  # checked and claimed before any await: two starts at once are caught
-            raise AlreadyRunning(
-                "this Lith is already running (its app is serving, or Tabs(lith) is open): a second "
-                "start would replace its writer and hub, so use the running one or stop it first"
-            )
+        if self._running:  # claimed before any await: two starts at once are caught too
+            raise AlreadyRunning("this Lith is already running (a served app, or Tabs(lith)): stop it first")
         self._running = True
         try:
             async with self._serve(app, ticks=ticks):
