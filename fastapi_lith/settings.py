@@ -82,7 +82,7 @@ def checked(*, forward: Callable[..., Any] | None = None) -> Callable[[Callable[
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
             for key in kwargs:
                 if key not in valid:
-                    raise SettingError(unknown(owner, key, valid))
+                    raise SettingError(_unknown(owner, key, valid))
             return init(*args, **kwargs)
 
         return wrapper
@@ -90,7 +90,7 @@ def checked(*, forward: Callable[..., Any] | None = None) -> Callable[[Callable[
     return decorator
 
 
-def unknown(owner: str, key: str, valid: Iterable[str]) -> str:
+def _unknown(owner: str, key: str, valid: Iterable[str]) -> str:
     """The message for a setting `owner` does not have: the closest valid name, if one is close."""
     close = difflib.get_close_matches(key, sorted(valid), n=1, cutoff=0.6)
     hint = f"did you mean {close[0]!r}?" if close else f"its settings are {', '.join(sorted(valid))}"

@@ -364,6 +364,7 @@ def test_a_misspelt_setting_of_any_part_names_the_one_meant(tmp_path: Path) -> N
     import inspect
 
     from fastapi_lith import Accounts, Lith, SettingError, Writer
+    from fastapi_lith.backends.pgwriter import PgWriter
 
     with pytest.raises(SettingError, match=re.escape("Writer() has no setting 'batchsize': did you mean 'batch_size'?")):
         Writer(tmp_path / "a.db", batchsize=5)  # type: ignore[call-arg]
@@ -371,6 +372,8 @@ def test_a_misspelt_setting_of_any_part_names_the_one_meant(tmp_path: Path) -> N
         Accounts(tmp_path, max_opn=5)
     with pytest.raises(SettingError, match=re.escape("Accounts() has no setting 'tikc': did you mean 'tick'?")):
         Accounts(tmp_path, tikc=0.05)
+    with pytest.raises(SettingError, match=re.escape("PgWriter() has no setting 'retrys': did you mean 'retries'?")):
+        PgWriter("postgresql+psycopg://lith@127.0.0.1/lith", retrys=3)  # refused before it connects
     # The signatures stay explicit, for IDEs and type checkers.
     assert "tick" in inspect.signature(Lith).parameters and "batch_size" in inspect.signature(Writer).parameters
     assert Lith(tmp_path / "b.db", tick=0.5).tick == 0.5 and Accounts(tmp_path, tick=0.5).max_open == 100

@@ -14,8 +14,8 @@ from typing import Any
 import psycopg
 
 from .. import settings
-from ..outcomes import TAB_KEEP, dump_outcome, load_outcome
 from ..commands import run_apply
+from ..outcomes import TAB_KEEP, dump_outcome, load_outcome
 from ..writer import Command, Topics, Writer
 from .pgpipeline import Replay, WriterConnection, WriterCursor, deallocate_owed
 from .postgres import DIALECT, MIGRATION_LOCK, PgTx, connect, describe, find_folder, migrate, rollback
