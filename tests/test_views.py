@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 from pathlib import Path
 
@@ -12,7 +11,7 @@ from hypothesis import given, settings
 from markupsafe import Markup
 from hypothesis import strategies as st
 
-from fastapi_lith import Accounts, Command, Db, Lith, SettingError, Tx, ViewError, fragment
+from fastapi_lith import Accounts, Db, Lith, SettingError, ViewError, fragment
 from fastapi_lith.statements import StatementCache
 from fastapi_lith.testing import Tabs
 from fastapi_lith.views import Views, root_id
@@ -163,39 +162,6 @@ def test_topics_given_as_one_string_are_a_setting_error(tmp_path: Path) -> None:
     assert lith.views.get("items").topics == {"items"}  # type: ignore[union-attr]
     with pytest.raises(SettingError, match=r"a topic is a string, not \['a', 'b'\].*\*topics"):
         lith.touch_later(1, ["a", "b"])  # type: ignore[arg-type]
-
-
-class TouchAll(Command):
-    topics: list[str]
-    spread: bool
-
-    def apply(self, tx: Tx) -> None:
-        tx.execute("INSERT INTO t (x) VALUES (1)")
-        if self.spread:
-            tx.touch(*self.topics)
-        else:
-            tx.touch(self.topics)  # type: ignore[arg-type]
-
-
-async def test_a_list_passed_as_one_topic_fails_its_command_alone(tmp_path: Path) -> None:
-    lith = Lith(tmp_path / "a.db")
-    async with Tabs(lith) as tabs:
-        await lith.writer.do(Schema())
-        wrong, right = await asyncio.gather(
-            tabs.do(TouchAll(topics=["a", "b"], spread=False)),
-            tabs.do(TouchAll(topics=["a", "b"], spread=True)),
-            return_exceptions=True,
-        )
-        assert isinstance(wrong, SettingError) and "*topics" in str(wrong)
-        assert right is None  # the batch it shared committed
-        assert await tabs.do(TouchAll(topics=["c"], spread=True)) is None  # the writer still serves
-    with sqlite3.connect(tmp_path / "a.db") as conn:
-        assert conn.execute("SELECT count(*) FROM t").fetchone() == (2,)
-
-
-class Schema(Command):
-    def apply(self, tx: Tx) -> None:
-        tx.execute("CREATE TABLE t (x INTEGER)")
 
 
 # -- connect: a key the stream would refuse is refused where the page is rendered -------------------
