@@ -388,8 +388,8 @@ class Writer:
                 else:
                     cur.execute("RELEASE cmd")
             if lost is None:
-                topics = frozenset(touched)
-                try:
+                try:  # whatever fails here, the transaction must not stay open for the next batch
+                    topics = frozenset(touched)
                     self.feed.publish(conn, topics)  # other processes' hubs read it once committed
                     cur.execute("COMMIT")
                 except BaseException:

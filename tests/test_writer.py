@@ -146,6 +146,17 @@ async def test_a_list_passed_as_one_topic_fails_its_command_alone(writer: Writer
     assert rows(writer.path, "SELECT count FROM counter") == [(2,)]
 
 
+class Unhashable(Command):
+    def apply(self, tx: Tx) -> None:
+        tx._touched.append(["past tx.touch's check"])  # type: ignore[arg-type]
+
+
+async def test_a_batch_that_fails_before_its_commit_leaves_no_transaction_open(writer: Writer) -> None:
+    with pytest.raises(TypeError, match="unhashable"):
+        await writer.do(Unhashable())
+    assert await writer.do(Add()) == 1  # not "cannot start a transaction within a transaction"
+
+
 async def test_results_and_errors_reach_the_right_callers(writer: Writer) -> None:
     async def caller(i: int) -> tuple[int, object]:
         try:
