@@ -35,6 +35,7 @@ import httpx  # noqa: E402
 from fastapi import FastAPI  # noqa: E402
 from fastapi.responses import HTMLResponse  # noqa: E402
 
+from markupsafe import Markup  # noqa: E402
 from conditions import OtherLoad, load_average, percentile, print_conditions  # noqa: E402
 from fastapi_lith import Accounts, Command, Db, Tx  # noqa: E402
 
@@ -91,8 +92,8 @@ def build(root: Path, **kwargs: object) -> tuple[Accounts, FastAPI]:
     accounts = Accounts(root / "accounts", migrations=migrations, same_origin_only=False, **kwargs)
 
     @accounts.view("counter", topics={"counter"})
-    def counter(db: Db) -> str:
-        return f'<p id="counter">{db.scalar("SELECT count FROM counter")}</p>'
+    def counter(db: Db) -> Markup:
+        return Markup('<p id="counter">{}</p>').format(db.scalar("SELECT count FROM counter"))
 
     app = FastAPI(lifespan=accounts.lifespan)
     accounts.install(app)

@@ -47,6 +47,7 @@ ROOT = HERE.parent
 CODE = Path(os.environ.get("LITH_BENCH_CODE") or ROOT)
 sys.path[:0] = [str(CODE), str(HERE), str(ROOT / "tests")]
 
+from markupsafe import Markup  # noqa: E402
 from conditions import load_average, percentile, print_conditions  # noqa: E402
 from fastapi_lith import Command, Db, Frame, Lith, Stream, Tx  # noqa: E402
 
@@ -222,8 +223,8 @@ def counter_app(url: str, folder: str, tick: float) -> Lith:
     lith = Lith(url, migrations=folder, tick=tick)
 
     @lith.view("counter", topics={"counter"})
-    def counter(db: Db) -> str:
-        return f'<p id="counter">{db.scalar("SELECT count FROM counter WHERE id = 1")}</p>'
+    def counter(db: Db) -> Markup:
+        return Markup('<p id="counter">{}</p>').format(db.scalar("SELECT count FROM counter WHERE id = 1"))
 
     return lith
 

@@ -50,6 +50,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(ROOT), str(HERE)]
 
+from markupsafe import Markup  # noqa: E402
 from conditions import load_average, percentile, print_conditions  # noqa: E402
 from fastapi_lith import Command, Db, Frame, Lith, Stream, Tx, Writer  # noqa: E402
 from fastapi_lith.feed import Feed, LocalFeed, SqliteFeed  # noqa: E402
@@ -143,8 +144,8 @@ def counter_app(path: Path, tick: float) -> Lith:
     lith = Lith(path, migrations=path.parent / "migrations", tick=tick)
 
     @lith.view("counter", topics={"counter"})
-    def counter(db: Db) -> str:
-        return f'<p id="counter">{db.scalar("SELECT count FROM counter WHERE id = 1")}</p>'
+    def counter(db: Db) -> Markup:
+        return Markup('<p id="counter">{}</p>').format(db.scalar("SELECT count FROM counter WHERE id = 1"))
 
     return lith
 

@@ -12,6 +12,7 @@ from .commands import Command, Rejected, TabCommand, TabId, delegate, new_tab, p
 from .db import Db
 from .exceptions import (
     AccountUnavailable,
+    AlreadyRunning,
     BadParameter,
     DatabaseError,
     LithError,
@@ -39,7 +40,8 @@ __all__ = [
     # one database per account
     "Accounts", "Account", "ACCOUNT_NAME",
     # errors: every one is a LithError
-    "LithError", "AccountUnavailable", "BadParameter", "DatabaseError", "MigrationError", "MissingParameter",
-    "NotOneRow", "NotRunning", "OutcomeLost", "SettingError", "UnknownAccount", "ViewError", "WriterClosed",
+    "LithError", "AccountUnavailable", "AlreadyRunning", "BadParameter", "DatabaseError", "MigrationError",
+    "MissingParameter", "NotOneRow", "NotRunning", "OutcomeLost", "SettingError", "UnknownAccount", "ViewError",
+    "WriterClosed",
 ]  # fmt: skip
 __version__ = "0.2.0"

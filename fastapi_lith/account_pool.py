@@ -23,7 +23,7 @@ from typing import Any
 
 from . import settings
 from .app import Lith
-from .exceptions import AccountUnavailable, LithError, SettingError, UnknownAccount
+from .exceptions import AccountUnavailable, AlreadyRunning, LithError, SettingError, UnknownAccount
 from .feed import Feed
 from .views import Views
 
@@ -84,6 +84,8 @@ class AccountPool:
     @asynccontextmanager
     async def serve(self) -> AsyncIterator[None]:
         """Open accounts on demand, close idle ones; on exit close every open one (drained)."""
+        if self._running:
+            raise AlreadyRunning("these accounts are already being served: a second start would close them under the first")
         self.folder.mkdir(parents=True, exist_ok=True)
         self._running = True
         self._reaper = asyncio.ensure_future(self._reap())

@@ -26,12 +26,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from starlette.requests import Request
 from starlette.responses import Response
 
+from . import settings
+from .app import Lith
 from .exceptions import AccountUnavailable, LithError, SettingError, UnknownAccount, ViewError
 from .guard import BodyLimit, add_error_handlers
 from .origin import same_origin_reason
 from .streams import TAB_ID, Frame
 from .account_pool import Account, AccountPool
-from .views import Render
+from .views import Render, Topics
 from .writer import Writer
 
 
@@ -64,6 +66,7 @@ class Accounts(AccountPool):
     may name the account as `{account}` (one Litestream process per open account).
     """
 
+    @settings.checked(forward=Lith.__init__)  # any other keyword is a Lith setting
     def __init__(
         self,
         folder: str | Path,
@@ -158,7 +161,7 @@ class Accounts(AccountPool):
             )
         return account
 
-    def view(self, key: str, *, topics: set[str] | frozenset[str] | tuple[str, ...] = ()) -> Callable[[Render], Render]:
+    def view(self, key: str, *, topics: Topics = ()) -> Callable[[Render], Render]:
         """`@accounts.view(...)`: as `@lith.view`, a view every account has, on its own data."""
         return self.views.register(key, topics)
 

@@ -25,7 +25,7 @@ from .commands import TAB_ID, Command, _Touch
 from .db import Db
 from .encoders import Encoder
 from .backends import open_backend
-from .exceptions import LithError, NotRunning, SettingError, ViewError, WriterClosed
+from .exceptions import AlreadyRunning, LithError, NotRunning, SettingError, ViewError, WriterClosed
 from .feed import Feed
 from .guard import BodyLimit, Messages, add_error_handlers, command_endpoint
 from .hub import Hub
@@ -34,7 +34,7 @@ from .ops.litestream import WRITER_CHECKPOINT_PAGES
 from .ops.replica import Replica
 from .origin import same_origin_reason
 from .streams import Frame, stream_response
-from .views import Render, Views
+from .views import Render, Topics, Views
 from .writer import Writer
 
 log = logging.getLogger("fastapi_lith")
@@ -56,6 +56,7 @@ class Lith:
     working directory, so the app would not start from any other folder.
     """
 
+    @settings.checked()
     def __init__(
         self,
         path: str | Path,
@@ -194,6 +195,7 @@ class Lith:
         self._engine: AsyncEngine | None = None
         self._installed: weakref.WeakSet[FastAPI] = weakref.WeakSet()
         self._later: set[asyncio.Task[None]] = set()
+        self._running = False
 
     @property
     def router(self) -> APIRouter:
@@ -204,7 +206,7 @@ class Lith:
             self._router.add_api_route("/stream", self._stream_endpoint(), methods=["GET"])
         return self._router
 
-    def view(self, key: str, *, topics: set[str] | frozenset[str] | tuple[str, ...] = ()) -> Callable[[Render], Render]:
+    def view(self, key: str, *, topics: Topics = ()) -> Callable[[Render], Render]:
         """Register `fn(db, **params) -> HTML` as the view `key`, rendered when `topics` change.
 
         ```python
@@ -212,10 +214,11 @@ class Lith:
         def board(db: Db, board_id: int) -> Element: ...
         ```
         """
+        register = self.views.register(key, topics)  # its topics checked before anything changes
         builtin = self.views.get(key)
         if builtin is not None and builtin.render == self._outcome_view:
             self.views.drop(key)  # the app's own outcome view replaces the built-in one
-        return self.views.register(key, topics)
+        return register
 
     def _outcome_view(self, db: Db, tab: str) -> h.Element:
         return outcomes.outcome_view(db, tab, hint=self.outcome_hint)
@@ -243,6 +246,7 @@ class Lith:
     def touch_later(self, delay: float, *topics: str) -> None:
         """Mark `topics` changed in `delay` seconds, in every process: a view that depends on the
         time (who is still here) re-renders when that time comes. Dropped at shutdown."""
+        settings.topic_names("touch_later", topics)  # now, not in a task nobody awaits
         async def touch() -> None:
             await asyncio.sleep(delay)
             with suppress(WriterClosed):  # shutting down: the next start renders afresh anyway
@@ -271,11 +275,13 @@ class Lith:
         """The `data-init` expression that opens a tab's stream of `keys` (`{tab}` is filled in).
 
         `retry: 'always'` reconnects when the stream ends (a deploy) and, with no retry limit,
-        whenever the network comes back.
+        whenever the network comes back. A key the stream would refuse is a `ViewError` here.
         """
         if not TAB_ID.fullmatch(tab):
             raise ViewError(f"bad tab id {tab!r}: 1 to 64 letters, digits, '-' or '_'")
-        views = ",".join(quote(k.format(tab=tab), safe="/{}") for k in keys)
+        keys = tuple(k.format(tab=tab) for k in keys)
+        self.views.for_tab(tab, keys)
+        views = ",".join(quote(k, safe="/{}") for k in keys)
         url = f"{self.prefix}/stream?views={views}&tab={tab}"
         # The stream needs no signals: without the filter every reconnect would carry the
         # page's form drafts in its query string.
@@ -333,8 +339,20 @@ class Lith:
     async def lifespan(self, app: FastAPI | None = None, *, ticks: bool = True) -> AsyncIterator[None]:
         """Start the writer (migrating first), the readers and the hub; on exit drain and close.
 
-        `ticks=False` leaves the hub still until `await lith.hub.tick()`, for tests.
+        `ticks=False` leaves the hub still until `await lith.hub.tick()`, for tests. One start
+        at a time: a second, while the first runs, is `AlreadyRunning` and leaves it unharmed.
         """
+        if self._running:  # claimed before any await: two starts at once are caught too
+            raise AlreadyRunning("this Lith is already running (a served app, or Tabs(lith)): stop it first")
+        self._running = True
+        try:
+            async with self._serve(app, ticks=ticks):
+                yield
+        finally:
+            self._running = False
+
+    @asynccontextmanager
+    async def _serve(self, app: FastAPI | None, *, ticks: bool) -> AsyncIterator[None]:
         if app is not None and app not in self._installed:
             raise LithError(
                 "lith.install(app) was not called: without it the stream route, the body limit "

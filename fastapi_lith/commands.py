@@ -8,6 +8,7 @@ pending. `raise Rejected("...")` in `apply` rolls the command back and tells the
 
 from __future__ import annotations
 
+import inspect
 import logging
 import re
 import secrets
@@ -66,6 +67,18 @@ class Command(BaseModel):
             )
         return value
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # The writer calls `apply` on its thread and never awaits it: an `async def apply`
+        # would answer 204 and write nothing, so it is refused where it is written.
+        super().__init_subclass__(**kwargs)
+        apply = cls.__dict__.get("apply")
+        if inspect.iscoroutinefunction(apply) or inspect.isasyncgenfunction(apply):
+            raise TypeError(
+                f"{cls.__qualname__}.apply is async def, but the writer runs it on its thread inside a "
+                "transaction and cannot await it: write a plain def apply(self, tx), and do awaited "
+                "work in the route before writer.do"
+            )
+
     def apply(self, tx: Tx) -> Any:
         raise NotImplementedError(f"{type(self).__name__}.apply(tx)")
 
@@ -87,6 +100,22 @@ class Command(BaseModel):
     def _settled(self, tx: Tx, error: BaseException | None) -> None:
         """Called by the writer after `apply`, in the same transaction: inside the savepoint on
         success, after its rollback on an error. Nothing to do for a plain command."""
+
+
+def run_apply(cmd: Command, tx: Tx) -> Any:
+    """`cmd.apply(tx)`, as both writers call it: a result the caller could only await is an
+    error, so the command rolls back instead of committing what it did before a forgotten
+    `await`. A function, not a method: a second attribute lookup on a model costs more."""
+    result = cmd.apply(tx)
+    if result is not None and hasattr(result, "__await__"):
+        what = "a coroutine" if inspect.iscoroutine(result) else "an awaitable"
+        if inspect.iscoroutine(result):
+            result.close()  # it never runs: no "was never awaited" warning as the only trace
+        raise TypeError(
+            f"{type(cmd).__name__}.apply returned {what}, which the writer cannot await: "
+            "apply must do its work itself, synchronously"
+        )
+    return result
 
 
 class TabCommand(Command):

@@ -22,6 +22,14 @@ class NotRunning(LithError, RuntimeError):
     """The app's lifespan has not started (or has ended): no hub, no readers."""
 
 
+class AlreadyRunning(LithError, RuntimeError):
+    """The app's lifespan was started again while it runs: one app, one writer, one hub.
+
+    A second start (`Tabs(lith)` inside a served app, two `lifespan`s) would replace the
+    running writer and hub under their callers; it is refused, and the first runs on.
+    """
+
+
 class WriterClosed(LithError, RuntimeError):
     """The writer is shutting down or was never started: the command was not accepted."""
 

@@ -20,7 +20,7 @@ from typing import Any
 from .db import Db, Readers
 from .feed import Feed, LocalFeed
 from .streams import Frame, Stream
-from .views import View, ViewError, Views
+from .views import View, Views
 
 log = logging.getLogger("fastapi_lith.hub")
 
@@ -192,12 +192,7 @@ class Hub:
         Raises `ViewError` for a bad key or parameter, before subscribing to anything. A view
         with a `tab` parameter is private to that tab.
         """
-        resolved: list[tuple[str, View, dict[str, Any]]] = []
-        for raw in keys:
-            view, params = self.views.resolve(raw)
-            if "tab" in params and params["tab"] != stream.tab:
-                raise ViewError(f"view {raw!r} belongs to another tab")
-            resolved.append((view.key(params), view, params))
+        resolved = self.views.for_tab(stream.tab, keys)
         subscription = Subscription(self, stream, tuple(dict.fromkeys(key for key, _, _ in resolved)))
         stream.watch(subscription)
         self.streams.add(stream)

@@ -11,13 +11,14 @@ import functools
 import inspect
 import re
 import string
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, Protocol
 
 from markupsafe import Markup, escape
 from pydantic import BaseModel, ValidationError, create_model
 
+from . import settings
 from .db import Db, oversized_int
 from .exceptions import BadParameter, ViewError
 
@@ -26,10 +27,22 @@ class HasHtml(Protocol):
     def __html__(self) -> str: ...
 
 
-Render = Callable[..., HasHtml | str]
+Render = Callable[..., HasHtml]
+Topics = set[str] | frozenset[str] | tuple[str, ...] | list[str]
 
 
 _ROOT_ID = re.compile(r"""\A\s*<[a-zA-Z][\w:-]*(?:\s[^>]*?)?\sid=(?:"([^"]+)"|'([^']+)'|([^\s>"']+))""")
+
+
+def html_of(out: Any) -> Markup:
+    """The one rule for what becomes HTML, in views and fragments alike: markup (anything with
+    `__html__`: htpy elements, `Markup`) is inserted as it is, and text is escaped.
+
+    A plain `str` is text, whatever it holds: inserted raw, a `<script>` in a card's title would
+    run in every tab. HTML built elsewhere (a Jinja2 template's `render()`) is the app's to
+    vouch for, with `Markup(...)`.
+    """
+    return escape(out)
 
 
 def root_id(html: str) -> str | None:
@@ -98,10 +111,15 @@ class View:
     def html(self, db: Db, params: dict[str, Any]) -> str:
         """Render one instance; its root element must carry an id."""
         out = self.render(db, **params)
-        html = out if isinstance(out, str) else (out.__html__() if hasattr(out, "__html__") else None)
-        if html is None:
+        if not isinstance(out, str) and not hasattr(out, "__html__"):
             raise ViewError(f"view {self.key(params)!r} returned {type(out).__name__}, not HTML")
+        html = html_of(out)
         if root_id(html) is None:
+            if not hasattr(out, "__html__"):
+                raise ViewError(
+                    f"view {self.key(params)!r} returned a str, which is text and is escaped: return "
+                    "htpy elements, or Markup(html) for HTML you trust (a Jinja2 template's render())"
+                )
             raise ViewError(
                 f"view {self.key(params)!r}: its root element has no id, so Datastar cannot patch it"
             )
@@ -114,11 +132,13 @@ class Views:
     def __init__(self) -> None:
         self._views: dict[str, View] = {}
 
-    def register(self, pattern: str, topics: set[str] | frozenset[str] | tuple[str, ...] = ()) -> Callable[[Render], Render]:
+    def register(self, pattern: str, topics: Topics = ()) -> Callable[[Render], Render]:
+        watched = settings.topics(f"view {pattern!r}: topics", topics)
+
         def decorator(fn: Render) -> Render:
             if pattern in self._views:
                 raise ViewError(f"view {pattern!r} is registered twice")
-            self._views[pattern] = View(pattern, frozenset(topics), fn)
+            self._views[pattern] = View(pattern, watched, fn)
             return fn
 
         return decorator
@@ -140,6 +160,22 @@ class Views:
                 return view, view.validate(match.groupdict())
         raise ViewError(f"no view matches {key!r}")
 
+    def for_tab(self, tab: str, keys: Iterable[str]) -> list[tuple[str, View, dict[str, Any]]]:
+        """The instances a tab's stream of `keys` watches: key, view and typed parameters.
+
+        `ViewError` for a key no view matches, a bad parameter, or another tab's view (one with
+        a `tab` parameter is private to that tab). The stream route and `lith.connect` share
+        this check, so a page that names a wrong key fails where it is rendered, not in a stream
+        answering 400 while Datastar retries it.
+        """
+        resolved: list[tuple[str, View, dict[str, Any]]] = []
+        for raw in keys:
+            view, params = self.resolve(raw)
+            if "tab" in params and params["tab"] != tab:
+                raise ViewError(f"view {raw!r} belongs to another tab")
+            resolved.append((view.key(params), view, params))
+        return resolved
+
 
 # -- fragments ----------------------------------------------------------------------------
 
@@ -156,14 +192,14 @@ def fragment(maxsize: int = 4096) -> Callable[[Callable[P, Any]], Callable[P, Ma
 
     The arguments are the cache key, so pass what the HTML depends on (the row, a version), all
     hashable. The result is `Markup`: htpy inserts it as is, byte for byte what the element
-    would have rendered (a plain `str` result is escaped, as htpy would). Cached HTML lives as
+    would have rendered (a plain `str` result is escaped: see `html_of`). Cached HTML lives as
     long as the process; `maxsize` bounds it.
     """
 
     def decorator(fn: Callable[P, Any]) -> Callable[P, Markup]:
         @functools.lru_cache(maxsize=maxsize)
         def cached(*args: Hashable, **kwargs: Hashable) -> Markup:
-            return escape(fn(*args, **kwargs))  # type: ignore[arg-type]
+            return html_of(fn(*args, **kwargs))
 
         functools.update_wrapper(cached, fn)
         return cached  # type: ignore[return-value]

@@ -22,7 +22,7 @@ from fastapi import HTTPException
 from starlette.requests import Request
 
 from . import db, settings
-from .commands import Command
+from .commands import Command, run_apply
 from .db import Db
 from .exceptions import WriterClosed
 from .origin import cross_site_reason
@@ -63,6 +63,9 @@ class Tx(Db):
 
     def touch(self, *topics: str) -> None:
         """Mark topics changed: views that watch them render in the next tick, if this commits."""
+        for topic in topics:
+            if type(topic) is not str:  # a list here would fail the whole batch's commit
+                settings.topic_names("tx.touch", topics)
         self._touched.extend(topics)
 
 
@@ -76,6 +79,7 @@ class Writer:
 
     dialect = DIALECT  # what the statement cache compiles for: another backend names its own
 
+    @settings.checked()
     def __init__(
         self,
         path: str | Path,
@@ -365,7 +369,7 @@ class Writer:
                 mark = len(touched)
                 cmd = batch[i]
                 try:
-                    result = cmd.apply(tx)
+                    result = run_apply(cmd, tx)
                     cmd._settled(tx, None)
                     if key is not None:
                         cur.execute(RECORD_OUTCOME, (key, now, dump_outcome(True, result)))
@@ -384,8 +388,8 @@ class Writer:
                 else:
                     cur.execute("RELEASE cmd")
             if lost is None:
-                topics = frozenset(touched)
-                try:
+                try:  # whatever fails here, the transaction must not stay open for the next batch
+                    topics = frozenset(touched)
                     self.feed.publish(conn, topics)  # other processes' hubs read it once committed
                     cur.execute("COMMIT")
                 except BaseException:

@@ -81,3 +81,18 @@ async def page() -> str:
         h.button({"data-on:click": send("/notes/quiet")}, pending())["Add quietly"],
         await lith.render("outcome/{tab}", tab=tab),
     ]])
+
+
+class Deferred(TabCommand):
+    """A sync `apply` that hands back a coroutine (a helper it forgot to await): refused."""
+
+    text: str
+
+    def apply(self, tx: Tx) -> object:
+        return self.insert(tx)
+
+    async def insert(self, tx: Tx) -> None:
+        tx.execute("INSERT INTO note (text) VALUES (?)", (self.text,))
+
+
+lith.command(app, "/deferred", Deferred)

@@ -16,10 +16,11 @@ import httpx
 import pytest
 from fastapi import Depends, FastAPI
 from fastapi.responses import HTMLResponse
+from markupsafe import Markup
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from fastapi_lith import Accounts, AccountUnavailable, Command, Db, SettingError, Stream, Tx, UnknownAccount, Writer
+from fastapi_lith import Accounts, AccountUnavailable, AlreadyRunning, Command, Db, SettingError, Stream, Tx, UnknownAccount, ViewError, Writer
 
 SAME_ORIGIN = {"Sec-Fetch-Site": "same-origin", "Datastar-Request": "true"}
 
@@ -58,8 +59,8 @@ def make_app(folder: Path, migrations: Path, **kwargs: object) -> tuple[Accounts
     accounts = Accounts(folder, migrations=migrations, same_origin_only=False, **kwargs)
 
     @accounts.view("counter", topics={"counter"})
-    def counter(db: Db) -> str:
-        return f'<p id="counter">{db.scalar("SELECT count FROM counter")}</p>'
+    def counter(db: Db) -> Markup:
+        return Markup('<p id="counter">{}</p>').format(db.scalar("SELECT count FROM counter"))
 
     app = FastAPI(lifespan=accounts.lifespan)
     accounts.install(app)
@@ -75,6 +76,10 @@ def make_app(folder: Path, migrations: Path, **kwargs: object) -> tuple[Accounts
     @accounts.router.get("/", response_class=HTMLResponse)
     async def page() -> str:
         return str(await accounts.render("counter")) + accounts.connect("counter", tab="t1")
+
+    @accounts.router.get("/connect", response_class=HTMLResponse)
+    async def connect(key: str) -> str:
+        return accounts.connect(key, tab="t1")
 
     return accounts, app
 
@@ -109,6 +114,14 @@ async def test_an_unknown_account_is_a_404_and_makes_no_file(served: tuple[Accou
     with pytest.raises(UnknownAccount):
         await accounts.get("ghost")
     assert (await client.get("/a/acme/")).status_code == 200
+
+
+async def test_connect_refuses_a_key_no_view_matches(served: tuple[Accounts, httpx.AsyncClient]) -> None:
+    accounts, client = served
+    await accounts.create("acme")
+    assert "/a/acme/lith/stream?views=counter&tab=t1" in (await client.get("/a/acme/connect?key=counter")).text
+    with pytest.raises(ViewError, match="no view matches 'itemz'"):  # the page fails, not its stream
+        await client.get("/a/acme/connect?key=itemz")
 
 
 async def test_two_accounts_with_the_same_view_key_never_see_each_other(served: tuple[Accounts, httpx.AsyncClient]) -> None:
@@ -257,7 +270,7 @@ def test_accounts_settings_are_checked_when_built(tmp_path: Path) -> None:
         Accounts(tmp_path, prefix="/teams")
     with pytest.raises(SettingError, match="feed is set per account"):
         Accounts(tmp_path, feed=None)
-    with pytest.raises(TypeError):
+    with pytest.raises(SettingError, match="did you mean 'synchronous'"):
         Accounts(tmp_path, synchronus="FULL")
 
 
@@ -446,3 +459,12 @@ async def test_max_open_never_closes_an_account_a_page_is_watching(tmp_path: Pat
         acme.lith.hub.close(stream)
         await accounts.get("globex")  # now acme is the least recently used idle one
         assert accounts.open_names() == ["globex"]
+
+
+async def test_accounts_served_twice_is_refused_and_the_first_serves_on(served: tuple[Accounts, httpx.AsyncClient]) -> None:
+    accounts, client = served
+    await accounts.create("acme")
+    with pytest.raises(AlreadyRunning, match="already being served"):
+        async with accounts.lifespan():
+            pass
+    assert (await client.post("/a/acme/add", json={"n": 2})).json() == 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import select
@@ -348,6 +349,9 @@ async def test_a_lifespan_without_install_says_what_is_missing(tmp_path: Path) -
         ({"keepalive": -1}, "keepalive must be a number at least 0.001, not -1"),
         ({"backup_keep": 0}, "backup_keep must be an integer at least 1, not 0"),
         ({"migrations": 3}, "migrations must be a path or None, not 3"),
+        ({"tikc": 0.05}, "Lith() has no setting 'tikc': did you mean 'tick'?"),
+        ({"max_bdy": 10}, "Lith() has no setting 'max_bdy': did you mean 'max_body'?"),
+        ({"colour": "red"}, "Lith() has no setting 'colour': its settings are backup_every, "),
     ],
 )
 def test_lith_settings_are_checked_when_built(tmp_path: Path, kwargs: dict[str, Any], message: str) -> None:
@@ -356,6 +360,25 @@ def test_lith_settings_are_checked_when_built(tmp_path: Path, kwargs: dict[str, 
     with pytest.raises(ValueError, match=re.escape(message)) as info:
         Lith(tmp_path / "app.db", **kwargs)
     assert isinstance(info.value, LithError)
+
+
+def test_a_misspelt_setting_of_any_part_names_the_one_meant(tmp_path: Path) -> None:
+    import inspect
+
+    from fastapi_lith import Accounts, Lith, SettingError, Writer
+    from fastapi_lith.backends.pgwriter import PgWriter
+
+    with pytest.raises(SettingError, match=re.escape("Writer() has no setting 'batchsize': did you mean 'batch_size'?")):
+        Writer(tmp_path / "a.db", batchsize=5)  # type: ignore[call-arg]
+    with pytest.raises(SettingError, match=re.escape("Accounts() has no setting 'max_opn': did you mean 'max_open'?")):
+        Accounts(tmp_path, max_opn=5)
+    with pytest.raises(SettingError, match=re.escape("Accounts() has no setting 'tikc': did you mean 'tick'?")):
+        Accounts(tmp_path, tikc=0.05)
+    with pytest.raises(SettingError, match=re.escape("PgWriter() has no setting 'retrys': did you mean 'retries'?")):
+        PgWriter("postgresql+psycopg://lith@127.0.0.1/lith", retrys=3)  # refused before it connects
+    # The signatures stay explicit, for IDEs and type checkers.
+    assert "tick" in inspect.signature(Lith).parameters and "batch_size" in inspect.signature(Writer).parameters
+    assert Lith(tmp_path / "b.db", tick=0.5).tick == 0.5 and Accounts(tmp_path, tick=0.5).max_open == 100
 
 
 def test_every_library_error_is_a_lith_error() -> None:
@@ -459,3 +482,49 @@ def test_a_command_route_answers_bad_input_with_html_without_the_datastar_header
         assert '<div id="lith-error"' in response.text and "<strong>card</strong>" in response.text
     finally:
         server.close()
+
+
+# -- one start at a time ----------------------------------------------------------------------------
+
+
+async def test_a_second_start_is_refused_and_the_first_runs_on(tmp_path: Path) -> None:
+    from markupsafe import Markup
+
+    from fastapi_lith import AlreadyRunning, Command, Db, Lith, Tx
+    from fastapi_lith.testing import Tabs
+
+    class Note(Command):
+        def apply(self, tx: Tx) -> None:
+            tx.execute("INSERT INTO note (text) VALUES ('x')")
+            tx.touch("notes")
+
+    lith = Lith(tmp_path / "a.db", migrations=REPO / "tests" / "commands_migrations")
+
+    @lith.view("notes", topics={"notes"})
+    def notes(db: Db) -> Markup:
+        return Markup('<p id="notes">{}</p>').format(db.scalar("SELECT count(*) FROM note"))
+
+    async with Tabs(lith) as tabs:
+        tab = await tabs.open("notes")
+        with pytest.raises(AlreadyRunning, match="already running"):
+            async with Tabs(lith):
+                pass
+        with pytest.raises(AlreadyRunning):
+            async with lith.lifespan():
+                pass
+        await tabs.do(Note())
+        await tabs.tick()
+        assert tab.html("notes") == '<p id="notes">1</p>'
+    async with Tabs(lith) as tabs:  # stopped, it starts again
+        assert (await tabs.open("notes")).html("notes") == '<p id="notes">1</p>'
+
+
+async def test_two_starts_at_once_are_one_start(tmp_path: Path) -> None:
+    from fastapi_lith import AlreadyRunning, Lith
+
+    lith = Lith(tmp_path / "a.db")
+    first, second = lith.lifespan(), lith.lifespan()
+    results = await asyncio.gather(first.__aenter__(), second.__aenter__(), return_exceptions=True)
+    assert results[0] is None and isinstance(results[1], AlreadyRunning)
+    assert await lith.hub.readers.run(lambda db: db.scalar("SELECT 1")) == 1
+    await first.__aexit__(None, None, None)

@@ -4,19 +4,22 @@ helpers, and command routes made by `lith.command`."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import re
 import sqlite3
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
+from markupsafe import Markup
 from pydantic import ValidationError
 
 from playwright.sync_api import Page, expect
 
 from browser import Server, wait_for_datastar
-from fastapi_lith import Lith, Rejected, TabCommand, Tx, WriterClosed, pending, send, tab_signals
+from fastapi_lith import Command, Lith, Rejected, TabCommand, Tx, WriterClosed, pending, send, tab_signals
 from fastapi_lith.testing import Tabs
 
 HERE = Path(__file__).parent
@@ -136,8 +139,8 @@ async def test_an_app_may_replace_the_outcome_view(tmp_path: Path) -> None:
     lith = Lith(tmp_path / "a.db", migrations=MIGRATIONS)
 
     @lith.view("outcome/{tab}", topics={"tab:{tab}"})
-    def mine(db: object, tab: str) -> str:
-        return f'<p id="outcome">mine {tab}</p>'
+    def mine(db: object, tab: str) -> Markup:
+        return Markup('<p id="outcome">mine {}</p>').format(tab)
 
     async with Tabs(lith) as tabs:
         alice = await tabs.open("outcome/{tab}")
@@ -182,9 +185,9 @@ async def test_touch_later_re_renders_through_the_writer(tmp_path: Path) -> None
     renders = []
 
     @lith.view("clock", topics={"clock"})
-    def clock(db: object) -> str:
+    def clock(db: object) -> Markup:
         renders.append(1)
-        return f'<p id="clock">{len(renders)}</p>'
+        return Markup('<p id="clock">{}</p>').format(len(renders))
 
     async with Tabs(lith) as tabs:
         tab = await tabs.open("clock")
@@ -217,6 +220,12 @@ def test_one_line_routes_answer_204_and_stay_out_of_openapi(server: object, tmp_
     no = httpx.post(url + "/notes", json={"tab": "t1", "op": 2, "text": "no"}, headers=SAME_ORIGIN)
     assert no.status_code == 204
     assert notes(tmp_path / "c.db") == ["hi"]
+    # An apply that returned a coroutine is the app's bug: a 500, not a 204 that wrote nothing.
+    deferred = httpx.post(url + "/deferred", json={"tab": "t2", "op": 1, "text": "lost"}, headers=SAME_ORIGIN)
+    assert deferred.status_code == 500
+    assert notes(tmp_path / "c.db") == ["hi"]
+    with sqlite3.connect(tmp_path / "c.db") as conn:  # and its tab is told it failed
+        assert conn.execute("SELECT ok FROM lith_tab WHERE tab = 't2'").fetchone() == (0,)
     with sqlite3.connect(tmp_path / "c.db") as conn:
         assert conn.execute("SELECT op, ok, message FROM lith_tab WHERE tab = 't1'").fetchone() == (
             2, 0, "Notes cannot say no.")
@@ -286,3 +295,40 @@ def test_a_page_render_refuses_a_parameter_sqlite_cannot_store_with_400(server: 
     stream = httpx.get(f"{url}/lith/stream?views=note/{2**63}&tab=t1")
     assert stream.status_code == 400 and "outside SQLite's integers" in stream.text
     assert "Traceback" not in server.output  # type: ignore[attr-defined]
+
+
+# -- mistakes that must not pass silently ------------------------------------------------------
+
+
+@pytest.mark.parametrize("base", [Command, TabCommand])
+def test_an_async_apply_is_refused_when_the_class_is_defined(base: type[Command]) -> None:
+    with pytest.raises(TypeError, match=r"Later\.apply is async def.*plain def apply"):
+        class Later(base):  # type: ignore[valid-type,misc]
+            async def apply(self, tx: Tx) -> None:
+                tx.execute("INSERT INTO note (text) VALUES ('x')")
+
+
+class Forgot(TabCommand):
+    text: str
+
+    def apply(self, tx: Tx) -> object:
+        tx.execute("INSERT INTO note (text) VALUES (?)", (self.text,))
+        return self.later(tx)  # a coroutine: the writer cannot await it
+
+    async def later(self, tx: Tx) -> None:
+        tx.execute("INSERT INTO note (text) VALUES ('later')")
+
+
+async def test_an_apply_returning_an_awaitable_fails_and_writes_nothing(tmp_path: Path) -> None:
+    lith = Lith(tmp_path / "a.db", migrations=MIGRATIONS)
+    async with Tabs(lith) as tabs:
+        alice = await tabs.open("outcome/{tab}")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the coroutine is closed, never left to warn
+            with pytest.raises(TypeError, match="Forgot.apply returned a coroutine"):
+                await alice.do(Forgot(tab=alice.id, op=1, text="lost"))
+            gc.collect()
+        assert await alice.do(AddNote(tab=alice.id, op=2, text="kept")) == 7
+        await tabs.tick()
+        assert "Noted: kept." in alice.html("outcome/{tab}")
+    assert notes(tmp_path / "a.db") == ["kept"]

@@ -25,7 +25,7 @@ from playwright.sync_api import Page, expect
 from browser import DATASTAR_CACHE_DIR, NON_LOOPBACK_RE, Server, wait_for_datastar
 from fastapi_lith import Rejected
 from fastapi_lith.scaffold import render_text
-from fastapi_lith import Command
+from fastapi_lith import Command, Tx
 from fastapi_lith.testing import Tabs
 
 REPO = Path(__file__).resolve().parent.parent
@@ -232,6 +232,25 @@ async def test_the_boards_views_commands_and_bulk_import(tmp_path: Path, monkeyp
         assert board.lith.writer.commands - before == 3  # one command per chunk of 1,000
         await tabs.tick()
         assert four.html("board/4").count("<li") == 2_500
+
+
+class AddTitle(Command):
+    title: str
+
+    def apply(self, tx: Tx) -> None:
+        tx.execute("INSERT INTO card (board_id, title) VALUES (1, :title)", {"title": self.title})
+        tx.touch("cards")
+
+
+async def test_a_jinja2_view_escapes_the_data_and_marks_its_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    example = load(SRC / "jinja_view.py", "docs_jinja_view")
+    async with Tabs(example.lith) as tabs:
+        tab = await tabs.open("lane/todo")
+        await tabs.do(AddTitle(title="<script>alert(1)</script>"))
+        await tabs.tick()
+        assert tab.html("lane/todo") == '<ul id="lane-todo"><li>&lt;script&gt;alert(1)&lt;/script&gt;</li></ul>'
+        assert await example.lith.render("lane/todo") == tab.html("lane/todo")
 
 
 def test_the_boards_routes(server_factory: Callable[..., Server], tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import psycopg
 import pytest
 import sqlalchemy as sa
+from markupsafe import Markup
 from pydantic import Field
 
 from fastapi_lith import Command, MigrationError, Tx
@@ -225,8 +226,8 @@ async def test_lith_on_postgres_renders_what_commands_wrote(pg_url: str, migrati
     lith = Lith(pg_url, migrations=migrations)
 
     @lith.view("counter", topics={"counter"})
-    def view(db: Db) -> str:
-        return f'<p id="counter">{db.scalar(COUNT)}</p>'
+    def view(db: Db) -> Markup:
+        return Markup('<p id="counter">{}</p>').format(db.scalar(COUNT))
 
     other = Lith(pg_url, migrations=migrations)  # a second app process, in this one
     other.views = lith.views

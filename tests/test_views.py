@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 
 import htpy as h
 import pytest
 from hypothesis import given, settings
+from markupsafe import Markup
 from hypothesis import strategies as st
 
-from fastapi_lith import Db, Lith, ViewError, fragment
+from fastapi_lith import Accounts, Db, Lith, SettingError, ViewError, fragment
 from fastapi_lith.statements import StatementCache
+from fastapi_lith.testing import Tabs
 from fastapi_lith.views import Views, root_id
 
 
@@ -139,3 +142,73 @@ def test_integer_parameters_sqlite_cannot_store_are_a_view_error() -> None:
     with pytest.raises(ViewError, match="board_id"):
         views.resolve("board/{board_id}", {"board_id": 2**64})
     assert views.resolve("board/9223372036854775807")[1] == {"board_id": 2**63 - 1}
+
+
+# -- topics: a string where a collection is expected is refused, never split into letters ----------
+
+
+def test_topics_given_as_one_string_are_a_setting_error(tmp_path: Path) -> None:
+    lith = Lith(tmp_path / "a.db")
+    accounts = Accounts(tmp_path / "accounts")
+    for register in (lith.view, accounts.view, lambda key, topics: Views().register(key, topics)):
+        with pytest.raises(SettingError, match=r"collection of topics, such as \{'items'\}, not the string 'items'"):
+            register("items", topics="items")
+        with pytest.raises(SettingError, match="a topic is a string, not 3"):
+            register("items", topics={"items", 3})
+        with pytest.raises(SettingError, match="collection of topics"):
+            register("items", topics=3)
+    assert lith.views.get("items") is None  # nothing half-registered: the right call still works
+    lith.view("items", topics=["items"])(lambda db: h.p(id="items"))
+    assert lith.views.get("items").topics == {"items"}  # type: ignore[union-attr]
+    with pytest.raises(SettingError, match=r"a topic is a string, not \['a', 'b'\].*\*topics"):
+        lith.touch_later(1, ["a", "b"])  # type: ignore[arg-type]
+
+
+# -- connect: a key the stream would refuse is refused where the page is rendered -------------------
+
+
+def test_connect_refuses_a_key_the_stream_would_refuse(tmp_path: Path) -> None:
+    lith = Lith(tmp_path / "a.db")
+
+    @lith.view("board/{board_id}", topics={"board:{board_id}"})
+    def board(db: Db, board_id: int) -> h.Element:
+        return h.p(id="board")
+
+    with pytest.raises(ViewError, match="no view matches 'itemz'"):
+        lith.connect("itemz", tab="t1")
+    with pytest.raises(ViewError, match="board_id"):
+        lith.connect("board/seven", tab="t1")
+    with pytest.raises(ViewError, match="'outcome/t2' belongs to another tab"):
+        lith.connect("outcome/t2", tab="t1")
+    assert "views=board/3,outcome/t1&tab=t1" in lith.connect("board/3", "outcome/{tab}", tab="t1")
+
+
+# -- one rule for what becomes HTML: text is escaped unless it is markup ----------------------------
+
+
+async def test_a_views_text_is_escaped_unless_it_is_markup(tmp_path: Path) -> None:
+    lith = Lith(tmp_path / "a.db")
+
+    @lith.view("raw")
+    def raw(db: Db) -> str:
+        return '<p id="raw"><script>alert(1)</script></p>'
+
+    @lith.view("safe")
+    def safe(db: Db) -> Markup:
+        return Markup('<p id="safe">{}</p>').format("<script>alert(1)</script>")
+
+    async with Tabs(lith) as tabs:
+        with pytest.raises(ViewError, match=r"view 'raw' returned a str, which is text.*Markup\("):
+            await lith.render("raw")  # the first paint
+        tab = await tabs.open("raw", "safe")  # the stream: the str is never sent as HTML
+        assert [frame.key for frame in tab.received] == ["safe"]
+        assert lith.hub.counters.render_errors == 1
+        assert tab.html("safe") == '<p id="safe">&lt;script&gt;alert(1)&lt;/script&gt;</p>'
+        assert await lith.render("safe") == tab.html("safe")
+
+
+def test_a_fragment_follows_the_same_rule() -> None:
+    text = fragment()(lambda s: s)
+    assert text("<script>") == "&lt;script&gt;" and isinstance(text("x"), Markup)
+    assert text(Markup("<b>bold</b>")) == "<b>bold</b>"
+    assert text(h.b["<i>"]) == "<b>&lt;i&gt;</b>"

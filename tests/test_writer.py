@@ -17,7 +17,7 @@ import pytest
 import sqlalchemy as sa
 from pydantic import Field
 
-from fastapi_lith import Command, Tx, Writer, WriterClosed
+from fastapi_lith import Command, SettingError, Tx, Writer, WriterClosed
 
 metadata = sa.MetaData()
 log_table = sa.Table(
@@ -117,6 +117,44 @@ async def test_touched_topics_reach_subscribers_only_when_committed(writer: Writ
     unsubscribe()
     await writer.do(Add())
     assert len(seen) == 2
+
+
+class TouchAll(Command):
+    topics: list[str]
+    spread: bool
+
+    def apply(self, tx: Tx) -> int:
+        if self.spread:
+            tx.touch(*self.topics)
+        else:
+            tx.touch(self.topics)  # type: ignore[arg-type]
+        return tx.execute(ADD, {"n": 1}).rowcount
+
+
+async def test_a_list_passed_as_one_topic_fails_its_command_alone(writer: Writer) -> None:
+    seen: list[frozenset[str]] = []
+    writer.subscribe(seen.append)
+    wrong, right = await asyncio.gather(
+        writer.do(TouchAll(topics=["a", "b"], spread=False)),
+        writer.do(TouchAll(topics=["a", "b"], spread=True)),
+        return_exceptions=True,
+    )
+    assert isinstance(wrong, SettingError)
+    assert str(wrong) == "tx.touch: a topic is a string, not ['a', 'b'] (unpack a collection: *topics)"
+    assert right == 1 and seen == [frozenset({"a", "b"})]  # the batch it shared committed
+    assert await writer.do(TouchAll(topics=["c"], spread=True)) == 1  # the writer still serves
+    assert rows(writer.path, "SELECT count FROM counter") == [(2,)]
+
+
+class Unhashable(Command):
+    def apply(self, tx: Tx) -> None:
+        tx._touched.append(["past tx.touch's check"])  # type: ignore[arg-type]
+
+
+async def test_a_batch_that_fails_before_its_commit_leaves_no_transaction_open(writer: Writer) -> None:
+    with pytest.raises(TypeError, match="unhashable"):
+        await writer.do(Unhashable())
+    assert await writer.do(Add()) == 1  # not "cannot start a transaction within a transaction"
 
 
 async def test_results_and_errors_reach_the_right_callers(writer: Writer) -> None:

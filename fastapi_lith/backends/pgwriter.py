@@ -14,6 +14,7 @@ from typing import Any
 import psycopg
 
 from .. import settings
+from ..commands import run_apply
 from ..outcomes import TAB_KEEP, dump_outcome, load_outcome
 from ..writer import Command, Topics, Writer
 from .pgpipeline import Replay, WriterConnection, WriterCursor, deallocate_owed
@@ -119,6 +120,7 @@ class PgWriter(Writer):
 
     dialect = DIALECT
 
+    @settings.checked(forward=Writer.__init__)
     def __init__(
         self,
         url: str,
@@ -336,7 +338,7 @@ class PgWriter(Writer):
             b.marks[i] = len(tx._touched)
         sent = conn.sent
         try:
-            result = cmd.apply(tx)
+            result = run_apply(cmd, tx)
             cmd._settled(tx, None)
         except Exception as exc:
             if retryable(exc):

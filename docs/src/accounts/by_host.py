@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import htpy as h
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse
 
@@ -28,8 +29,8 @@ accounts = Accounts(
 
 
 @accounts.view("counter", topics={"counter"})
-def counter(db: Db) -> str:
-    return f'<p id="counter">{db.scalar("SELECT count FROM counter")}</p>'
+def counter(db: Db) -> h.Element:
+    return h.p("#counter")[db.scalar("SELECT count FROM counter")]
 
 
 app = FastAPI(lifespan=accounts.lifespan)
