@@ -48,9 +48,9 @@ def admin(x_admin: str | None = Header(None)) -> None:
 
 
 @lith.view("note/{note_id}", topics={"notes"})
-def note(db: Db, note_id: int) -> str:
+def note(db: Db, note_id: int) -> h.Element:
     row = db.first("SELECT text FROM note WHERE id = :id", {"id": note_id})
-    return f'<p id="note-{note_id}">{row["text"] if row else "No such note."}</p>'
+    return h.p(id=f"note-{note_id}")[row["text"] if row else "No such note."]
 
 
 app = FastAPI(lifespan=lith.lifespan)
