@@ -24,6 +24,7 @@ from .exceptions import (
     ViewError,
     WriterClosed,
 )
+from .guard import MaxBody
 from .streams import Frame, Stream
 from .views import fragment
 from .writer import Tx, Writer
@@ -31,6 +32,7 @@ from .writer import Tx, Writer
 __all__ = [
     # the app, its commands and views
     "Lith", "Command", "TabCommand", "TabId", "Rejected", "Tx", "Db", "Writer", "fragment",
+    "MaxBody",
     # the page's side of a tab
     "new_tab", "tab_signals", "send", "pending", "DATASTAR_CDN",
     # what the hub sends a tab

@@ -27,7 +27,7 @@ from .encoders import Encoder
 from .backends import open_backend
 from .exceptions import LithError, NotRunning, SettingError, ViewError, WriterClosed
 from .feed import Feed
-from .guard import BodyLimit, Messages, add_error_handlers, command_endpoint
+from .guard import BodyLimit, MaxBody, Messages, add_error_handlers, command_endpoint
 from .hub import Hub
 from .ops import Backups
 from .ops.litestream import WRITER_CHECKPOINT_PAGES
@@ -218,23 +218,27 @@ class Lith:
         return outcomes.outcome_view(db, tab, hint=self.outcome_hint)
 
     def command(
-        self, app: FastAPI | APIRouter, path: str, command: type[Command], *, dependencies: Sequence[Any] = ()
+        self, app: FastAPI | APIRouter, path: str, command: type[Command], *,
+        dependencies: Sequence[Any] = (), max_body: int | None = None,
     ) -> None:
         """`POST path`: the body validated as `command`, applied by the writer, answered 204.
 
         ```python
         lith.command(app, "/cards/move", MoveCard)
         lith.command(router, "/admin/purge", Purge, dependencies=[Depends(admin)])
+        lith.command(app, "/notes/import", ImportNotes, max_body=2 * 2**20)
         ```
 
         A normal FastAPI route, out of OpenAPI, guarded like any route taking
-        `Depends(lith.writer)`. A `Rejected` tab command answers 204 (its tab's outcome view
-        says why); another command's `Rejected` answers 409 with the message.
+        `Depends(lith.writer)`; `max_body` is its own body limit (`MaxBody`) in place of the
+        app's. A `Rejected` tab command answers 204 (its tab's outcome view says why); another
+        command's `Rejected` answers 409 with the message.
         """
         endpoint = command_endpoint(self.writer, command)
+        extra = [Depends(MaxBody(max_body))] if max_body is not None else []
         app.add_api_route(
             path, endpoint, methods=["POST"], status_code=204, include_in_schema=False,
-            response_model=None, dependencies=list(dependencies) or None,
+            response_model=None, dependencies=[*dependencies, *extra] or None,
         )
 
     def touch_later(self, delay: float, *topics: str) -> None:
