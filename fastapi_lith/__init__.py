@@ -24,6 +24,7 @@ from .exceptions import (
     ViewError,
     WriterClosed,
 )
+from .forms import form_fields, send_form
 from .guard import MaxBody
 from .streams import Frame, Stream
 from .views import fragment
@@ -35,6 +36,8 @@ __all__ = [
     "MaxBody",
     # the page's side of a tab
     "new_tab", "tab_signals", "send", "pending", "DATASTAR_CDN",
+    # a form or an upload: its tab and op as fields
+    "form_fields", "send_form",
     # what the hub sends a tab
     "Frame", "Stream",
     # one database per account

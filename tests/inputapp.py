@@ -11,7 +11,7 @@ from fastapi import Depends, FastAPI, File, Form, UploadFile
 from fastapi.responses import HTMLResponse
 from pydantic import Field
 
-from fastapi_lith import Command, Db, Lith, MaxBody, Rejected, TabCommand, Tx, Writer, new_tab, pending, tab_signals
+from fastapi_lith import Command, Db, Lith, MaxBody, Rejected, TabCommand, Tx, Writer, form_fields, new_tab, pending, send_form, tab_signals
 
 lith = Lith(os.environ["INPUT_DB"], migrations=Path(__file__).parent / "input_migrations", max_body=4096)
 UPLOAD_LIMIT = 64 * 1024  # this route's own limit, above the app's 4 KiB
@@ -97,10 +97,8 @@ async def page() -> str:
     tab = new_tab()
     return str(h.html[h.body(tab_signals(tab), data_init=lith.connect("uploads", "outcome/{tab}", tab=tab))[
         lith.datastar(),
-        h.form({"data-on:submit": "$op = $op + 1; @post('/upload', {contentType: 'form', requestCancellation: 'disabled'})"},
-               enctype="multipart/form-data")[
-            h.input(type="hidden", name="tab", value=tab),
-            h.input({"data-attr:value": "$op"}, type="hidden", name="op"),
+        h.form({"data-on:submit": send_form("/upload")}, enctype="multipart/form-data")[
+            form_fields(tab),
             h.input(name="title", aria_label="title"),
             h.input(type="file", name="file", aria_label="file"),
             h.button(pending())["Upload"],

@@ -10,6 +10,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 from pathlib import Path
 
 import httpx
@@ -205,3 +206,37 @@ def test_a_declared_length_over_the_limit_is_refused_before_the_body(served: tup
     with httpx.Client() as client:
         response = client.post(f"{server.url}/big-notes", content=json.dumps({"tab": "t"}).ljust(100_000).encode(), headers=headers)
     assert response.status_code == 413 and "at most 65536 bytes" in response.text
+
+
+def test_an_upload_form_in_a_page_shows_each_refusal_and_stops_pending(
+    new_page: Any, server_factory: Any, tmp_path: Path
+) -> None:
+    """Datastar posts the form as multipart (`contentType: 'form'`, the form's enctype); the tab
+    and op travel as hidden fields, so a refusal reaches this page, not just the response."""
+    from playwright.sync_api import expect
+
+    from browser import wait_for_datastar
+
+    server = server_factory("inputapp:app", cwd=REPO, env={"INPUT_DB": str(tmp_path / "input.db"), "PYTHONPATH": str(REPO / "tests")})
+    page = new_page()
+    page.goto(server.url + "/")
+    wait_for_datastar(page)
+    button = page.get_by_role("button", name="Upload")
+    error = page.locator("#lith-error")
+
+    def send(title: str, size: int) -> None:
+        page.get_by_label("title").fill(title)
+        page.get_by_label("file").set_input_files({"name": "photo.jpg", "mimeType": "image/jpeg", "buffer": b"\xff" * size})
+        button.click()
+
+    send("cat", 20_000)
+    expect(page.locator("#uploads")).to_have_text("cat: 20000")
+    expect(page.locator("#outcome .message")).to_have_text("Saved cat (20000 bytes).")
+    expect(button).not_to_have_class(re.compile("pending"))
+    send("a title far too long for it", 10)
+    expect(error).to_contain_text("title: String should have at most 20 characters")
+    expect(button).not_to_have_class(re.compile("pending"))
+    send("dog", 200_000)
+    expect(error).to_contain_text("The request is too large: at most 65536 bytes.")
+    expect(button).not_to_have_class(re.compile("pending"))
+    assert rows(tmp_path / "input.db") == (0, 1)
