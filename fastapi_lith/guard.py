@@ -109,7 +109,7 @@ class BodyLimit:
                     state["lith_body"] = chunks
                     headers = Headers(scope=scope)
                     length = headers.get("content-length")
-                    if length is not None and length.isdigit() and int(length) > limit:
+                    if length is not None and length.isascii() and length.isdigit() and int(length) > limit:
                         if headers.get("datastar-request") != "true":  # no tab to tell
                             raise BodyTooLarge(limit, b"")
                         declared_over = True  # read the start, to find its tab
@@ -259,7 +259,7 @@ def acting_tab(body: Any, content_type: str | None = None) -> tuple[str | None, 
         op = int(op)  # a form field
     return (
         tab if isinstance(tab, str) and TAB_ID.fullmatch(tab) else None,
-        op if type(op) is int else None,
+        op if type(op) is int and 0 <= op < 2**63 else None,  # an op a TabCommand could carry
     )
 
 

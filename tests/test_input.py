@@ -240,3 +240,12 @@ def test_an_upload_form_in_a_page_shows_each_refusal_and_stops_pending(
     expect(error).to_contain_text("The request is too large: at most 65536 bytes.")
     expect(button).not_to_have_class(re.compile("pending"))
     assert rows(tmp_path / "input.db") == (0, 1)
+
+
+def test_a_routes_own_limit_is_checked_where_it_is_written() -> None:
+    from fastapi_lith import MaxBody, SettingError
+
+    assert MaxBody(1).limit == 1
+    for bad in (0, -1, 1.5, "64k", True):
+        with pytest.raises(SettingError, match="max_body must be an integer"):
+            MaxBody(bad)  # type: ignore[arg-type]

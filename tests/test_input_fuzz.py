@@ -354,3 +354,15 @@ def test_the_server_still_serves_after_the_fuzz(counter: tuple[Server, Path]) ->
 def test_the_form_server_still_serves_after_the_fuzz(forms: tuple[Server, Path]) -> None:
     server, _ = forms
     assert "Traceback" not in server.output and "Exception in ASGI" not in server.output, server.output[-3000:]
+
+
+@FUZZ
+@given(body=st.one_of(bodies, st.text(max_size=200), st.dictionaries(st.text(max_size=5), json_values, max_size=4)),
+       content_type=st.one_of(st.none(), content_types.map(lambda b: b.decode("latin-1") if b else None)))
+def test_the_acting_tab_of_any_body(body: Any, content_type: str | None) -> None:
+    """What the error handlers read a refusal's tab and op from: any bytes, any content type."""
+    from fastapi_lith.guard import acting_tab
+
+    tab, op = acting_tab(body, content_type)
+    assert tab is None or re.fullmatch(r"[A-Za-z0-9_-]{1,64}", tab)
+    assert op is None or (type(op) is int and 0 <= op < 2**63)
