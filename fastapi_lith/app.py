@@ -27,7 +27,7 @@ from .encoders import Encoder
 from .backends import open_backend
 from .exceptions import LithError, NotRunning, SettingError, ViewError, WriterClosed
 from .feed import Feed
-from .guard import BodyLimit, MaxBody, Messages, add_error_handlers, command_endpoint
+from .guard import BodyLimit, Messages, add_error_handlers, command_endpoint
 from .hub import Hub
 from .ops import Backups
 from .ops.litestream import WRITER_CHECKPOINT_PAGES
@@ -226,19 +226,16 @@ class Lith:
         ```python
         lith.command(app, "/cards/move", MoveCard)
         lith.command(router, "/admin/purge", Purge, dependencies=[Depends(admin)])
-        lith.command(app, "/notes/import", ImportNotes, max_body=2 * 2**20)
         ```
 
-        A normal FastAPI route, out of OpenAPI, guarded like any route taking
-        `Depends(lith.writer)`; `max_body` is its own body limit (`MaxBody`) in place of the
-        app's. A `Rejected` tab command answers 204 (its tab's outcome view says why); another
-        command's `Rejected` answers 409 with the message.
+        A normal FastAPI route, out of OpenAPI, guarded like any taking `Depends(lith.writer)`,
+        with `max_body` as its own body limit (`MaxBody`) if given. A `Rejected` tab command
+        answers 204 (its outcome view says why); another command's `Rejected`, 409 and why.
         """
-        endpoint = command_endpoint(self.writer, command)
-        extra = [Depends(MaxBody(max_body))] if max_body is not None else []
+        endpoint = command_endpoint(self.writer, command, max_body)
         app.add_api_route(
             path, endpoint, methods=["POST"], status_code=204, include_in_schema=False,
-            response_model=None, dependencies=[*dependencies, *extra] or None,
+            response_model=None, dependencies=list(dependencies) or None,
         )
 
     def touch_later(self, delay: float, *topics: str) -> None:

@@ -292,25 +292,29 @@ def http_error_fragment(exc: HTTPException, element_id: str) -> str:
     return str(h.div(id=element_id, role="alert", class_="lith-error")[h.ul[h.li[str(exc.detail)]]])
 
 
-def command_endpoint(writer: Callable[..., Any], command: type[Command]) -> Callable[..., Any]:
+def command_endpoint(writer: Callable[..., Any], command: type[Command], max_body: int | None = None) -> Callable[..., Any]:
     """The endpoint of `lith.command`: validate the body as `command`, apply it, answer 204.
 
     A `Rejected` goes to `add_error_handlers`' handler, the one rule for every command route
-    (see `refusal`): 204 for a tab command, 409 with the message for any other.
+    (see `refusal`): 204 for a tab command, 409 with the message for any other. `max_body`,
+    if given, is the route's own body limit (a `MaxBody` among its dependencies).
     """
 
-    async def endpoint(cmd: Command, lith_writer: Any) -> Response:
+    async def endpoint(cmd: Command, lith_writer: Any, lith_limit: Any = None) -> Response:
         await lith_writer.do(cmd)
         return Response(status_code=204)
 
     # FastAPI reads the signature: the body is `command`, the writer a dependency (which the
-    # body limit and the error handlers recognise).
+    # body limit and the error handlers recognise), and so is the route's own limit.
     kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    params = [
+        inspect.Parameter("cmd", kind, annotation=command),
+        inspect.Parameter("lith_writer", kind, default=Depends(writer), annotation=Any),
+    ]
+    if max_body is not None:
+        params.append(inspect.Parameter("lith_limit", kind, default=Depends(MaxBody(max_body)), annotation=Any))
     endpoint.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [
-            inspect.Parameter("cmd", kind, annotation=command),
-            inspect.Parameter("lith_writer", kind, default=Depends(writer), annotation=Any),
-        ],
+        params,
         return_annotation=Response,
     )
     endpoint.__name__ = endpoint.__qualname__ = command.__name__
