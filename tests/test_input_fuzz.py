@@ -44,9 +44,9 @@ def counter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, 
 @pytest.fixture(scope="module")
 def add_command() -> Any:
     """The counter's `Add`, for the oracle: validity is what its own model says."""
-    os.environ.setdefault("COUNTER_DB", os.devnull)  # the module builds a Lith; nothing opens it
-    from examples.counter.app import Add
-
+    with pytest.MonkeyPatch.context() as env:  # the module builds a Lith at import; nothing opens it
+        env.setenv("COUNTER_DB", os.devnull)
+        from examples.counter.app import Add
     return Add
 
 
