@@ -26,6 +26,8 @@ from .exceptions import (
     ViewError,
     WriterClosed,
 )
+from .forms import form_fields, send_form
+from .guard import MaxBody
 from .streams import Frame, Stream
 from .views import fragment
 from .writer import Tx, Writer
@@ -33,8 +35,11 @@ from .writer import Tx, Writer
 __all__ = [
     # the app, its commands and views
     "Lith", "Command", "TabCommand", "TabId", "Rejected", "Tx", "Db", "Writer", "fragment",
+    "MaxBody",
     # the page's side of a tab
     "new_tab", "tab_signals", "send", "delegate", "pending", "DATASTAR_CDN",
+    # a form or an upload: its tab and op as fields
+    "form_fields", "send_form",
     # what the hub sends a tab
     "Frame", "Stream",
     # one database per account

@@ -224,7 +224,8 @@ class Lith:
         return outcomes.outcome_view(db, tab, hint=self.outcome_hint)
 
     def command(
-        self, app: FastAPI | APIRouter, path: str, command: type[Command], *, dependencies: Sequence[Any] = ()
+        self, app: FastAPI | APIRouter, path: str, command: type[Command], *,
+        dependencies: Sequence[Any] = (), max_body: int | None = None,
     ) -> None:
         """`POST path`: the body validated as `command`, applied by the writer, answered 204.
 
@@ -233,11 +234,11 @@ class Lith:
         lith.command(router, "/admin/purge", Purge, dependencies=[Depends(admin)])
         ```
 
-        A normal FastAPI route, out of OpenAPI, guarded like any route taking
-        `Depends(lith.writer)`. A `Rejected` tab command answers 204 (its tab's outcome view
-        says why); another command's `Rejected` answers 409 with the message.
+        A normal FastAPI route, out of OpenAPI, guarded like any taking `Depends(lith.writer)`,
+        with `max_body` as its own body limit (`MaxBody`) if given. A `Rejected` tab command
+        answers 204 (its outcome view says why); another command's `Rejected`, 409 and why.
         """
-        endpoint = command_endpoint(self.writer, command)
+        endpoint = command_endpoint(self.writer, command, max_body)
         app.add_api_route(
             path, endpoint, methods=["POST"], status_code=204, include_in_schema=False,
             response_model=None, dependencies=list(dependencies) or None,

@@ -44,8 +44,11 @@ class Rejected(LithError):
     The command's savepoint rolls back (nothing it wrote stays), a `TabCommand`'s tab is told the
     message in its outcome view, and `writer.do` raises it to the caller. A command route made by
     `lith.command` answers 204 for a tab command (the tab already has the message) and 409 with
-    the message for any other command.
+    the message for any other command; so does a hand-written route that lets it through.
     """
+
+    # The command `writer.do` was applying when it raised this (None if raised elsewhere).
+    command: Command | None = None
 
 
 class Command(BaseModel):

@@ -1,9 +1,10 @@
 """Command routes, guarded: a bound on the body, and errors a Datastar page can show.
 
-Datastar ignores the body of a non-2xx response, so a refused command (400, 403, 413, 422) is
-answered with an HTML fragment *and* that fragment is pushed down the acting tab's stream, the
-tab named by the command's `tab` signal; its `op` signal comes back as `done`, so a button
-pending on `$op != $done` stops.
+Datastar ignores the body of a non-2xx response, so a refused command (400, 403, 409, 413, 422)
+is answered with an HTML fragment *and* that fragment is pushed down the acting tab's stream,
+the tab named by the command's `tab` signal or form field; its `op` comes back as `done`, so a
+button pending on `$op != $done` stops. Every byte here comes from a client: whatever it is,
+the answer is a 4xx, never a 500.
 """
 
 from __future__ import annotations
@@ -12,18 +13,21 @@ import inspect
 import json
 import re
 from collections.abc import Callable, Mapping
+from email.message import Message as _Header
 from typing import Any
 
 import htpy as h
 from fastapi import Depends, FastAPI
 from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from . import settings
 from .commands import TAB_ID, TAB_PATTERN, Command, Rejected, TabCommand
 from .streams import Frame
 
@@ -40,81 +44,113 @@ class BodyTooLarge(HTTPException):
         self.head = head
 
 
+class MaxBody:
+    """A command route's own body limit, in place of the app's `max_body`: an upload route.
+
+    ```python
+    @app.post("/photos", dependencies=[Depends(MaxBody(20 * 2**20))])
+    async def add_photo(file: UploadFile, tab: str = Form(), writer: Writer = Depends(lith.writer)): ...
+    ```
+
+    A marker `BodyLimit` finds among the route's dependencies, as it finds the writer; calling
+    it does nothing. `lith.command(..., max_body=...)` adds one.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit: int = settings.number("max_body", limit, low=1, integer=True)
+
+    async def __call__(self) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return f"MaxBody({self.limit})"
+
+
 class BodyLimit:
     """ASGI middleware: the body of a request to a route that takes the writer stops at
-    `max_body` bytes, 413 at once.
+    `max_body` bytes (or the route's own `MaxBody`), 413 at once.
 
     FastAPI reads the body before any dependency runs, so `Depends(lith.writer)` sees it too
     late; the bound wraps `receive` instead. When the body is first read, routing is done and
-    `scope["route"]` names the route: it is bounded if `writer` is among the route's
-    dependencies (looked up once per route and remembered), so any FastAPI route that takes
-    `Depends(lith.writer)` is covered and every other route is left alone. A body is refused
-    as soon as it passes the limit, so memory holds at most the limit plus one chunk; a
+    `scope["route"]` names the route: it is bounded if `writer` (or a `MaxBody`) is among the
+    route's dependencies (looked up once per route and remembered), so any FastAPI route that
+    takes `Depends(lith.writer)` is covered and every other route is left alone. A body is
+    refused as soon as it passes the limit, so memory holds at most the limit plus one chunk; a
     `Content-Length` over the limit is refused before a byte is read, unless Datastar sent it:
-    then the first `max_body` bytes are read, for the tab to tell.
+    then the start of the body is read, for the tab to tell. Only the first `max_body` bytes
+    are kept for the error handlers, whatever the route's limit: the tab and op come first.
     """
 
     def __init__(self, app: ASGIApp, *, writer: object, max_body: int) -> None:
         self.app = app
         self.writer = writer
         self.max_body = max_body
-        self._routes: dict[int, bool] = {}
+        self._routes: dict[int, int | None] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = self.max_body
-        bounded: bool | None = None  # decided at the first read, once routing is done
+        limit: int | None = None  # the route's, decided at the first read, once routing is done
+        started = declared_over = False
         chunks: list[bytes] = []
-        size = 0
+        size = kept = 0
 
         async def bounded_receive() -> Message:
-            nonlocal bounded, size
-            if bounded is None:
-                bounded = self.takes_writer(scope.get("route"))
-                if bounded:
-                    # A command's request, as the writer dependency would mark it; the body is
-                    # kept for the error handlers: the tab and op of a refused command.
+            nonlocal limit, started, declared_over, size, kept
+            if not started:
+                started = True
+                limit = self.route_limit(scope.get("route"))
+                if limit is not None:
+                    # A command's request, as the writer dependency would mark it; the start of
+                    # the body is kept for the error handlers: the tab and op of a refusal.
                     state = scope.setdefault("state", {})
                     state["lith_command"] = True
                     state["lith_body"] = chunks
                     headers = Headers(scope=scope)
                     length = headers.get("content-length")
-                    if (
-                        length is not None and length.isdigit() and int(length) > limit
-                        and headers.get("datastar-request") != "true"  # else read on, to find its tab
-                    ):
-                        raise BodyTooLarge(limit, b"")
+                    if length is not None and length.isascii() and length.isdigit() and int(length) > limit:
+                        if headers.get("datastar-request") != "true":  # no tab to tell
+                            raise BodyTooLarge(limit, b"")
+                        declared_over = True  # read the start, to find its tab
             message = await receive()
-            if bounded and message["type"] == "http.request":
+            if limit is not None and message["type"] == "http.request":
                 chunk = message.get("body", b"")
                 size += len(chunk)
-                if size > limit:
-                    chunks.append(chunk[: limit - size + len(chunk)])
+                if kept < self.max_body:
+                    chunks.append(chunk[: self.max_body - kept])
+                    kept += len(chunks[-1])
+                if size > limit or (declared_over and (kept >= self.max_body or not message.get("more_body"))):
                     raise BodyTooLarge(limit, b"".join(chunks))
-                chunks.append(chunk)
             return message
 
         await self.app(scope, bounded_receive, send)
 
-    def takes_writer(self, route: Any) -> bool:
+    def route_limit(self, route: Any) -> int | None:
+        """The body limit of a route that takes the writer, or None for any other route."""
         if route is None:
-            return False
-        known = self._routes.get(id(route))
-        if known is None:
-            known = self._routes[id(route)] = _depends_on(getattr(route, "dependant", None), self.writer)
-        return known
+            return None
+        key = id(route)
+        if key not in self._routes:
+            self._routes[key] = _limit_of(getattr(route, "dependant", None), self.writer, self.max_body)
+        return self._routes[key]
 
 
-def _depends_on(dependant: Any, call: object) -> bool:
+def _limit_of(dependant: Any, writer: object, default: int) -> int | None:
+    """Walk a route's dependency tree: None without the writer or a `MaxBody`, else the smallest
+    `MaxBody` found (the app's `max_body` if none)."""
+    found, limits = False, []
     stack = [dependant] if dependant is not None else []
     while stack:
         dep = stack.pop()
-        if dep.call is call:
-            return True
+        if dep.call is writer:
+            found = True
+        elif isinstance(dep.call, MaxBody):
+            limits.append(dep.call.limit)
         stack.extend(dep.dependencies)
-    return False
+    if not found and not limits:
+        return None
+    return min(limits) if limits else default
 
 
 def is_command_request(request: Request) -> bool:
@@ -129,22 +165,30 @@ def add_error_handlers(
 ) -> None:
     """On a command request (one Datastar sent, or one the writer dependency marked) a 4xx
     answer becomes an HTML fragment, also `push`ed to the acting tab with `done` set (the
-    request says where the tab lives: one app, or one account of many). Other
-    requests get the app's handlers as they were (FastAPI's own by default)."""
+    request says where the tab lives: one app, or one account of many). A `Rejected` that a
+    route lets through is answered as `lith.command` answers it, and a command the route built
+    itself (from form fields) that fails validation is a 422 like FastAPI's own. Other requests
+    get the app's handlers as they were (FastAPI's own by default)."""
     validation_fallback = app.exception_handlers.get(RequestValidationError, request_validation_exception_handler)
     http_fallback = app.exception_handlers.get(HTTPException, http_exception_handler)
+    pydantic_fallback = app.exception_handlers.get(ValidationError)
+    rejected_fallback = app.exception_handlers.get(Rejected)
 
     def tell(request: Request, exc: Exception, html: str) -> None:
-        tab, op = acting_tab(received_body(request, exc))
+        tab, op = acting_tab(received_body(request, exc), request.headers.get("content-type"))
         if tab is not None:
             push(request, tab, Frame(error_id, html, {"done": op} if op is not None else None))
 
     async def on_validation_error(request: Request, exc: Exception) -> Response:
-        if isinstance(exc, RequestValidationError) and is_command_request(request):
+        if isinstance(exc, (RequestValidationError, ValidationError)) and is_command_request(request):
             html = validation_fragment(exc, error_id, messages)
             tell(request, exc, html)
             return HTMLResponse(html, status_code=422)
-        return await validation_fallback(request, exc)  # type: ignore[misc]
+        if isinstance(exc, RequestValidationError):
+            return await validation_fallback(request, exc)  # type: ignore[misc]
+        if pydantic_fallback is not None:
+            return await pydantic_fallback(request, exc)  # type: ignore[misc]
+        raise exc  # a model the app built outside a command route: its bug, a 500 as before
 
     async def on_http_error(request: Request, exc: Exception) -> Response:
         if isinstance(exc, HTTPException) and 400 <= exc.status_code < 500 and is_command_request(request):
@@ -153,13 +197,30 @@ def add_error_handlers(
             return HTMLResponse(html, status_code=exc.status_code, headers=exc.headers)
         return await http_fallback(request, exc)  # type: ignore[misc]
 
+    async def on_rejected(request: Request, exc: Exception) -> Response:
+        if rejected_fallback is not None and not is_command_request(request):
+            return await rejected_fallback(request, exc)  # type: ignore[misc]
+        conflict = refusal(exc)
+        return Response(status_code=204) if conflict is None else await on_http_error(request, conflict)
+
     app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(ValidationError, on_validation_error)
     app.add_exception_handler(HTTPException, on_http_error)
+    app.add_exception_handler(Rejected, on_rejected)
+
+
+def refusal(exc: Exception) -> HTTPException | None:
+    """How a command route answers a `Rejected`: None (a 204) for a tab command, whose outcome
+    view already says why; a 409 with the message for any other (Datastar ignores the body of
+    an error, so the handler also pushes it to the acting tab). A tab command with op 0 is no
+    click: no outcome holds its message, so it is a 409 too."""
+    command = getattr(exc, "command", None)
+    return None if isinstance(command, TabCommand) and command.op else HTTPException(409, str(exc))
 
 
 def received_body(request: Request, exc: Exception) -> Any:
     """What the handlers can read of a refused command's body, without reading it again."""
-    if isinstance(exc, RequestValidationError):
+    if isinstance(exc, RequestValidationError) and exc.body is not None:
         return exc.body
     if isinstance(exc, BodyTooLarge):
         return exc.head
@@ -169,28 +230,55 @@ def received_body(request: Request, exc: Exception) -> Any:
 
 _TAB = re.compile(rb'"tab"\s*:\s*"(' + TAB_PATTERN.encode() + rb')"')
 _OP = re.compile(rb'"op"\s*:\s*(\d{1,18})\b')
+# A form's fields, urlencoded (the tab id needs no escaping) or multipart (a part's headers,
+# a blank line, its value), found in the start of the body.
+_FORM_TAB = re.compile(rb"(?:^|&)tab=(" + TAB_PATTERN.encode() + rb")(?:&|$)")
+_FORM_OP = re.compile(rb"(?:^|&)op=(\d{1,18})(?:&|$)")
+_PART_TAB = re.compile(rb'; name="tab"\r\n(?:[^\r\n]+\r\n)*\r\n(' + TAB_PATTERN.encode() + rb")\r\n")
+_PART_OP = re.compile(rb'; name="op"\r\n(?:[^\r\n]+\r\n)*\r\n(\d{1,18})\r\n')
 
 
-def acting_tab(body: Any) -> tuple[str | None, int | None]:
-    """The `tab` and `op` signals of a command's body: parsed, or found in a cut-off body."""
+def acting_tab(body: Any, content_type: str | None = None) -> tuple[str | None, int | None]:
+    """The `tab` and `op` of a command's body: a JSON object's signals or a form's fields,
+    parsed or found in the start of the body (cut off at the limit, nested too deep, not JSON).
+    Any bytes at all: the answer is a tab and op or None, never an exception."""
     if isinstance(body, str):
-        body = body.encode()
+        body = body.encode(errors="surrogateescape")
     if isinstance(body, bytes):
+        media = _media_type(content_type)
+        if media == "application/x-www-form-urlencoded":
+            return _found(_FORM_TAB.search(body), _FORM_OP.search(body))
+        if media == "multipart/form-data":
+            return _found(_PART_TAB.search(body), _PART_OP.search(body))
         try:
             body = json.loads(body)
-        except ValueError:  # cut off at the limit, or not JSON: look for the two signals
-            tab, op = _TAB.search(body), _OP.search(body)
-            return (tab.group(1).decode() if tab else None), (int(op.group(1)) if op else None)
-    if not isinstance(body, dict):
+        except (ValueError, RecursionError):  # RecursionError: nested past Python's stack
+            return _found(_TAB.search(body), _OP.search(body))
+    if not isinstance(body, Mapping):  # a parsed JSON object, or a form's FormData
         return None, None
     tab, op = body.get("tab"), body.get("op")
+    if isinstance(op, str) and op.isascii() and op.isdigit() and len(op) <= 18:
+        op = int(op)  # a form field
     return (
         tab if isinstance(tab, str) and TAB_ID.fullmatch(tab) else None,
-        op if type(op) is int else None,
+        op if type(op) is int and 0 <= op < 2**63 else None,  # an op a TabCommand could carry
     )
 
 
-def validation_fragment(exc: RequestValidationError, element_id: str, messages: Messages | None = None) -> str:
+def _found(tab: re.Match[bytes] | None, op: re.Match[bytes] | None) -> tuple[str | None, int | None]:
+    return (tab.group(1).decode() if tab else None), (int(op.group(1)) if op else None)
+
+
+def _media_type(content_type: str | None) -> str:
+    """`multipart/form-data` of `multipart/form-data; boundary=...`, as FastAPI reads it."""
+    if not content_type:
+        return ""
+    header = _Header()
+    header["content-type"] = content_type
+    return header.get_content_type()
+
+
+def validation_fragment(exc: RequestValidationError | ValidationError, element_id: str, messages: Messages | None = None) -> str:
     """A short, escaped list of what was wrong, with an id Datastar can patch by."""
     items = []
     for error in exc.errors():
@@ -206,30 +294,29 @@ def http_error_fragment(exc: HTTPException, element_id: str) -> str:
     return str(h.div(id=element_id, role="alert", class_="lith-error")[h.ul[h.li[str(exc.detail)]]])
 
 
-def command_endpoint(writer: Callable[..., Any], command: type[Command]) -> Callable[..., Any]:
+def command_endpoint(writer: Callable[..., Any], command: type[Command], max_body: int | None = None) -> Callable[..., Any]:
     """The endpoint of `lith.command`: validate the body as `command`, apply it, answer 204.
 
-    A `Rejected` tab command still answers 204: the tab's outcome view already carries the
-    message (Datastar ignores an error's body). Any other command's `Rejected` is a 409 with the
-    message, which `Lith.install`'s handler shows in the page's `#lith-error`.
+    A `Rejected` goes to `add_error_handlers`' handler, the one rule for every command route
+    (see `refusal`): 204 for a tab command, 409 with the message for any other. `max_body`,
+    if given, is the route's own body limit (a `MaxBody` among its dependencies).
     """
 
-    async def endpoint(cmd: Command, lith_writer: Any) -> Response:
-        try:
-            await lith_writer.do(cmd)
-        except Rejected as exc:
-            if not isinstance(cmd, TabCommand) or not cmd.op:  # op 0: no outcome holds the message
-                raise HTTPException(409, str(exc)) from None
+    async def endpoint(cmd: Command, lith_writer: Any, lith_limit: Any = None) -> Response:
+        await lith_writer.do(cmd)
         return Response(status_code=204)
 
     # FastAPI reads the signature: the body is `command`, the writer a dependency (which the
-    # body limit and the error handlers recognise).
+    # body limit and the error handlers recognise), and so is the route's own limit.
     kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    params = [
+        inspect.Parameter("cmd", kind, annotation=command),
+        inspect.Parameter("lith_writer", kind, default=Depends(writer), annotation=Any),
+    ]
+    if max_body is not None:
+        params.append(inspect.Parameter("lith_limit", kind, default=Depends(MaxBody(max_body)), annotation=Any))
     endpoint.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [
-            inspect.Parameter("cmd", kind, annotation=command),
-            inspect.Parameter("lith_writer", kind, default=Depends(writer), annotation=Any),
-        ],
+        params,
         return_annotation=Response,
     )
     endpoint.__name__ = endpoint.__qualname__ = command.__name__

@@ -22,7 +22,7 @@ from fastapi import HTTPException
 from starlette.requests import Request
 
 from . import db, settings
-from .commands import Command, run_apply
+from .commands import Command, Rejected, run_apply
 from .db import Db
 from .exceptions import WriterClosed
 from .origin import cross_site_reason
@@ -223,7 +223,11 @@ class Writer:
         fut = self._loop.create_future()  # type: ignore[union-attr]
         self._queue.append((cmd, key, fut))
         self._wake.set()
-        return await fut
+        try:
+            return await fut
+        except Rejected as exc:
+            exc.command = cmd  # how a route that lets it through answers depends on the command
+            raise
 
     async def __call__(self, request: Request) -> Writer:
         """The FastAPI dependency for command routes: refuse cross-site and non-Datastar requests

@@ -427,3 +427,30 @@ class Bump(Command):
     def apply(self, tx: Any) -> None:
         tx.execute("UPDATE counter SET count = count + 1 WHERE id = 1")
         tx.touch("counter")
+
+
+# -- forms and uploads -------------------------------------------------------------------------
+
+
+def test_the_upload_example(server_factory: Callable[..., Server], tmp_path: Path) -> None:
+    import sqlite3
+
+    import httpx
+
+    server = server_factory("app:app", cwd=tmp_path, args=["--app-dir", str(SRC / "forms")])
+    page = httpx.get(server.url + "/").text
+    assert 'enctype="multipart/form-data"' in page and 'name="tab"' in page and "contentType" in page
+    headers = {"Datastar-Request": "true", "Sec-Fetch-Site": "same-origin"}
+
+    def upload(op: int, caption: str, size: int) -> httpx.Response:
+        fields = {"tab": "t1", "op": str(op), "caption": caption}
+        return httpx.post(server.url + "/photos", data=fields, files={"photo": ("cat.jpg", b"\xff" * size)}, headers=headers)
+
+    assert upload(1, "A cat", 100_000).status_code == 204  # past the app's 64 KiB: the route's own limit
+    assert upload(2, "The same cat", 10).status_code == 204  # rejected: its tab is told, as `lith.command` does
+    refused = upload(3, "", 10)
+    assert refused.status_code == 422 and refused.text.startswith('<div id="lith-error"')
+    with sqlite3.connect(tmp_path / "photos.db") as conn:
+        assert conn.execute("SELECT caption, size FROM photo").fetchall() == [("A cat", 100_000)]
+        assert conn.execute("SELECT op, ok, message FROM lith_tab").fetchone() == (
+            2, 0, "cat.jpg is here already, so nothing changed.")
