@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -277,6 +278,26 @@ def test_a_release_that_cannot_import_fails_before_uvicorn_starts_its_workers(tm
     done = subprocess.run(unit_command("ExecStartPre", good, "app:nope"), cwd=good, env=env,
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 1 and 'Attribute "nope" not found' in done.stderr
+
+
+def test_the_library_logs_reach_the_output_with_time_level_and_logger(
+    server_factory: Callable[..., Server], tmp_path: Path
+) -> None:
+    """Without a logging config the library's loggers have no handler: its INFO lines (a
+    migration, a backup) vanish. Every way we start uvicorn passes deploy/logging.json."""
+    template = REPO / "fastapi_lith" / "template"
+    for path in (REPO / "Makefile", template / "Makefile.tmpl"):
+        run = path.read_text().split("\nrun:")[1].split("\n\n")[0]
+        assert "--log-config deploy/logging.json" in run, path
+    exec_start = (DEPLOY / "lith@.service").read_text().split("ExecStart=")[1].split("\nKillSignal")[0]
+    assert "--log-config /srv/lith/%i/logging.json" in exec_start
+    server = server_factory(
+        "examples.counter.app:app", cwd=REPO, env={"COUNTER_DB": str(tmp_path / "c.db")},
+        args=["--log-config", str(DEPLOY / "logging.json")],
+    )  # fmt: skip
+    line = r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO fastapi_lith\.writer: c\.db: migrated from version 0 to \d+$"
+    assert re.search(line, server.output, re.MULTILINE), server.output
+    assert re.search(r"^\S+ \S+ INFO uvicorn\.error: Application startup complete\.$", server.output, re.MULTILINE)
 
 
 def test_the_unit_and_the_env_file_pass_the_replica_through() -> None:
