@@ -20,6 +20,7 @@ from .exceptions import (
     NotRunning,
     OutcomeLost,
     SettingError,
+    StorageError,
     UnknownAccount,
     ViewError,
     WriterClosed,
@@ -39,6 +40,6 @@ __all__ = [
     "Accounts", "Account", "ACCOUNT_NAME",
     # errors: every one is a LithError
     "LithError", "AccountUnavailable", "DatabaseError", "MigrationError", "MissingParameter", "NotOneRow",
-    "NotRunning", "OutcomeLost", "SettingError", "UnknownAccount", "ViewError", "WriterClosed",
+    "NotRunning", "OutcomeLost", "SettingError", "StorageError", "UnknownAccount", "ViewError", "WriterClosed",
 ]  # fmt: skip
 __version__ = "0.1.0"

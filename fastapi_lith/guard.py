@@ -21,10 +21,11 @@ from fastapi.exceptions import RequestValidationError
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, Response
+from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .commands import TAB_ID, TAB_PATTERN, Command, Rejected, TabCommand
+from .exceptions import StorageError
 from .streams import Frame
 
 # An app's own wording for a validation error: pydantic's error dict in, the message out (None
@@ -155,6 +156,26 @@ def add_error_handlers(
 
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(HTTPException, on_http_error)
+
+
+STORAGE_MESSAGE = "The app cannot save changes right now, so nothing changed. Try again in a moment."
+
+
+def add_storage_error_handler(app: FastAPI, *, error_id: str, push: Callable[[Request, str, Frame], None]) -> None:
+    """A `StorageError` (a full disk: no command is at fault) answers 503, and on a command
+    request the HTML fragment is pushed to the acting tab with `done`, like a refused command."""
+
+    async def on_storage_error(request: Request, exc: Exception) -> Response:
+        headers = {"Retry-After": "5"}
+        if not is_command_request(request):
+            return PlainTextResponse(STORAGE_MESSAGE, status_code=503, headers=headers)
+        html = http_error_fragment(HTTPException(503, STORAGE_MESSAGE), error_id)
+        tab, op = acting_tab(received_body(request, exc))
+        if tab is not None:
+            push(request, tab, Frame(error_id, html, {"done": op} if op is not None else None))
+        return HTMLResponse(html, status_code=503, headers=headers)
+
+    app.add_exception_handler(StorageError, on_storage_error)
 
 
 def received_body(request: Request, exc: Exception) -> Any:
