@@ -13,20 +13,17 @@ import asyncio
 import signal
 import threading
 import types
-import weakref
 from collections.abc import Callable
 from typing import Any
 
-_ends: weakref.WeakKeyDictionary[Any, tuple[asyncio.AbstractEventLoop, Callable[[], None]]] = (
-    weakref.WeakKeyDictionary()
-)
+_ends: dict[int, tuple[asyncio.AbstractEventLoop, Callable[[], None]]] = {}
 
 
 def end_on_exit_signal(owner: object, end: Callable[[], None]) -> None:
-    """Call `end()` on this loop when SIGTERM or SIGINT arrives, while `owner` lives (or until
-    `forget(owner)`). Only in front of a server's own handler, a bound method like uvicorn's
-    `Server.handle_exit`: with no server (tests, scripts) signals are left alone."""
-    _ends[owner] = (asyncio.get_running_loop(), end)
+    """Call `end()` on this loop when SIGTERM or SIGINT arrives, until `forget(owner)`. Only in
+    front of a server's own handler, a bound method like uvicorn's `Server.handle_exit`: with
+    no server (tests, scripts) signals are left alone."""
+    _ends[id(owner)] = (asyncio.get_running_loop(), end)
     if threading.current_thread() is not threading.main_thread():
         return  # signals go to the main thread's handlers only
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -40,7 +37,7 @@ def end_on_exit_signal(owner: object, end: Callable[[], None]) -> None:
 
 
 def forget(owner: object) -> None:
-    _ends.pop(owner, None)
+    _ends.pop(id(owner), None)
 
 
 def _relay(previous: Callable[[int, Any], None]) -> Callable[..., None]:
