@@ -335,7 +335,12 @@ class Writer:
     ) -> tuple[list[Any], list[BaseException | None], Topics, int]:
         """Run one batch in this process's turn at the file (see `Feed.turn`), writer thread."""
         with self.feed.turn():
-            return self._transaction(batch, keys)
+            try:
+                return self._transaction(batch, keys)
+            except BaseException:  # a full disk in a command, or at any statement of the batch
+                if self._conn is not None and self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")  # else the next batch's BEGIN would fail
+                raise
 
     def _transaction(
         self, batch: list[Command], keys: list[str | None] | None
@@ -385,10 +390,8 @@ class Writer:
                         cur.execute(RECORD_OUTCOME, (key, now, dump_outcome(True, result)))
                     results[i] = result
                 except Exception as exc:
-                    if storage_cause(exc) is not None:  # the disk's fault: the batch fails
-                        if conn.in_transaction:
-                            conn.execute("ROLLBACK")
-                        raise
+                    if storage_cause(exc) is not None:
+                        raise  # the disk's fault, not the command's: the whole batch fails
                     errors[i] = exc
                     del touched[mark:]
                     if not conn.in_transaction:  # SQLite rolled the whole transaction back
