@@ -22,6 +22,7 @@ from .exceptions import (
     NotRunning,
     OutcomeLost,
     SettingError,
+    StorageError,
     UnknownAccount,
     ViewError,
     WriterClosed,
@@ -46,7 +47,7 @@ __all__ = [
     "Accounts", "Account", "ACCOUNT_NAME",
     # errors: every one is a LithError
     "LithError", "AccountUnavailable", "AlreadyRunning", "BadParameter", "DatabaseError", "MigrationError",
-    "MissingParameter", "NotOneRow", "NotRunning", "OutcomeLost", "SettingError", "UnknownAccount", "ViewError",
-    "WriterClosed",
+    "MissingParameter", "NotOneRow", "NotRunning", "OutcomeLost", "SettingError", "StorageError", "UnknownAccount",
+    "ViewError", "WriterClosed",
 ]  # fmt: skip
 __version__ = "0.2.0"

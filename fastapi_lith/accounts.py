@@ -29,7 +29,7 @@ from starlette.responses import Response
 from . import settings
 from .app import Lith
 from .exceptions import AccountUnavailable, LithError, SettingError, UnknownAccount, ViewError
-from .guard import BodyLimit, add_error_handlers
+from .guard import BodyLimit, add_error_handlers, add_storage_error_handler
 from .origin import same_origin_reason
 from .streams import TAB_ID, Frame
 from .account_pool import Account, AccountPool
@@ -198,6 +198,7 @@ class Accounts(AccountPool):
         """
         app.add_middleware(BodyLimit, writer=self.writer, max_body=self.max_body)
         add_error_handlers(app, error_id=self.error_id, messages=self.messages, push=self._push)
+        add_storage_error_handler(app, error_id=self.error_id, push=self._push)
         self._installed.add(app)
 
     def _push(self, request: Request, tab: str, frame: Frame) -> None:

@@ -27,7 +27,7 @@ from .encoders import Encoder
 from .backends import open_backend
 from .exceptions import AlreadyRunning, LithError, NotRunning, SettingError, ViewError, WriterClosed
 from .feed import Feed
-from .guard import BodyLimit, Messages, add_error_handlers, command_endpoint
+from .guard import BodyLimit, Messages, add_error_handlers, add_storage_error_handler, command_endpoint
 from .hub import Hub
 from .ops import Backups
 from .ops.litestream import WRITER_CHECKPOINT_PAGES
@@ -404,12 +404,13 @@ class Lith:
         - the stream route, `GET {prefix}/stream`, out of OpenAPI;
         - `BodyLimit`, a middleware that stops the body of every route taking
           `Depends(lith.writer)` at `max_body` bytes (see `guard.py` for why a middleware);
-        - handlers that answer a refused command as HTML, also pushed to the acting tab with
-          `done` set; other requests keep the app's handlers (see `guard.add_error_handlers`).
+        - handlers that answer a refused command (and a full disk's 503) as HTML, also pushed
+          to the acting tab with `done` set; other requests keep the app's handlers (guard.py).
         """
         app.include_router(self.router)
         app.add_middleware(BodyLimit, writer=self.writer, max_body=self.max_body)
         add_error_handlers(app, error_id=self.error_id, messages=self.messages, push=self._push)
+        add_storage_error_handler(app, error_id=self.error_id, push=self._push)
         self._installed.add(app)
 
     def _push(self, request: Request, tab: str, frame: Frame) -> None:

@@ -6,6 +6,7 @@
     python -m fastapi_lith migrate DB --migrations DIR
     python -m fastapi_lith status  DB --migrations DIR
     python -m fastapi_lith new     DIR [--name NAME]
+    python -m fastapi_lith check   APP                # module:attr imports, as uvicorn will
     python -m fastapi_lith replica status|restore|verify DB REPLICA
     python -m fastapi_lith accounts list|backup|verify|restore|migrate ...   # one file per account
 
@@ -108,6 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=lambda args, usage=p.print_help: usage(sys.stderr) or 2)  # no ACTION given
 
     add_accounts_commands(sub)
+
+    p = sub.add_parser("check", help="import an ASGI app as uvicorn will (the unit runs it before the workers)")
+    p.add_argument("app", metavar="APP", help="module:attribute, e.g. myapp.app:app")
+    p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("new", help="write a new project")
     p.add_argument("dir", metavar="DIR", type=Path)
@@ -249,6 +254,23 @@ def cmd_replica_verify(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- new projects
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    """Exit 1 if the app cannot import. uvicorn with `--workers` respawns a worker that dies at
+    import forever and exits 0 only when stopped, so systemd would never see the release fail."""
+    import traceback
+
+    from uvicorn.importer import import_from_string
+
+    try:
+        import_from_string(args.app)
+    except BaseException as exc:  # a SystemExit at import is a broken release too
+        traceback.print_exception(exc)
+        print(f"error: {args.app} cannot be imported: {exc}", file=sys.stderr)
+        return 1
+    print(f"ok: {args.app} imports")
+    return 0
+
+
 def cmd_new(args: argparse.Namespace) -> int:
     files = new_project(args.dir, name=args.name)
     package = package_name(args.name or args.dir.resolve().name)
@@ -258,7 +280,6 @@ def cmd_new(args: argparse.Namespace) -> int:
     print(f"\nnext:\n  cd {args.dir}\n  make test      # a venv, the tests (a browser test with chromium)\n"
           f"  make run       # http://127.0.0.1:8000")  # fmt: skip
     return 0
-
 
 
 # --------------------------------------------------------------------------- accounts

@@ -82,3 +82,8 @@ class UnknownAccount(LithError, LookupError):
 
 class AccountUnavailable(LithError, RuntimeError):
     """An account's database cannot open (a migration failed); other accounts still serve."""
+
+
+class StorageError(LithError, RuntimeError):
+    """A write failed for a reason outside the command (disk full, read-only file, I/O error):
+    nothing in its batch was applied, and it may be sent again once the storage is fixed."""

@@ -38,8 +38,9 @@ from typing import Any
 from pydantic import ConfigDict
 
 from . import db
+from .exceptions import StorageError, WriterClosed
 from .streams import Frame
-from .writer import Command, Tx, Writer, WriterClosed
+from .writer import Command, Tx, Writer
 
 
 try:
@@ -230,6 +231,8 @@ class SqliteFeed(Feed):
                     await self._writer.do(_Forward.model_construct(feed=self, pushes=pushes))
                 except WriterClosed:
                     return
+                except StorageError:  # a full disk: the writer has logged why, once
+                    pass
                 except Exception:  # noqa: BLE001 - a lost push must not break the app
                     log.exception("could not forward %d pushes", len(pushes))
         finally:

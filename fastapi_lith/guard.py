@@ -24,11 +24,12 @@ from pydantic import ValidationError
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, Response
+from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import settings
 from .commands import TAB_ID, TAB_PATTERN, Command, Rejected, TabCommand
+from .exceptions import StorageError
 from .streams import Frame
 
 # An app's own wording for a validation error: pydantic's error dict in, the message out (None
@@ -216,6 +217,26 @@ def refusal(exc: Exception) -> HTTPException | None:
     click: no outcome holds its message, so it is a 409 too."""
     command = getattr(exc, "command", None)
     return None if isinstance(command, TabCommand) and command.op else HTTPException(409, str(exc))
+
+
+STORAGE_MESSAGE = "The app cannot save changes right now, so nothing changed. Try again in a moment."
+
+
+def add_storage_error_handler(app: FastAPI, *, error_id: str, push: Callable[[Request, str, Frame], None]) -> None:
+    """A `StorageError` (a full disk: no command is at fault) answers 503, and on a command
+    request the HTML fragment is pushed to the acting tab with `done`, like a refused command."""
+
+    async def on_storage_error(request: Request, exc: Exception) -> Response:
+        headers = {"Retry-After": "5"}
+        if not is_command_request(request):
+            return PlainTextResponse(STORAGE_MESSAGE, status_code=503, headers=headers)
+        html = http_error_fragment(HTTPException(503, STORAGE_MESSAGE), error_id)
+        tab, op = acting_tab(received_body(request, exc))
+        if tab is not None:
+            push(request, tab, Frame(error_id, html, {"done": op} if op is not None else None))
+        return HTMLResponse(html, status_code=503, headers=headers)
+
+    app.add_exception_handler(StorageError, on_storage_error)
 
 
 def received_body(request: Request, exc: Exception) -> Any:

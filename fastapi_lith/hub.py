@@ -19,6 +19,7 @@ from typing import Any
 
 from .db import Db, Readers
 from .feed import Feed, LocalFeed
+from .shutdown import end_on_exit_signal, forget
 from .streams import Frame, Stream
 from .views import View, Views
 
@@ -107,13 +108,20 @@ class Hub:
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Tick on a timer. Without it (tests) `await hub.tick()` advances by hand."""
+        """Tick on a timer. Without it (tests) `await hub.tick()` advances by hand. Streams end
+        at the server's stop signal, not at its next look (see shutdown.py)."""
         self._task = asyncio.create_task(self._run(), name="lith-hub")
+        end_on_exit_signal(self, self.end_streams)
+
+    def end_streams(self) -> None:
+        """Make every stream finish its body: the pages reconnect, to the next process."""
+        for stream in list(self.streams):
+            stream.end()
 
     async def stop(self) -> None:
         """Stop ticking and end every stream, so each response finishes its body."""
-        for stream in list(self.streams):
-            stream.end()
+        forget(self)
+        self.end_streams()
         if self._task is not None:
             self._task.cancel()
             try:

@@ -24,7 +24,7 @@ from starlette.requests import Request
 from . import db, settings
 from .commands import Command, Rejected, run_apply
 from .db import Db
-from .exceptions import WriterClosed
+from .exceptions import StorageError, WriterClosed
 from .origin import cross_site_reason
 from .outcomes import (
     FIND_OUTCOME,
@@ -41,6 +41,7 @@ from .outcomes import (
     request_key,
 )
 from .statements import DIALECT, StatementCache
+from .storage import Probe, StorageState, storage_cause
 
 if TYPE_CHECKING:
     from .feed import Feed
@@ -124,6 +125,7 @@ class Writer:
         # Counters a user and the benchmarks read.
         self.commands = self.failed = self.repeats = self.batches = 0
         self.commit_seconds: deque[float] = deque(maxlen=100_000)
+        self.storage = StorageState()  # a full disk, a read-only file: see `probe`
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -229,6 +231,15 @@ class Writer:
             exc.command = cmd  # how a route that lets it through answers depends on the command
             raise
 
+    async def probe(self) -> str | None:
+        """For a health route: None if the file takes a write now, else why not. A full disk
+        fails no read, so only a write can tell (one row written and deleted, in the next batch)."""
+        try:
+            await self.do(Probe())
+        except Exception as exc:
+            return str(exc) or type(exc).__name__
+        return None
+
     async def __call__(self, request: Request) -> Writer:
         """The FastAPI dependency for command routes: refuse cross-site and non-Datastar requests
         (see origin.py); non-browser clients and tests turn that off (`same_origin_only=False`).
@@ -298,13 +309,16 @@ class Writer:
         """Hand each caller its result or error, then tell the subscribers what changed."""
         exc = outcome.exception()
         if exc is not None:  # the COMMIT itself failed: nothing in the batch landed
-            log.error("batch of %d commands failed to commit", len(futures), exc_info=exc)
+            exc = self.storage.refusal(exc)  # a full disk: a StorageError (503), logged once
+            if not isinstance(exc, StorageError):
+                log.error("batch of %d commands failed to commit", len(futures), exc_info=exc)
             for fut in futures:
                 if not fut.done():
                     fut.set_exception(exc)
             self.failed += len(futures)
             return
         results, errors, topics, repeats = outcome.result()
+        self.storage.succeeded()
         self.commit_seconds.append(time.perf_counter() - started)
         self.batches += 1
         self.commands += len(futures)
@@ -329,7 +343,12 @@ class Writer:
     ) -> tuple[list[Any], list[BaseException | None], Topics, int]:
         """Run one batch in this process's turn at the file (see `Feed.turn`), writer thread."""
         with self.feed.turn():
-            return self._transaction(batch, keys)
+            try:
+                return self._transaction(batch, keys)
+            except BaseException:  # a full disk in a command, or at any statement of the batch
+                if self._conn is not None and self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")  # else the next batch's BEGIN would fail
+                raise
 
     def _transaction(
         self, batch: list[Command], keys: list[str | None] | None
@@ -379,6 +398,8 @@ class Writer:
                         cur.execute(RECORD_OUTCOME, (key, now, dump_outcome(True, result)))
                     results[i] = result
                 except Exception as exc:
+                    if storage_cause(exc) is not None:
+                        raise  # the disk's fault, not the command's: the whole batch fails
                     errors[i] = exc
                     del touched[mark:]
                     if not conn.in_transaction:  # SQLite rolled the whole transaction back
@@ -401,6 +422,7 @@ class Writer:
                         conn.execute("ROLLBACK")
                     raise
                 return results, errors, topics, repeats
-            # Rare: an error that ends the transaction (SQLITE_FULL, an interrupted statement).
-            # The command that caused it keeps its error; the others run again from the start.
+            # Rare: an error that ends the transaction (an interrupted statement; a full disk
+            # failed the batch above). The command that caused it keeps its error; the others
+            # run again from the start.
             pending = [i for i in range(n) if errors[i] is None]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -233,10 +234,11 @@ def test_the_unit_runs_uvicorn_workers_on_one_database_and_restarts_on_failure(t
         pytest.skip("systemd-analyze is not installed")
     # Point the unit at a folder that exists here, so the check can find the executable.
     srv = tmp_path / "srv"
-    uvicorn = srv / "lith" / "demo" / "current" / ".venv" / "bin" / "uvicorn"
-    uvicorn.parent.mkdir(parents=True)
-    uvicorn.write_text("#!/bin/sh\n")
-    uvicorn.chmod(0o755)
+    bin = srv / "lith" / "demo" / "current" / ".venv" / "bin"
+    bin.mkdir(parents=True)
+    for name in ("uvicorn", "python"):
+        (bin / name).write_text("#!/bin/sh\n")
+        (bin / name).chmod(0o755)
     (srv / "lith" / "demo" / "data").mkdir()
     units = tmp_path / "units"
     units.mkdir()
@@ -246,6 +248,56 @@ def test_the_unit_runs_uvicorn_workers_on_one_database_and_restarts_on_failure(t
         capture_output=True, text=True, timeout=60, cwd=units,
     )  # fmt: skip
     assert done.returncode == 0 and not done.stderr.strip(), done.stderr
+
+
+def unit_command(key: str, release: Path, app: str) -> list[str]:
+    """The unit's `key=` command line as systemd would run it for `release` serving `app`."""
+    unit = (DEPLOY / "lith@.service").read_text()
+    assert f"\n{key}=" in unit, key
+    line = unit.split(f"\n{key}=")[1].split("\n")[0]
+    line = line.replace("/srv/lith/%i/current/.venv/bin/python", sys.executable)
+    return line.replace("${APP}", app).split()
+
+
+def test_a_release_that_cannot_import_fails_before_uvicorn_starts_its_workers(tmp_path: Path) -> None:
+    """uvicorn --workers 2 respawns a worker that dies at import forever, so the service never
+    fails and StartLimitBurst never stops it: the unit's pre-start command must fail instead."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    broken = write_version(tmp_path / "broken", "broken")
+    (broken / "app.py").write_text("import nothing_of_the_sort\n" + (broken / "app.py").read_text())
+    exits = write_version(tmp_path / "exits", "exits", crash=True)
+    for release, why in ((broken, "No module named 'nothing_of_the_sort'"), (exits, "exits cannot start")):
+        done = subprocess.run(unit_command("ExecStartPre", release, "app:app"), cwd=release, env=env,
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert f"app:app cannot be imported: {why}" in done.stderr
+    good = write_version(tmp_path / "good", "good")
+    done = subprocess.run(unit_command("ExecStartPre", good, "app:app"), cwd=good, env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    done = subprocess.run(unit_command("ExecStartPre", good, "app:nope"), cwd=good, env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 1 and 'Attribute "nope" not found' in done.stderr
+
+
+def test_the_library_logs_reach_the_output_with_time_level_and_logger(
+    server_factory: Callable[..., Server], tmp_path: Path
+) -> None:
+    """Without a logging config the library's loggers have no handler: its INFO lines (a
+    migration, a backup) vanish. Every way we start uvicorn passes deploy/logging.json."""
+    template = REPO / "fastapi_lith" / "template"
+    for path in (REPO / "Makefile", template / "Makefile.tmpl"):
+        run = path.read_text().split("\nrun:")[1].split("\n\n")[0]
+        assert "--log-config deploy/logging.json" in run, path
+    exec_start = (DEPLOY / "lith@.service").read_text().split("ExecStart=")[1].split("\nKillSignal")[0]
+    assert "--log-config /srv/lith/%i/logging.json" in exec_start
+    server = server_factory(
+        "examples.counter.app:app", cwd=REPO, env={"COUNTER_DB": str(tmp_path / "c.db")},
+        args=["--log-config", str(DEPLOY / "logging.json")],
+    )  # fmt: skip
+    line = r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO fastapi_lith\.writer: c\.db: migrated from version 0 to \d+$"
+    assert re.search(line, server.output, re.MULTILINE), server.output
+    assert re.search(r"^\S+ \S+ INFO uvicorn\.error: Application startup complete\.$", server.output, re.MULTILINE)
 
 
 def test_the_unit_and_the_env_file_pass_the_replica_through() -> None:

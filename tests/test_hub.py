@@ -659,3 +659,41 @@ async def test_a_failing_feed_poll_is_logged_and_the_hub_goes_on(tmp_path: Path,
         subscription.close()
     [record] = [r for r in caplog.records if r.name == "fastapi_lith.hub"]
     assert record.getMessage() == "feed poll failed" and isinstance(record.exc_info[1], RuntimeError)  # type: ignore[index]
+
+
+class FakeServer:
+    """Stands in for uvicorn's `Server`: its bound `handle_exit` is the signal handler."""
+
+    def __init__(self) -> None:
+        self.should_exit = False
+
+    def handle_exit(self, sig: int, frame: object) -> None:
+        self.should_exit = True
+
+
+async def test_a_stop_signal_ends_the_streams_at_once_and_reaches_the_servers_handler(tmp_path: Path) -> None:
+    """uvicorn's handler only sets a flag, and sse-starlette looks at it every 0.5 s: a restart
+    held every stream that long. The hub's relay ends them on the signal itself."""
+    import signal
+
+    lith, _ = make_lith(tmp_path)
+    server = FakeServer()
+    before = signal.signal(signal.SIGTERM, server.handle_exit)
+    try:
+        async with lith.lifespan():
+            stream = Stream("t1")
+            subscription = await lith.hub.open(stream, ["board/1"])
+            handler = signal.getsignal(signal.SIGTERM)
+            assert getattr(handler, "__self__", None) is server  # sse-starlette finds the server
+            signal.raise_signal(signal.SIGTERM)
+            assert server.should_exit  # the server's own handler ran, as before
+            for _ in range(200):  # the relay ends the streams on the loop, at its next turn
+                if stream.ended:
+                    break
+                await asyncio.sleep(0.01)
+            assert stream.ended
+            subscription.close()
+        async with lith.lifespan():  # a hub started again does not wrap the relay again
+            assert signal.getsignal(signal.SIGTERM) is handler
+    finally:
+        signal.signal(signal.SIGTERM, before)

@@ -26,6 +26,7 @@ EXPECTED = {
     "guestbook/__init__.py", "guestbook/app.py", "guestbook/migrations/0001_init.sql",
     "tests/conftest.py", "tests/test_app.py", "tests/test_browser.py",
     "deploy/Caddyfile", "deploy/deploy.sh", "deploy/env.example", "deploy/lith@.service",
+    "deploy/logging.json",
 }  # fmt: skip
 
 
@@ -54,7 +55,7 @@ def test_the_project_has_every_part_and_no_placeholder_left(project: Path) -> No
 
 def test_the_deploy_files_are_the_repositorys(project: Path) -> None:
     """One source of truth: the template's copies of deploy/ may not drift from the repo's."""
-    for name in ("lith@.service", "Caddyfile", "deploy.sh"):
+    for name in ("lith@.service", "Caddyfile", "deploy.sh", "logging.json"):
         assert (project / "deploy" / name).read_bytes() == (REPO / "deploy" / name).read_bytes(), name
     (template,) = [t for rel, t in template_files() if rel == "deploy/env.example.tmpl"]
     example = render_text(template.read_text(), name="myapp", package="myapp")
