@@ -43,7 +43,7 @@ def health():
 """
 
 # Stands in for `systemctl restart lith@NAME`: stop the one process, then start the release that
-# `current` points to. The pid file says which process is ours.
+# `current` points to (APP in it, with PY). The pid file says which process is ours.
 RESTART = r"""#!/usr/bin/env bash
 set -u
 pidfile="$ROOT/app.pid"
@@ -59,7 +59,7 @@ if [ -f "$pidfile" ]; then
 fi
 echo "$(date +%s.%N) restart" >> "$ROOT/restarts.log"
 cd "$ROOT/current"
-"$PY" -m uvicorn app:app --host 127.0.0.1 --port "$PORT" --timeout-graceful-shutdown 2 \
+"$PY" -m uvicorn "${APP:-app:app}" --host 127.0.0.1 --port "$PORT" --timeout-graceful-shutdown 2 \
     >> "$ROOT/app.log" 2>&1 < /dev/null &
 echo $! > "$pidfile"
 """
