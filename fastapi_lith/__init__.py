@@ -10,6 +10,7 @@ from .accounts import Accounts
 from .app import DATASTAR_CDN, Lith
 from .commands import Command, Rejected, TabCommand, TabId, new_tab, pending, send, tab_signals
 from .db import Db
+from .headers import SecurityHeaders, content_security_policy
 from .exceptions import (
     AccountUnavailable,
     DatabaseError,
@@ -33,6 +34,8 @@ __all__ = [
     "Lith", "Command", "TabCommand", "TabId", "Rejected", "Tx", "Db", "Writer", "fragment",
     # the page's side of a tab
     "new_tab", "tab_signals", "send", "pending", "DATASTAR_CDN",
+    # a production page's headers
+    "SecurityHeaders", "content_security_policy",
     # what the hub sends a tab
     "Frame", "Stream",
     # one database per account

@@ -18,6 +18,8 @@ from fastapi.responses import HTMLResponse
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from fastapi_lith import SecurityHeaders
+
 from . import schema as s
 from .commands import (
     LEAVE_GRACE,
@@ -33,7 +35,7 @@ from .commands import (
     Startup,
 )
 from .live import lith
-from .page import Visit, boards_page, not_found, page
+from .page import DATASTAR_FAILED, SCRIPT, Visit, boards_page, not_found, page
 from .views import first_paint
 
 DEMO_CARDS = 12  # the board a first start shows, so `make run` has something on it
@@ -48,7 +50,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
 
 
-app = FastAPI(title="Kanban", lifespan=lifespan)
+app = FastAPI(title="Kanban", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)  # no API docs in production
+# CSP, nosniff, no framing; the board's own inline script and Datastar's onerror by their hashes
+app.add_middleware(SecurityHeaders, datastar_url=lith.datastar_url, inline_scripts=(SCRIPT, DATASTAR_FAILED))
 lith.install(app)  # the stream route, the body limit, errors as HTML for Datastar
 
 # -- commands: each answers 204; its tab's outcome view says what happened, or why not --------
