@@ -113,3 +113,24 @@ def test_each_example_starts_from_a_bare_install_and_streams_a_command(example: 
             assert time.monotonic() < deadline, f"no frame with {shows!r}"
         else:
             pytest.fail(f"the stream ended without {shows!r}")
+
+
+def test_new_from_an_installed_fastapi_lith_repacks_its_wheel(bare_python: Path, tmp_path: Path) -> None:
+    """Away from a checkout, `new` rebuilds the wheel from the installed files: the same files."""
+    done = subprocess.run([bare_python, "-m", "fastapi_lith", "new", "guestbook"], cwd=tmp_path, env=BARE_ENV,
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    (wheel,) = (tmp_path / "guestbook" / "wheels").glob("fastapi_lith-*-py3-none-any.whl")
+    target = tmp_path / "unpacked"
+    installed = subprocess.run([bare_python, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target),
+                                str(wheel)], env=BARE_ENV, capture_output=True, text=True)  # fmt: skip
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    site = bare_python.parent.parent / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+
+    def package(root: Path) -> dict[str, bytes]:
+        folder = root / "fastapi_lith"
+        return {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*")
+                if p.is_file() and "__pycache__" not in p.parts}  # fmt: skip
+
+    unpacked, original = package(target), package(site)
+    assert "template/Makefile.tmpl" in unpacked and unpacked == original
