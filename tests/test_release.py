@@ -52,6 +52,9 @@ def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_projects_ci_passes_from_a_fresh_clone(clone: Path) -> None:
     assert (clone / f"wheels/fastapi_lith-{__version__}-py3-none-any.whl").is_file()  # committed with it
+    tracked = run("git", "ls-files", cwd=clone).split()
+    here = str(Path(__file__).resolve().parent.parent)  # the checkout that ran `new`
+    assert not [name for name in tracked if here.encode() in (clone / name).read_bytes()]
     output = run(clone / ".ci" / "run", cwd=clone, DATASTAR_JS=str(ensure_datastar_js()))
     summary = next(line for line in reversed(output.splitlines()) if re.search(r"\d+ (passed|failed)", line))
     assert re.search(r"\b6 passed\b", summary) and "skipped" not in summary, output
