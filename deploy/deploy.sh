@@ -4,7 +4,8 @@
 #   deploy/deploy.sh [options] SOURCE
 #
 # 1. installs SOURCE (a wheel, an sdist, a project folder) into a new folder under
-#    releases/, with a venv of its own;
+#    releases/, with a venv of its own: the wheels beside SOURCE come first, and the versions
+#    in the constraints.txt beside it (a release from `make release`) are the ones installed;
 # 2. takes a copy of the database first, when DB is set;
 # 3. points `current` at the new release and restarts the service;
 # 4. asks HEALTH_URL until it answers 200, for at most HEALTH_TIMEOUT seconds;
@@ -14,8 +15,10 @@
 # Layout (ROOT is /srv/lith/NAME unless set):
 #   ROOT/releases/20261129T214501Z/   one release: its files and its .venv
 #   ROOT/current -> releases/...      what the service runs (see lith@.service)
-#   ROOT/env                          the service's environment (APP, PORT, APP_DB, ...)
-#   ROOT/data/                        the database and its copies: never touched by this script
+#   ROOT/env                          the service's environment (APP, PORT, APP_DB, ...): keys,
+#                                     so root's, mode 0600 (systemd reads it as root)
+#   ROOT/data/                        the database and its copies, the service user's: this
+#                                     script only adds its copy, with the database's owner and mode
 #
 # Options (each also read from the environment variable named after it):
 #   --name NAME         NAME            the app: the instance in lith@NAME (required unless
@@ -26,8 +29,13 @@
 #   --timeout SECONDS   HEALTH_TIMEOUT  30
 #   --keep N            KEEP_RELEASES   5 (older releases are deleted; current and previous stay)
 #   --db PATH           DB              the database to copy before switching (optional)
+#   --constraints FILE  CONSTRAINTS     the versions to install: constraints.txt beside SOURCE
+#   --python PATH       PYTHON          the Python of the release's venv: python3. The service
+#                                       user must be able to run it: not one under /root or
+#                                       /home (a pyenv), which the unit's ProtectHome hides
 # and, from the environment only (run with `bash -c`, with RELEASE, SOURCE, ROOT, NAME exported):
-#   INSTALL_CMD   python3 -m venv "$RELEASE/.venv" && "$RELEASE/.venv/bin/pip" install --quiet "$SOURCE"
+#   INSTALL_CMD   "$PYTHON" -m venv "$RELEASE/.venv" && "$RELEASE/.venv/bin/pip" install --quiet
+#                 --find-links "$(dirname "$SOURCE")" [--constraint "$CONSTRAINTS"] "$SOURCE"
 #   RESTART_CMD   systemctl restart "lith@$NAME"
 #   LITH_PYTHON   the Python with fastapi_lith for the copy: ROOT/current/.venv/bin/python
 #   BACKUP_DIR    where the copy goes: DB's folder/backups
@@ -56,6 +64,8 @@ while [ $# -gt 0 ]; do
         --timeout) HEALTH_TIMEOUT="$2"; shift 2 ;;
         --keep) KEEP_RELEASES="$2"; shift 2 ;;
         --db) DB="$2"; shift 2 ;;
+        --constraints) CONSTRAINTS="$2"; shift 2 ;;
+        --python) PYTHON="$2"; shift 2 ;;
         -h|--help) usage ;;
         -*) echo "deploy: unknown option $1" >&2; usage ;;
         *) [ -z "$SOURCE" ] || usage; SOURCE="$1"; shift ;;
@@ -76,11 +86,18 @@ if [ -z "${HEALTH_URL:-}" ]; then
 fi
 HEALTH_TIMEOUT="${HEALTH_TIMEOUT:-30}"
 KEEP_RELEASES="${KEEP_RELEASES:-5}"
-INSTALL_CMD="${INSTALL_CMD:-python3 -m venv \"\$RELEASE/.venv\" && \"\$RELEASE/.venv/bin/pip\" install --quiet \"\$SOURCE\"}"
+if [ -z "${INSTALL_CMD:-}" ]; then
+    INSTALL_CMD='"$PYTHON" -m venv "$RELEASE/.venv" && "$RELEASE/.venv/bin/pip" install --quiet --find-links "$(dirname "$SOURCE")" ${CONSTRAINTS:+--constraint "$CONSTRAINTS"} "$SOURCE"'
+fi
 RESTART_CMD="${RESTART_CMD:-systemctl restart \"lith@\$NAME\"}"
 DB="${DB:-}"
+PYTHON="${PYTHON:-python3}"
 case "$SOURCE" in /*) ;; *) [ -e "$SOURCE" ] && SOURCE="$(cd "$(dirname "$SOURCE")" && pwd)/$(basename "$SOURCE")" ;; esac
-export NAME ROOT SOURCE
+if [ -z "${CONSTRAINTS:-}" ] && [ -f "$(dirname "$SOURCE")/constraints.txt" ]; then
+    CONSTRAINTS="$(dirname "$SOURCE")/constraints.txt"
+fi
+CONSTRAINTS="${CONSTRAINTS:-}"
+export NAME ROOT SOURCE PYTHON CONSTRAINTS
 
 healthy() {  # healthy URL SECONDS: true once URL answers 200 within SECONDS
     local url="$1" deadline=$((SECONDS + $2))
@@ -119,6 +136,16 @@ if ! bash -c "$INSTALL_CMD"; then
     rm -rf "$RELEASE"
     die "install failed; nothing changed"
 fi
+# The unit runs the venv's Python as its own user with ProtectHome=yes: one under a home folder
+# (a pyenv in /root) would fail every start. Refuse it here, before anything switches.
+if [ -e "$RELEASE/.venv/bin/python" ]; then
+    interpreter="$(readlink -f "$RELEASE/.venv/bin/python")"
+    case "$interpreter" in
+        /root/*|/home/*|/run/user/*)
+            rm -rf "$RELEASE"
+            die "the release's Python is $interpreter, under a home folder the service cannot read (ProtectHome=yes); nothing changed: pass --python /usr/bin/python3" ;;
+    esac
+fi
 
 previous=""
 if [ -L "$CURRENT" ]; then
@@ -135,8 +162,16 @@ if [ -n "$DB" ] && [ -f "$DB" ]; then
     fi
     copy="$backup_dir/$(basename "$DB" .db)-before-$id.db"
     say "copying $DB to $copy"
-    mkdir -p "$backup_dir"
-    "$lith_python" -m fastapi_lith backup "$DB" "$copy" || die "could not copy the database; nothing changed"
+    # The copy is the service's, like the database: as root it would be root's, world-readable,
+    # in a folder the app's backup timer (the service user) could not write to.
+    (umask 077 && mkdir -p "$backup_dir" && "$lith_python" -m fastapi_lith backup "$DB" "$copy") \
+        || die "could not copy the database; nothing changed"
+    chmod --reference="$DB" "$copy"
+    if [ "$(id -u)" = 0 ]; then
+        chown --reference="$(dirname "$DB")" "$backup_dir"
+        chown --reference="$DB" "$copy"
+        [ ! -e "$copy.sha256" ] || chown --reference="$DB" "$copy.sha256"
+    fi
 fi
 
 switch_to() {  # atomically point `current` at a release

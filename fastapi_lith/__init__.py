@@ -10,6 +10,7 @@ from .accounts import Accounts
 from .app import DATASTAR_CDN, Lith
 from .commands import Command, Rejected, TabCommand, TabId, delegate, new_tab, pending, send, tab_signals
 from .db import Db
+from .headers import SecurityHeaders, content_security_policy
 from .exceptions import (
     AccountUnavailable,
     AlreadyRunning,
@@ -41,6 +42,8 @@ __all__ = [
     "new_tab", "tab_signals", "send", "delegate", "pending", "DATASTAR_CDN",
     # a form or an upload: its tab and op as fields
     "form_fields", "send_form",
+    # a production page's headers
+    "SecurityHeaders", "content_security_policy",
     # what the hub sends a tab
     "Frame", "Stream",
     # one database per account

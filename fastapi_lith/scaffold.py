@@ -1,14 +1,26 @@
 """Write a new project from the template beside this module (`python -m fastapi_lith new`).
 
-The template is the folder `template/`: every `*.tmpl` file, with `{{name}}`, `{{package}}`,
-`{{lith_version}}` and `{{lith_source}}` filled in; `__package__` in a path becomes the
-project's package and a leading `dot-` a leading dot.
+The template is the folder `template/`: every `*.tmpl` file, with `{{name}}`, `{{package}}`
+and `{{lith_version}}` filled in; `__package__` in a path becomes the project's package and a
+leading `dot-` a leading dot.
+
+fastapi-lith is not on PyPI, so the project carries its wheel: `wheels/`, committed with it,
+where `pip install --find-links wheels` finds the exact version the project pins. The wheel is
+built from the checkout `new` runs from, or else repacked from the installed files.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import keyword
 import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from importlib import metadata
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -70,15 +82,59 @@ def render_path(rel: str, package: str) -> str:
     return "/".join(parts)
 
 
-def lith_source() -> str:
-    """What a new project installs fastapi-lith from: this checkout when we run from one."""
+def _checkout() -> Path | None:
+    """The source checkout this module runs from, if it does."""
     checkout = Path(__file__).resolve().parent.parent
     try:
         if 'name = "fastapi-lith"' in (checkout / "pyproject.toml").read_text(encoding="utf-8"):
-            return str(checkout)
+            return checkout
     except OSError:
         pass
-    return f"fastapi-lith>={__version__}"
+    return None
+
+
+def lith_wheel(into: Path) -> Path:
+    """Write fastapi-lith's wheel, this version, into `into`; returns its path."""
+    into.mkdir(parents=True, exist_ok=True)
+    checkout = _checkout()
+    if checkout is None:
+        return _repack(metadata.distribution("fastapi-lith"), into)
+    with tempfile.TemporaryDirectory(prefix="lith-wheel-") as tmp:
+        # A clean copy: setuptools' build/ folder in a checkout can hold files since deleted.
+        source = Path(tmp) / "src"
+        source.mkdir()
+        for name in ("pyproject.toml", "README.md"):
+            shutil.copy2(checkout / name, source / name)
+        shutil.copytree(checkout / "fastapi_lith", source / "fastapi_lith",
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(into), str(source)],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise ProjectError(f"could not build fastapi-lith's wheel from {checkout}:\n{done.stderr}")
+    (wheel,) = into.glob(f"fastapi_lith-{__version__}-*.whl")
+    return wheel
+
+
+def _repack(dist: metadata.Distribution, into: Path) -> Path:
+    """The wheel of an installed, pure-Python distribution, from the files its RECORD lists."""
+    info = f"fastapi_lith-{dist.version}.dist-info"
+    wheel = into / f"fastapi_lith-{dist.version}-py3-none-any.whl"
+    skip = {"RECORD", "INSTALLER", "REQUESTED", "direct_url.json"}
+    records = []
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as z:
+        for file in dist.files or ():
+            name = file.as_posix()
+            if "__pycache__" in name or name.startswith("..") or (name.startswith(info) and file.name in skip):
+                continue
+            data = Path(str(dist.locate_file(file))).read_bytes()
+            z.writestr(name, data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            records.append(f"{name},sha256={digest},{len(data)}")
+        records.append(f"{info}/RECORD,,")
+        z.writestr(f"{info}/RECORD", "\n".join(records) + "\n")
+    return wheel
 
 
 def render_text(text: str, *, name: str, package: str) -> str:
@@ -86,7 +142,6 @@ def render_text(text: str, *, name: str, package: str) -> str:
         text.replace("{{name}}", name)
         .replace("{{package}}", package)
         .replace("{{lith_version}}", __version__)
-        .replace("{{lith_source}}", lith_source())
     )
 
 
@@ -107,6 +162,7 @@ def new_project(directory: str | Path, *, name: str | None = None) -> list[Path]
         if path.relative_to(root).as_posix() in EXECUTABLE:
             path.chmod(0o755)
         written.append(path)
+    written.append(lith_wheel(root / "wheels"))
     return written
 
 

@@ -234,7 +234,7 @@ def test_one_line_routes_answer_204_and_stay_out_of_openapi(server: object, tmp_
     bad = httpx.post(url + "/notes", json={"tab": "t 1", "text": "x"}, headers=SAME_ORIGIN)
     assert bad.status_code == 422 and bad.text.startswith('<div id="lith-error"')
     paths = httpx.get(url + "/openapi.json").json()["paths"]
-    assert "/notes" not in paths and "/purge" not in paths
+    assert "/notes" not in paths and "/purge" not in paths and "/lith/stream" not in paths
 
 
 def test_a_route_takes_other_dependencies_and_a_plain_rejection_is_409(server: object, tmp_path: Path) -> None:

@@ -44,7 +44,7 @@ def health():
 """
 
 # Stands in for `systemctl restart lith@NAME`: stop the one process, then start the release that
-# `current` points to. The pid file says which process is ours.
+# `current` points to (APP in it, with PY). The pid file says which process is ours.
 RESTART = r"""#!/usr/bin/env bash
 set -u
 pidfile="$ROOT/app.pid"
@@ -60,7 +60,7 @@ if [ -f "$pidfile" ]; then
 fi
 echo "$(date +%s.%N) restart" >> "$ROOT/restarts.log"
 cd "$ROOT/current"
-"$PY" -m uvicorn app:app --host 127.0.0.1 --port "$PORT" --timeout-graceful-shutdown 2 \
+"$PY" -m uvicorn "${APP:-app:app}" --host 127.0.0.1 --port "$PORT" --timeout-graceful-shutdown 2 \
     >> "$ROOT/app.log" 2>&1 < /dev/null &
 echo $! > "$pidfile"
 """
@@ -212,6 +212,41 @@ def test_a_first_release_that_fails_has_nothing_to_roll_back_to(site: Site) -> N
     assert done.returncode == 2
     assert "no previous release to roll back to" in done.stderr and "stays current" in done.stderr
     assert site.releases() == [site.current()]
+
+
+def test_the_copy_before_a_deploy_keeps_the_databases_owner_and_mode(site: Site) -> None:
+    """deploy.sh runs as root; the copy and a backups/ it makes stay the service user's, and the
+    copy is no more readable than the database (the unit's UMask makes it 0640)."""
+    data = site.root / "data"
+    db_path = data / "app.db"
+    with closing(sqlite3.connect(db_path)) as conn:
+        conn.executescript("CREATE TABLE t (x); INSERT INTO t VALUES (1);")
+    db_path.chmod(0o640)
+    service = (65534, 65534) if os.getuid() == 0 else (os.getuid(), os.getgid())  # nobody, as root
+    for path in (data, db_path):
+        os.chown(path, *service)
+    done = site.deploy(write_version(site.sources / "v1", "v1"), DB=str(db_path), LITH_PYTHON=sys.executable)
+    assert done.returncode == 0, done.stdout + done.stderr
+    backups = data / "backups"
+    (copy,) = backups.glob("app-before-*.db")
+    for path in (backups, copy, Path(f"{copy}.sha256")):
+        assert (path.stat().st_uid, path.stat().st_gid) == service, path
+        assert path.stat().st_mode & 0o007 == 0, f"{path}: {oct(path.stat().st_mode)}"  # nothing for others
+    assert copy.stat().st_mode & 0o777 == 0o640
+    assert verify(copy).ok
+
+
+def test_a_release_whose_python_the_service_cannot_run_is_refused(site: Site, tmp_path: Path) -> None:
+    """A venv made with a Python under a home folder (a pyenv in /root) fails under the unit's
+    ProtectHome=yes: the install is refused before anything switches."""
+    python = str(Path(sys.executable).resolve())
+    if not python.startswith(("/root/", "/home/")):
+        pytest.skip(f"this Python ({python}) is not under a home folder")
+    fake = 'mkdir -p "$RELEASE/.venv/bin" && ln -s "$PYTHON" "$RELEASE/.venv/bin/python"'  # a venv's link
+    done = site.deploy(write_version(site.sources / "v1", "v1"), INSTALL_CMD=fake, PYTHON=python)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "under a home folder" in done.stderr and "--python /usr/bin/python3" in done.stderr, done.stderr
+    assert not (site.root / "current").exists() and site.releases() == []
 
 
 def test_usage() -> None:

@@ -16,11 +16,12 @@ import httpx
 import pytest
 
 from browser import Server, ensure_datastar_js, find_chromium
+from fastapi_lith import __version__
 from fastapi_lith.cli import main
 from fastapi_lith.scaffold import render_text, template_files
 
 REPO = Path(__file__).resolve().parent.parent
-PLACEHOLDER = re.compile(r"\{\{(name|package|lith_version|lith_source)\}\}")
+PLACEHOLDER = re.compile(r"\{\{(name|package|lith_version)\}\}")
 EXPECTED = {
     ".ci/run", ".gitignore", "Makefile", "README.md", "pyproject.toml",
     "guestbook/__init__.py", "guestbook/app.py", "guestbook/migrations/0001_init.sql",
@@ -28,6 +29,7 @@ EXPECTED = {
     "deploy/Caddyfile", "deploy/deploy.sh", "deploy/env.example", "deploy/lith@.service",
     "deploy/logging.json",
 }  # fmt: skip
+WHEEL = f"wheels/fastapi_lith-{__version__}-py3-none-any.whl"  # the version pyproject.toml pins
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +41,9 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_project_has_every_part_and_no_placeholder_left(project: Path) -> None:
     files = {p.relative_to(project).as_posix() for p in project.rglob("*") if p.is_file()}
-    assert files == EXPECTED
-    for rel in files:
+    assert files == EXPECTED | {WHEEL}
+    assert f'"fastapi-lith=={__version__}"' in (project / "pyproject.toml").read_text()
+    for rel in EXPECTED:
         text = (project / rel).read_text()
         assert not PLACEHOLDER.search(text), rel
     for rel in (".ci/run", "deploy/deploy.sh"):

@@ -16,7 +16,7 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 from pydantic import Field
 
-from fastapi_lith import ACCOUNT_NAME, Accounts, Command, Db, Tx, Writer
+from fastapi_lith import ACCOUNT_NAME, Accounts, Command, Db, SecurityHeaders, Tx, Writer
 
 # --8<-- [start:accounts]
 accounts = Accounts(
@@ -69,7 +69,8 @@ def notes_view(db: Db) -> h.Element:
     return h.ul("#notes")[(h.li[row["text"]] for row in db.all(NOTES))]
 
 
-app = FastAPI(lifespan=accounts.lifespan)
+app = FastAPI(lifespan=accounts.lifespan, docs_url=None, redoc_url=None, openapi_url=None)  # no API docs in production
+app.add_middleware(SecurityHeaders, datastar_url=accounts.datastar_url)  # CSP, nosniff, no framing
 accounts.install(app)  # the body limit and HTML errors; accounts.router joins at start-up
 
 

@@ -8,7 +8,7 @@ from fastapi import FastAPI
 from fastapi.responses import HTMLResponse
 from pydantic import Field
 
-from fastapi_lith import Db, Lith, TabCommand, Tx, new_tab, pending, send, tab_signals
+from fastapi_lith import Db, Lith, SecurityHeaders, TabCommand, Tx, new_tab, pending, send, tab_signals
 
 HERE = Path(__file__).parent
 RANGE = "Pick a number from 1 to 100."  # the app's own wording of pydantic's errors, by type
@@ -37,7 +37,9 @@ def counter_view(db: Db) -> h.Element:  # every tab shows it; each also gets "ou
     return h.p("#counter.count")[db.scalar(COUNT)]
 
 
-app = FastAPI(lifespan=lith.lifespan)
+# A production app serves no API docs: its routes are the page and its commands.
+app = FastAPI(lifespan=lith.lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+app.add_middleware(SecurityHeaders, datastar_url=lith.datastar_url)  # CSP, nosniff, no framing
 lith.install(app)  # the stream route, the body limit, errors as HTML for Datastar
 lith.command(app, "/add", Add)
 

@@ -19,6 +19,8 @@ from fastapi.responses import HTMLResponse
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from fastapi_lith import SecurityHeaders
+
 from . import schema as s
 from .commands import (
     LEAVE_GRACE,
@@ -34,7 +36,7 @@ from .commands import (
     Startup,
 )
 from .live import lith
-from .page import Visit, boards_page, not_found, page
+from .page import DATASTAR_FAILED, SCRIPT, Visit, boards_page, not_found, page
 from .views import first_paint
 
 # A board id from the URL, bounded like the table's ids: 2**63 would overflow SQLite's integers
@@ -52,7 +54,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
 
 
-app = FastAPI(title="Kanban", lifespan=lifespan)
+app = FastAPI(title="Kanban", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)  # no API docs in production
+# CSP, nosniff, no framing; the board's own inline script and Datastar's onerror by their hashes
+app.add_middleware(SecurityHeaders, datastar_url=lith.datastar_url, inline_scripts=(SCRIPT, DATASTAR_FAILED))
 lith.install(app)  # the stream route, the body limit, errors as HTML for Datastar
 
 # -- commands: each answers 204; its tab's outcome view says what happened, or why not --------
