@@ -132,6 +132,52 @@ async def test_a_hub_behind_the_pruned_feed_renders_everything_once(tmp_path: Pa
         assert there.html("counter") == '<p id="counter">1</p>'
 
 
+async def test_a_poll_whose_read_fails_reads_the_change_at_the_next_tick(tmp_path: Path) -> None:
+    """The version moves on only with the rows read: a failed read of the table loses nothing."""
+    a, b = make_lith(tmp_path), make_lith(tmp_path)
+    async with Tabs(a) as tabs_a, Tabs(b) as tabs_b:
+        there = await tabs_b.open("counter")
+        assert isinstance(b.feed, SqliteFeed) and b.feed._conn is not None
+        conn = b.feed._conn
+        running: list[str] = []
+        faults = [1]  # SQLite interrupts the next read of the feed table, once
+
+        def interrupt() -> int:
+            if faults and running and "FROM lith_feed" in running[-1]:
+                faults.pop()
+                return 1
+            return 0
+
+        conn.set_trace_callback(running.append)
+        conn.set_progress_handler(interrupt, 1)
+        await tabs_a.do(Add())
+        assert await tabs_b.tick() == 0  # data_version moved, the read was interrupted
+        assert not faults and b.feed.changed == 1
+        assert await tabs_b.tick() == 1  # no commit since: the same change is read again
+        assert there.html("counter") == '<p id="counter">1</p>'
+        conn.set_progress_handler(None, 1)
+        conn.set_trace_callback(None)
+
+
+async def test_a_failing_feed_write_rolls_back_its_batch(tmp_path: Path) -> None:
+    """The entry is written inside the batch: no commit that other processes never hear of."""
+    a, b = make_lith(tmp_path), make_lith(tmp_path)
+    async with Tabs(a) as tabs_a, Tabs(b) as tabs_b:
+        there = await tabs_b.open("counter")
+        with sqlite3.connect(tmp_path / "app.db") as conn:  # a feed write that SQLite refuses
+            conn.execute(
+                "CREATE TRIGGER refuse BEFORE INSERT ON lith_feed BEGIN SELECT RAISE(ABORT, 'no feed'); END"
+            )
+        with pytest.raises(sqlite3.IntegrityError, match="no feed"):
+            await tabs_a.do(Add())
+        with sqlite3.connect(tmp_path / "app.db") as conn:
+            assert conn.execute("SELECT n FROM counter").fetchone()[0] == 0
+            conn.execute("DROP TRIGGER refuse")
+        assert await tabs_a.do(Add()) is None
+        assert await tabs_b.tick() == 1
+        assert there.html("counter") == '<p id="counter">1</p>'
+
+
 async def test_writers_of_two_processes_take_turns_without_busy_errors(tmp_path: Path) -> None:
     a, b = make_lith(tmp_path), make_lith(tmp_path)
     async with Tabs(a) as tabs_a, Tabs(b) as tabs_b:
