@@ -117,6 +117,34 @@ def test_verify_without_a_checksum_finds_a_damaged_page(copy: Path, run: Callabl
     assert "integrity  FAILED" in done.stdout and "checksum   none" in done.stdout
 
 
+def test_verify_finds_an_index_out_of_step_with_its_table(tmp_path: Path) -> None:
+    """The damage `quick_check` cannot see: rows changed while their index was not kept up."""
+    path = tmp_path / "board.db"
+    with closing(sqlite3.connect(path)) as conn:
+        conn.executescript(
+            "CREATE TABLE card (id INTEGER PRIMARY KEY, title TEXT, lane TEXT);"
+            "CREATE INDEX card_lane ON card (lane);"
+        )
+        conn.executemany("INSERT INTO card (title, lane) VALUES (?, ?)", [(f"t{i}", "todo") for i in range(200)])
+        conn.commit()
+        index = conn.execute("SELECT * FROM sqlite_schema WHERE name = 'card_lane'").fetchone()
+        conn.execute("PRAGMA writable_schema = ON")  # hide the index from SQLite for a moment
+        conn.execute("DELETE FROM sqlite_schema WHERE name = 'card_lane'")
+        conn.commit()
+    with closing(sqlite3.connect(path)) as conn:
+        conn.execute("UPDATE card SET lane = 'done' WHERE id <= 3")  # the index keeps 'todo'
+        conn.execute("PRAGMA writable_schema = ON")
+        conn.execute("INSERT INTO sqlite_schema VALUES (?, ?, ?, ?, ?)", index)
+        conn.commit()
+    with closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("PRAGMA quick_check").fetchall() == [("ok",)]
+        assert conn.execute("SELECT count(*) FROM card WHERE lane = 'done'").fetchone()[0] == 0  # through the index
+    report = verify(path)
+    assert not report.ok and report.checksum == "missing"
+    assert report.integrity == [f"row {i} missing from index card_lane" for i in (1, 2, 3)]
+    assert "integrity_check: row 1 missing from index card_lane" in report.problems()[0]
+
+
 def test_verify_of_a_file_that_is_not_a_database(tmp_path: Path, run: Callable[..., subprocess.CompletedProcess[str]]) -> None:
     junk = tmp_path / "junk.db"
     junk.write_bytes(os.urandom(8192))
