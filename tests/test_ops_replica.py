@@ -187,6 +187,7 @@ def test_litestream_is_restarted_when_it_dies_and_stops_when_the_app_dies(tmp_pa
         server.stop()
 
 
+@pytest.mark.timeout(60)  # three starts and back-offs of 1 and 2 s: past `make mutate`'s hang limit
 async def test_litestream_dying_again_at_once_waits_longer_each_time(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
