@@ -193,6 +193,18 @@ async def test_a_failing_feed_write_rolls_back_its_batch(tmp_path: Path) -> None
         assert there.html("counter") == '<p id="counter">1</p>'
 
 
+async def test_the_hub_reads_the_feed_on_a_read_only_connection_that_close_closes(tmp_path: Path) -> None:
+    lith = make_lith(tmp_path)
+    async with Tabs(lith):
+        assert isinstance(lith.feed, SqliteFeed) and lith.feed._conn is not None
+        conn = lith.feed._conn
+        with pytest.raises(sqlite3.OperationalError, match="readonly"):  # the event loop never writes
+            conn.execute("DELETE FROM lith_feed")
+    assert lith.feed._conn is None
+    with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+        conn.execute("SELECT 1")
+
+
 async def test_writers_of_two_processes_take_turns_without_busy_errors(tmp_path: Path) -> None:
     a, b = make_lith(tmp_path), make_lith(tmp_path)
     async with Tabs(a) as tabs_a, Tabs(b) as tabs_b:
