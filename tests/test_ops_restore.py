@@ -117,6 +117,27 @@ def test_verify_without_a_checksum_finds_a_damaged_page(copy: Path, run: Callabl
     assert "integrity  FAILED" in done.stdout and "checksum   none" in done.stdout
 
 
+def test_a_report_says_what_it_found_for_a_person_and_as_data(copy: Path, tmp_path: Path) -> None:
+    sound = verify(copy)
+    sidecar = checksum_path(copy).name
+    assert sound.ok and sound.problems() == []
+    assert sound.lines()[-2:] == [f"  checksum   ok ({sidecar})", "  verdict    ok"]
+    assert sound.as_dict() == {
+        "path": str(copy), "ok": True, "version": 7, "size": copy.stat().st_size,
+        "page_size": sound.page_size, "pages": sound.pages, "freelist": 0,
+        "integrity": ["ok"], "checksum": "ok", "error": None,
+    }  # fmt: skip
+    assert sound.pages * sound.page_size == sound.size
+    flip(copy, copy.stat().st_size // 2 + 1000)
+    changed = verify(copy)
+    assert changed.checksum == "mismatch"
+    assert changed.problems()[-1] == f"checksum mismatch: the file changed after the copy was taken ({sidecar})"
+    assert changed.lines()[-1] == "  verdict    BAD: do not restore this copy"
+    missing = verify(tmp_path / "nothing.db")
+    assert (missing.ok, missing.error, missing.checksum) == (False, "no such file", "skipped")
+    assert missing.problems() == ["no such file"]
+
+
 def test_verify_finds_an_index_out_of_step_with_its_table(tmp_path: Path) -> None:
     """The damage `quick_check` cannot see: rows changed while their index was not kept up."""
     path = tmp_path / "board.db"
@@ -132,7 +153,7 @@ def test_verify_finds_an_index_out_of_step_with_its_table(tmp_path: Path) -> Non
         conn.execute("DELETE FROM sqlite_schema WHERE name = 'card_lane'")
         conn.commit()
     with closing(sqlite3.connect(path)) as conn:
-        conn.execute("UPDATE card SET lane = 'done' WHERE id <= 3")  # the index keeps 'todo'
+        conn.execute("UPDATE card SET lane = 'done' WHERE id <= 6")  # the index keeps 'todo'
         conn.execute("PRAGMA writable_schema = ON")
         conn.execute("INSERT INTO sqlite_schema VALUES (?, ?, ?, ?, ?)", index)
         conn.commit()
@@ -141,8 +162,10 @@ def test_verify_finds_an_index_out_of_step_with_its_table(tmp_path: Path) -> Non
         assert conn.execute("SELECT count(*) FROM card WHERE lane = 'done'").fetchone()[0] == 0  # through the index
     report = verify(path)
     assert not report.ok and report.checksum == "missing"
-    assert report.integrity == [f"row {i} missing from index card_lane" for i in (1, 2, 3)]
-    assert "integrity_check: row 1 missing from index card_lane" in report.problems()[0]
+    lines = [f"row {i} missing from index card_lane" for i in range(1, 7)]
+    assert report.integrity == lines
+    assert report.problems() == ["integrity_check: " + "; ".join(lines[:5])]  # the first five
+    assert "  integrity  FAILED (6 problems)" in report.lines()
 
 
 def test_verify_of_a_file_that_is_not_a_database(tmp_path: Path, run: Callable[..., subprocess.CompletedProcess[str]]) -> None:
