@@ -117,7 +117,7 @@ def test_verify_without_a_checksum_finds_a_damaged_page(copy: Path, run: Callabl
     assert "integrity  FAILED" in done.stdout and "checksum   none" in done.stdout
 
 
-def test_a_report_says_what_it_found_for_a_person_and_as_data(copy: Path, tmp_path: Path) -> None:
+def test_verify_reports_what_it_found_for_a_person_and_as_data(copy: Path, tmp_path: Path) -> None:
     sound = verify(copy)
     sidecar = checksum_path(copy).name
     assert sound.ok and sound.problems() == []
