@@ -128,6 +128,14 @@ def test_verify_reports_what_it_found_for_a_person_and_as_data(copy: Path, tmp_p
         "integrity": ["ok"], "checksum": "ok", "error": None,
     }  # fmt: skip
     assert sound.pages * sound.page_size == sound.size
+    unchecked = verify(copy, checksum=False)
+    assert unchecked.ok and unchecked.checksum == "skipped"
+    assert unchecked.lines()[0] == str(copy) and "  integrity  ok" in unchecked.lines()
+    assert "  checksum   not checked" in unchecked.lines()
+    digest = checksum_path(copy).read_text()
+    checksum_path(copy).write_text("")  # an empty sidecar matches nothing
+    assert verify(copy).checksum == "mismatch"
+    checksum_path(copy).write_text(digest)
     flip(copy, copy.stat().st_size // 2 + 1000)
     changed = verify(copy)
     assert changed.checksum == "mismatch"
@@ -153,7 +161,7 @@ def test_verify_finds_an_index_out_of_step_with_its_table(tmp_path: Path) -> Non
         conn.execute("DELETE FROM sqlite_schema WHERE name = 'card_lane'")
         conn.commit()
     with closing(sqlite3.connect(path)) as conn:
-        conn.execute("UPDATE card SET lane = 'done' WHERE id <= 6")  # the index keeps 'todo'
+        conn.execute("UPDATE card SET lane = 'done' WHERE id <= 25")  # the index keeps 'todo'
         conn.execute("PRAGMA writable_schema = ON")
         conn.execute("INSERT INTO sqlite_schema VALUES (?, ?, ?, ?, ?)", index)
         conn.commit()
@@ -162,10 +170,12 @@ def test_verify_finds_an_index_out_of_step_with_its_table(tmp_path: Path) -> Non
         assert conn.execute("SELECT count(*) FROM card WHERE lane = 'done'").fetchone()[0] == 0  # through the index
     report = verify(path)
     assert not report.ok and report.checksum == "missing"
-    lines = [f"row {i} missing from index card_lane" for i in range(1, 7)]
+    lines = [f"row {i} missing from index card_lane" for i in range(1, 26)]
     assert report.integrity == lines
     assert report.problems() == ["integrity_check: " + "; ".join(lines[:5])]  # the first five
-    assert "  integrity  FAILED (6 problems)" in report.lines()
+    shown = report.lines()
+    assert "  integrity  FAILED (25 problems)" in shown
+    assert [line for line in shown if line.startswith("    row")] == [f"    {line}" for line in lines[:20]]
 
 
 def test_verify_of_a_file_that_is_not_a_database(tmp_path: Path, run: Callable[..., subprocess.CompletedProcess[str]]) -> None:
