@@ -200,9 +200,24 @@ async def test_the_hub_reads_the_feed_on_a_read_only_connection_that_close_close
         conn = lith.feed._conn
         with pytest.raises(sqlite3.OperationalError, match="readonly"):  # the event loop never writes
             conn.execute("DELETE FROM lith_feed")
-    assert lith.feed._conn is None
+    assert lith.feed._conn is None and lith.feed._lock_fd is None
     with pytest.raises(sqlite3.ProgrammingError, match="closed"):
         conn.execute("SELECT 1")
+
+
+async def test_a_hub_skips_only_its_own_entries_among_other_processes(tmp_path: Path) -> None:
+    a, b = make_lith(tmp_path), make_lith(tmp_path)
+    async with Tabs(a) as tabs_a, Tabs(b) as tabs_b:
+        there = await tabs_b.open("counter", "note/{tab}", tab="there")
+        await tabs_a.do(Add())
+        await tabs_b.do(Note(tab="someone-else", text="b's own"))
+        await tabs_a.do(Note(tab=there.id, text="after the entry of b"))
+        assert await tabs_b.tick() == 2  # a's two entries, either side of b's own
+        assert there.html("note/{tab}") == '<p id="note">after the entry of b</p>'
+        assert isinstance(b.feed, SqliteFeed) and (b.feed.changed, b.feed.reads) == (1, 3)
+        await tabs_a.do(Add())
+        assert await tabs_b.tick() == 1
+        assert b.feed.changed == 2
 
 
 async def test_writers_of_two_processes_take_turns_without_busy_errors(tmp_path: Path) -> None:
