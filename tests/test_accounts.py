@@ -423,6 +423,34 @@ async def test_concurrent_requests_across_more_accounts_than_max_open_lose_nothi
             assert conn.execute("SELECT count FROM counter").fetchone()[0] == 40
 
 
+async def test_max_open_never_closes_an_account_with_a_request_in_flight(tmp_path: Path) -> None:
+    accounts, app = make_app(tmp_path / "accounts", write_migrations(tmp_path / "m", INIT), max_open=1, idle_after=60)
+    entered, go = asyncio.Event(), asyncio.Event()
+
+    @accounts.router.post("/slow")
+    async def slow(writer: Writer = Depends(accounts.writer)) -> int:
+        entered.set()
+        await go.wait()  # the request holds acme while another account opens
+        return await writer.do(Add())
+
+    async with accounts.lifespan(app):
+        for name in ("acme", "globex", "initech"):
+            await accounts.create(name)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            request = asyncio.create_task(client.post("/a/acme/slow"))
+            try:
+                await entered.wait()
+                await accounts.get("globex")  # over the limit, but acme is in use: it stays
+                assert accounts.open_names() == ["acme", "globex"]
+            finally:
+                go.set()
+            response = await request
+        assert (response.status_code, response.json()) == (200, 1)
+        await accounts.get("initech")  # both idle now: both go
+        assert accounts.open_names() == ["initech"]
+
+
 async def test_a_refused_command_is_shown_to_its_tab_in_its_own_account(served: tuple[Accounts, httpx.AsyncClient]) -> None:
     accounts, client = served
     await accounts.create("acme")

@@ -12,13 +12,14 @@ from pathlib import Path
 
 import brotli
 import htpy as h
+import pytest
 import sqlalchemy as sa
 import zstandard
 
 from fastapi_lith import Command, Db, Lith, Tx
 from fastapi_lith.encoders import BrotliEncoder, Encoder, GzipEncoder, ZstdEncoder
-from fastapi_lith.fanout import Fanout
-from fastapi_lith.streams import Stream, body
+from fastapi_lith.fanout import INLINE_BELOW, Fanout
+from fastapi_lith.streams import Frame, Stream, body
 from fastapi_lith.testing import Tabs
 
 counter = sa.table("counter", sa.column("id"), sa.column("count"))
@@ -164,6 +165,23 @@ async def test_encodes_run_beside_the_loop_and_small_writes_on_it(tmp_path: Path
         assert ThreadNoting.threads == {threading.current_thread().name}
     await asyncio.wait_for(task, 10)
     assert reader.closed
+
+
+@pytest.mark.parametrize("size", [100, 20_000], ids=["on the loop", "on a worker"])
+async def test_a_frame_that_cannot_be_encoded_ends_its_body_with_the_error(size: int) -> None:
+    """An encode error reaches its stream's body, wherever it was encoded: never a body that waits."""
+    fanout = Fanout(workers=1)
+    stream = Stream("t")
+    stream.offer(Frame("board", "\ud800" * size))  # a lone surrogate: no UTF-8 for it
+    try:
+        async with asyncio.timeout(10):  # a body that would wait forever
+            with pytest.raises(UnicodeEncodeError):
+                async for _ in body(stream, ZstdEncoder(), fanout=fanout):
+                    pass
+    finally:
+        fanout.close()
+    assert stream.ended and not stream.encoding
+    assert (fanout.inline, fanout.encodes) == ((1, 1) if size < INLINE_BELOW else (0, 1))
 
 
 async def test_shutdown_closes_every_body_while_frames_are_in_flight(tmp_path: Path) -> None:

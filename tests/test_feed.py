@@ -7,6 +7,7 @@ processes would; only the address space is shared. tests/test_workers.py runs re
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 from pathlib import Path
 
@@ -115,7 +116,9 @@ async def test_an_idle_poll_asks_only_data_version(tmp_path: Path) -> None:
         assert len(statements) == 3  # the second poll: nothing new, no query
 
 
-async def test_a_hub_behind_the_pruned_feed_renders_everything_once(tmp_path: Path) -> None:
+async def test_a_hub_behind_the_pruned_feed_renders_everything_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     a = make_lith(tmp_path, feed=SqliteFeed(tmp_path / "app.db", keep=4, prune_every=2))
     b = make_lith(tmp_path)
     async with Tabs(a) as tabs_a, Tabs(b) as tabs_b:
@@ -123,13 +126,98 @@ async def test_a_hub_behind_the_pruned_feed_renders_everything_once(tmp_path: Pa
         for i in range(10):  # ten batches: b's hub polls none of them
             await tabs_a.do(Note(tab="someone-else", text=str(i)))
         with sqlite3.connect(tmp_path / "app.db") as conn:
-            assert conn.execute("SELECT count(*) FROM lith_feed").fetchone()[0] <= 5
+            assert conn.execute("SELECT seq FROM lith_feed").fetchall() == [(7,), (8,), (9,), (10,)]
+        caplog.set_level(logging.INFO, logger="fastapi_lith.feed")
         assert await tabs_b.tick() == 2  # a gap: both views render, though no topic of theirs
-        assert isinstance(b.feed, SqliteFeed) and b.feed.gaps == 1
+        assert isinstance(b.feed, SqliteFeed) and (b.feed.gaps, b.feed.reads) == (1, 4)
+        assert "feed: 6 entries missed, every view renders again" in caplog.messages
         assert await tabs_b.tick() == 0
         await tabs_a.do(Add())
         assert await tabs_b.tick() == 1  # caught up: topics again
         assert there.html("counter") == '<p id="counter">1</p>'
+        assert (b.feed.gaps, b.feed.reads) == (1, 5)
+        for i in range(6):  # behind again: entry 12 pruned
+            await tabs_a.do(Note(tab="someone-else", text=str(i)))
+        assert await tabs_b.tick() == 2
+        assert (b.feed.gaps, b.feed.reads) == (2, 10)
+        assert "feed: 1 entries missed, every view renders again" in caplog.messages
+
+
+async def test_a_poll_whose_read_fails_reads_the_change_at_the_next_tick(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The version moves on only with the rows read: a failed read of the table loses nothing."""
+    a, b = make_lith(tmp_path), make_lith(tmp_path)
+    async with Tabs(a) as tabs_a, Tabs(b) as tabs_b:
+        there = await tabs_b.open("counter")
+        assert isinstance(b.feed, SqliteFeed) and b.feed._conn is not None
+        conn = b.feed._conn
+        running: list[str] = []
+        faults = [1]  # SQLite interrupts the next read of the feed table, once
+
+        def interrupt() -> int:
+            if faults and running and "FROM lith_feed" in running[-1]:
+                faults.pop()
+                return 1
+            return 0
+
+        conn.set_trace_callback(running.append)
+        conn.set_progress_handler(interrupt, 1)
+        await tabs_a.do(Add())
+        caplog.set_level(logging.DEBUG, logger="fastapi_lith.feed")
+        assert await tabs_b.tick() == 0  # data_version moved, the read was interrupted
+        assert caplog.messages == ["feed poll deferred: interrupted"]
+        assert not faults and b.feed.changed == 1
+        assert await tabs_b.tick() == 1  # no commit since: the same change is read again
+        assert there.html("counter") == '<p id="counter">1</p>'
+        conn.set_progress_handler(None, 1)
+        conn.set_trace_callback(None)
+
+
+async def test_a_failing_feed_write_rolls_back_its_batch(tmp_path: Path) -> None:
+    """The entry is written inside the batch: no commit that other processes never hear of."""
+    a, b = make_lith(tmp_path), make_lith(tmp_path)
+    async with Tabs(a) as tabs_a, Tabs(b) as tabs_b:
+        there = await tabs_b.open("counter")
+        with sqlite3.connect(tmp_path / "app.db") as conn:  # a feed write that SQLite refuses
+            conn.execute(
+                "CREATE TRIGGER refuse BEFORE INSERT ON lith_feed BEGIN SELECT RAISE(ABORT, 'no feed'); END"
+            )
+        with pytest.raises(sqlite3.IntegrityError, match="no feed"):
+            await tabs_a.do(Add())
+        with sqlite3.connect(tmp_path / "app.db") as conn:
+            assert conn.execute("SELECT n FROM counter").fetchone()[0] == 0
+            conn.execute("DROP TRIGGER refuse")
+        assert await tabs_a.do(Add()) is None
+        assert await tabs_b.tick() == 1
+        assert there.html("counter") == '<p id="counter">1</p>'
+
+
+async def test_the_hub_reads_the_feed_on_a_read_only_connection_that_close_closes(tmp_path: Path) -> None:
+    lith = make_lith(tmp_path)
+    async with Tabs(lith):
+        assert isinstance(lith.feed, SqliteFeed) and lith.feed._conn is not None
+        conn = lith.feed._conn
+        with pytest.raises(sqlite3.OperationalError, match="readonly"):  # the event loop never writes
+            conn.execute("DELETE FROM lith_feed")
+    assert lith.feed._conn is None and lith.feed._lock_fd is None
+    with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+        conn.execute("SELECT 1")
+
+
+async def test_a_hub_skips_only_its_own_entries_among_other_processes(tmp_path: Path) -> None:
+    a, b = make_lith(tmp_path), make_lith(tmp_path)
+    async with Tabs(a) as tabs_a, Tabs(b) as tabs_b:
+        there = await tabs_b.open("counter", "note/{tab}", tab="there")
+        await tabs_a.do(Add())
+        await tabs_b.do(Note(tab="someone-else", text="b's own"))
+        await tabs_a.do(Note(tab=there.id, text="after the entry of b"))
+        assert await tabs_b.tick() == 2  # a's two entries, either side of b's own
+        assert there.html("note/{tab}") == '<p id="note">after the entry of b</p>'
+        assert isinstance(b.feed, SqliteFeed) and (b.feed.changed, b.feed.reads) == (1, 3)
+        await tabs_a.do(Add())
+        assert await tabs_b.tick() == 1
+        assert b.feed.changed == 2
 
 
 async def test_writers_of_two_processes_take_turns_without_busy_errors(tmp_path: Path) -> None:

@@ -143,6 +143,23 @@ async def test_when_every_watcher_stalls_the_instance_stops_rendering(tmp_path: 
         assert a.html("board/1") == '<p id="board-1">6</p>'  # a's held frame was replaced
 
 
+async def test_a_stream_watching_another_view_does_not_make_a_held_instance_render(tmp_path: Path) -> None:
+    """Whether every watcher holds a frame is asked of the instance's watchers, not every stream."""
+    lith, renders = make_lith(tmp_path)
+    async with Tabs(lith) as tabs:
+        held = await tabs.open("board/1")
+        await tabs.open("board/2")  # a stream of another view: it holds nothing of board/1
+        await tabs.do(Add())
+        assert await tabs.tick() == 1  # board/1's only watcher now holds an unsent frame
+        for _ in range(3):
+            await tabs.do(Add())
+            assert await tabs.tick() == 0
+        assert renders["board/1"] == 2
+        assert [f.html for f in held.read()] == ['<p id="board-1">1</p>']
+        assert await tabs.tick() == 1
+        assert held.html("board/1") == '<p id="board-1">4</p>'
+
+
 async def test_render_errors_are_contained(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     lith, _ = make_lith(tmp_path)
     broken = {"now": False}

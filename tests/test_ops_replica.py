@@ -3,7 +3,9 @@ real app to a file:// replica and to moto's S3 server on 127.0.0.1, killed with 
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import os
 import signal
 import sqlite3
@@ -183,6 +185,34 @@ def test_litestream_is_restarted_when_it_dies_and_stops_when_the_app_dies(tmp_pa
         wait_for(lambda: not alive(second), "Litestream to stop once its app is gone")
     finally:
         server.stop()
+
+
+@pytest.mark.timeout(60)  # three starts and back-offs of 1 and 2 s: past `make mutate`'s hang limit
+async def test_litestream_dying_again_at_once_waits_longer_each_time(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The restart back-off doubles while Litestream keeps dying soon after it starts."""
+    from fastapi_lith.ops.replica import Replica
+
+    db_path = tmp_path / "app.db"
+    with closing(sqlite3.connect(db_path)) as conn:
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("CREATE TABLE seq (n INTEGER PRIMARY KEY)")
+    replica = Replica(db_path, f"file://{tmp_path / 'replica'}", check_every=None)
+    caplog.set_level(logging.ERROR, logger="fastapi_lith.replica")
+    await replica.start()
+    try:
+        for restarts in (1, 2, 3):
+            pid = replica.pid
+            assert pid is not None
+            os.kill(pid, signal.SIGKILL)
+            async with asyncio.timeout(30):  # the new process reports its pid once started
+                while replica.restarts < restarts or replica.pid in (None, pid):
+                    await asyncio.sleep(0.02)
+    finally:
+        await replica.stop()
+    waits = [r.args[1] for r in caplog.records if r.msg.startswith("litestream %s; starting it again")]  # type: ignore[index]
+    assert waits == [1.0, 2.0, 4.0]
 
 
 def test_a_clean_stop_uploads_the_last_commits(tmp_path: Path, run: Run) -> None:

@@ -117,6 +117,67 @@ def test_verify_without_a_checksum_finds_a_damaged_page(copy: Path, run: Callabl
     assert "integrity  FAILED" in done.stdout and "checksum   none" in done.stdout
 
 
+def test_verify_reports_what_it_found_for_a_person_and_as_data(copy: Path, tmp_path: Path) -> None:
+    sound = verify(copy)
+    sidecar = checksum_path(copy).name
+    assert sound.ok and sound.problems() == []
+    assert sound.lines()[-2:] == [f"  checksum   ok ({sidecar})", "  verdict    ok"]
+    assert sound.as_dict() == {
+        "path": str(copy), "ok": True, "version": 7, "size": copy.stat().st_size,
+        "page_size": sound.page_size, "pages": sound.pages, "freelist": 0,
+        "integrity": ["ok"], "checksum": "ok", "error": None,
+    }  # fmt: skip
+    assert sound.pages * sound.page_size == sound.size
+    unchecked = verify(copy, checksum=False)
+    assert unchecked.ok and unchecked.checksum == "skipped"
+    assert unchecked.lines()[0] == str(copy) and "  integrity  ok" in unchecked.lines()
+    assert "  checksum   not checked" in unchecked.lines()
+    digest = checksum_path(copy).read_text()
+    checksum_path(copy).write_text("")  # an empty sidecar matches nothing
+    assert verify(copy).checksum == "mismatch"
+    checksum_path(copy).write_text(digest)
+    flip(copy, copy.stat().st_size // 2 + 1000)
+    changed = verify(copy)
+    assert changed.checksum == "mismatch"
+    assert changed.problems()[-1] == f"checksum mismatch: the file changed after the copy was taken ({sidecar})"
+    assert changed.lines()[-1] == "  verdict    BAD: do not restore this copy"
+    missing = verify(tmp_path / "nothing.db")
+    assert (missing.ok, missing.error, missing.checksum) == (False, "no such file", "skipped")
+    assert missing.problems() == ["no such file"]
+
+
+def test_verify_finds_an_index_out_of_step_with_its_table(tmp_path: Path) -> None:
+    """The damage `quick_check` cannot see: rows changed while their index was not kept up."""
+    path = tmp_path / "board.db"
+    with closing(sqlite3.connect(path)) as conn:
+        conn.executescript(
+            "CREATE TABLE card (id INTEGER PRIMARY KEY, title TEXT, lane TEXT);"
+            "CREATE INDEX card_lane ON card (lane);"
+        )
+        conn.executemany("INSERT INTO card (title, lane) VALUES (?, ?)", [(f"t{i}", "todo") for i in range(200)])
+        conn.commit()
+        index = conn.execute("SELECT * FROM sqlite_schema WHERE name = 'card_lane'").fetchone()
+        conn.execute("PRAGMA writable_schema = ON")  # hide the index from SQLite for a moment
+        conn.execute("DELETE FROM sqlite_schema WHERE name = 'card_lane'")
+        conn.commit()
+    with closing(sqlite3.connect(path)) as conn:
+        conn.execute("UPDATE card SET lane = 'done' WHERE id <= 25")  # the index keeps 'todo'
+        conn.execute("PRAGMA writable_schema = ON")
+        conn.execute("INSERT INTO sqlite_schema VALUES (?, ?, ?, ?, ?)", index)
+        conn.commit()
+    with closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("PRAGMA quick_check").fetchall() == [("ok",)]
+        assert conn.execute("SELECT count(*) FROM card WHERE lane = 'done'").fetchone()[0] == 0  # through the index
+    report = verify(path)
+    assert not report.ok and report.checksum == "missing"
+    lines = [f"row {i} missing from index card_lane" for i in range(1, 26)]
+    assert report.integrity == lines
+    assert report.problems() == ["integrity_check: " + "; ".join(lines[:5])]  # the first five
+    shown = report.lines()
+    assert "  integrity  FAILED (25 problems)" in shown
+    assert [line for line in shown if line.startswith("    row")] == [f"    {line}" for line in lines[:20]]
+
+
 def test_verify_of_a_file_that_is_not_a_database(tmp_path: Path, run: Callable[..., subprocess.CompletedProcess[str]]) -> None:
     junk = tmp_path / "junk.db"
     junk.write_bytes(os.urandom(8192))
