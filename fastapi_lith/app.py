@@ -83,6 +83,7 @@ class Lith:
         brotli_quality: int = 4,
         gzip_level: int = 6,
         datastar_url: str = DATASTAR_CDN,
+        datastar_integrity: str | None = None,
         backup_folder: str | Path | None = None,
         backup_every: float = 3600.0,
         backup_keep: int = 24,
@@ -169,6 +170,12 @@ class Lith:
         if not isinstance(datastar_url, str) or not datastar_url:
             raise SettingError(f"datastar_url must be a URL or a path, not {datastar_url!r}")
         self.datastar_url = datastar_url
+        # Subresource Integrity: the browser runs the script only if its bytes have this hash.
+        if datastar_integrity is not None and not (
+            isinstance(datastar_integrity, str) and _INTEGRITY.fullmatch(datastar_integrity)
+        ):
+            raise SettingError(f"datastar_integrity must be like 'sha384-<base64>', not {datastar_integrity!r}")
+        self.datastar_integrity = datastar_integrity
         if messages is not None and not callable(messages):
             raise SettingError(f"messages must be a function (pydantic error -> message or None), not {messages!r}")
         self.messages = messages
@@ -297,7 +304,11 @@ class Lith:
         """
         return Markup(h.fragment[
             h.p("#no-datastar", role="alert", hidden=True)["Datastar did not load: reload to try again."],
-            h.script(type="module", src=self.datastar_url, onerror=DATASTAR_NOTICE),
+            h.script(
+                type="module", src=self.datastar_url, onerror=DATASTAR_NOTICE,
+                integrity=self.datastar_integrity,
+                crossorigin="anonymous" if self.datastar_integrity else None,
+            ),
         ])
 
     async def encoder(self, accept_encoding: str | None = Header(None)) -> Encoder:
@@ -419,5 +430,6 @@ class Lith:
             self._hub.push(tab, frame)
 
 
+_INTEGRITY = re.compile(r"(sha256|sha384|sha512)-[A-Za-z0-9+/]+={0,2}( (sha256|sha384|sha512)-[A-Za-z0-9+/]+={0,2})*")
 _HTML_ID = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 _PREFIX = re.compile(r"(/[A-Za-z0-9._~-]+)+")

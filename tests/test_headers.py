@@ -4,6 +4,8 @@ the browser reports no violation."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,7 @@ from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import expect
 
 from browser import Server, wait_for_datastar
-from fastapi_lith import content_security_policy
+from fastapi_lith import Lith, SettingError, content_security_policy
 
 REPO = Path(__file__).resolve().parent.parent
 # Every violation the page reports, also those of report-only checks, kept for the test.
@@ -60,3 +62,60 @@ def test_a_custom_datastar_url_is_allowed_by_its_origin_and_inline_scripts_by_ha
     assert "script-src 'self' https://js.example.net 'unsafe-eval'" in csp and "cdn.jsdelivr.net" not in csp
     assert "'sha256-" in csp
     assert "script-src 'self' 'unsafe-eval'" in content_security_policy("/static/datastar.js")
+
+
+SRI_APP = """
+import os
+from pathlib import Path
+
+import htpy as h
+from fastapi import FastAPI
+from fastapi.responses import HTMLResponse
+from fastapi.staticfiles import StaticFiles
+
+from fastapi_lith import Lith
+
+lith = Lith(Path(__file__).parent / "app.db", datastar_url="/static/datastar.js",
+            datastar_integrity=os.environ["DATASTAR_INTEGRITY"])
+app = FastAPI(lifespan=lith.lifespan)
+lith.install(app)
+app.mount("/static", StaticFiles(directory=Path(__file__).parent / "static"), name="static")
+
+
+@app.get("/", response_class=HTMLResponse)
+async def page() -> str:
+    return str(h.html[h.body(data_signals="{clicks: 0}")[
+        lith.datastar(),
+        h.button({"data-on:click": "$clicks++"})["Click"],
+        h.output({"data-text": "$clicks"})["0"],
+    ]])
+"""
+
+
+@pytest.mark.parametrize("hash_matches", [True, False])
+def test_datastar_runs_only_if_its_bytes_have_the_integrity_hash(
+    hash_matches: bool, datastar_js: Path, new_page: Callable[..., Any], server_factory: Callable[..., Server],
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "static").mkdir()
+    served = datastar_js.read_bytes()
+    (tmp_path / "static" / "datastar.js").write_bytes(served)
+    digest = hashlib.sha384(served if hash_matches else served + b"\n").digest()
+    integrity = "sha384-" + base64.b64encode(digest).decode()
+    (tmp_path / "sri_app.py").write_text(SRI_APP)
+    server = server_factory("sri_app:app", cwd=tmp_path, env={"DATASTAR_INTEGRITY": integrity})
+    assert f'integrity="{integrity}"' in httpx.get(server.url + "/").text
+    page = new_page()
+    page.goto(server.url + "/")
+    if hash_matches:
+        page.get_by_role("button", name="Click").click()
+        expect(page.locator("output")).to_have_text("1")
+        expect(page.get_by_role("alert")).to_be_hidden()
+    else:  # the browser refuses the script, and the page says Datastar did not load
+        expect(page.get_by_role("alert")).to_have_text("Datastar did not load: reload to try again.")
+
+
+def test_an_integrity_that_is_not_a_hash_is_a_setting_error(tmp_path: Path) -> None:
+    with pytest.raises(SettingError, match="datastar_integrity"):
+        Lith(tmp_path / "a.db", datastar_integrity="md5-abc")
+    assert "integrity" not in str(Lith(tmp_path / "b.db").datastar())  # none unless given
