@@ -14,6 +14,7 @@ no pytest fixtures so that scripts (benchmarks, manual checks) can use it too.
 * :class:`Server` -- ``python -m uvicorn module:app`` as a subprocess on a free
   port: start, wait until the port answers, stop (SIGTERM, then SIGKILL),
   restart on the same port, captured output.
+* :func:`alive` -- whether a process still runs (a zombie or a reaped one does not).
 """
 
 from __future__ import annotations
@@ -214,6 +215,17 @@ def port_answers(host: str, port: int, timeout: float = 0.2) -> bool:
             return True
     except OSError:
         return False
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` still runs: a zombie has exited, and so has a process reaped at any point
+    of the look (`/proc/PID/stat` gone before the open, or ESRCH from a read of it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rsplit(") ", 1)[1][0] != "Z"  # the name in parentheses may hold ") " itself
 
 
 _LIVE: weakref.WeakSet[Server] = weakref.WeakSet()

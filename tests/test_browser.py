@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
 import textwrap
+import threading
 import urllib.request
 from pathlib import Path
 
@@ -10,9 +12,9 @@ import pytest
 from playwright.sync_api import expect
 
 try:
-    from browser import DATASTAR_CDN_URL, Server, port_answers, wait_for_datastar
+    from browser import DATASTAR_CDN_URL, Server, alive, port_answers, wait_for_datastar
 except ImportError:  # tests/ became a package
-    from .browser import DATASTAR_CDN_URL, Server, port_answers, wait_for_datastar  # type: ignore[no-redef]
+    from .browser import DATASTAR_CDN_URL, Server, alive, port_answers, wait_for_datastar  # type: ignore[no-redef]
 
 # A throwaway app. Datastar 1.0 syntax: data-init runs on load (data-on-load is the
 # pre-1.0 name), data-on:click (colon, not dash), actions are @get/@post.
@@ -167,3 +169,27 @@ def test_server_that_dies_reports_its_output(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="boom: broken app"):
         server.start()
     server.close()
+
+
+def test_alive_is_false_for_a_process_reaped_while_it_looks() -> None:
+    """A child is reaped by another thread while `alive` polls it: the answer is False, never
+    an error, wherever in its reading of `/proc` the reaping lands."""
+    for _ in range(300):
+        child = subprocess.Popen(["true"])
+        reaper = threading.Thread(target=child.wait)
+        reaper.start()
+        while alive(child.pid):
+            pass
+        reaper.join()
+        assert child.returncode == 0
+
+
+def test_alive_is_false_for_a_zombie() -> None:
+    """A child that exited but is not yet reaped has no process left to wait for."""
+    child = subprocess.Popen(["true"])
+    try:
+        while alive(child.pid):
+            pass
+        assert Path(f"/proc/{child.pid}/stat").read_text().rsplit(") ", 1)[1][0] == "Z"
+    finally:
+        child.wait()

@@ -23,7 +23,7 @@ import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import expect
 
-from browser import Server, free_port, port_answers, route_datastar, wait_for_datastar
+from browser import Server, alive, free_port, port_answers, route_datastar, wait_for_datastar
 from fastapi_lith.ops import verify
 
 REPO = Path(__file__).resolve().parent.parent
@@ -136,14 +136,6 @@ class Site:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 @pytest.fixture

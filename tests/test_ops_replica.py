@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from browser import Server, free_port, port_answers
+from browser import Server, alive, free_port, port_answers
 from fastapi_lith import Lith
 from fastapi_lith.cli import main
 from fastapi_lith.exceptions import LithError
@@ -88,15 +88,6 @@ def wait_for(condition: Callable[[], object], what: str, timeout: float = 30) ->
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie has exited
-        return f.read().split(") ", 1)[1][0] != "Z"
 
 
 # --------------------------------------------------------------------------- a dead disk
