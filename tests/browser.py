@@ -282,8 +282,10 @@ class Server:
         host: str = "127.0.0.1",
         port: int | None = None,
         args: Sequence[str] = (),
-        startup_timeout: float = 15.0,
-        stop_timeout: float = 5.0,
+        # Guards against a hang, never measures: a machine busy with other work can take many
+        # seconds to start a Python process, or to end one.
+        startup_timeout: float = 60.0,
+        stop_timeout: float = 30.0,
         log_path: str | os.PathLike[str] | None = None,
     ) -> None:
         self.app = app

@@ -165,7 +165,7 @@ def test_server_stop_leaves_nothing_behind(app_dir: Path) -> None:
 
 def test_server_that_dies_reports_its_output(tmp_path: Path) -> None:
     (tmp_path / "broken.py").write_text("raise SystemExit('boom: broken app')\n")
-    server = Server("broken:app", cwd=tmp_path, startup_timeout=10)
+    server = Server("broken:app", cwd=tmp_path)
     with pytest.raises(RuntimeError, match="boom: broken app"):
         server.start()
     server.close()
