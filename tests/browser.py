@@ -14,6 +14,7 @@ no pytest fixtures so that scripts (benchmarks, manual checks) can use it too.
 * :class:`Server` -- ``python -m uvicorn module:app`` as a subprocess on a free
   port: start, wait until the port answers, stop (SIGTERM, then SIGKILL),
   restart on the same port, captured output.
+* :func:`alive` -- whether a process still runs (a zombie or a reaped one does not).
 """
 
 from __future__ import annotations
@@ -216,6 +217,17 @@ def port_answers(host: str, port: int, timeout: float = 0.2) -> bool:
         return False
 
 
+def alive(pid: int) -> bool:
+    """Whether `pid` still runs: a zombie has exited, and so has a process reaped at any point
+    of the look (`/proc/PID/stat` gone before the open, or ESRCH from a read of it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rsplit(") ", 1)[1][0] != "Z"  # the name in parentheses may hold ") " itself
+
+
 _LIVE: weakref.WeakSet[Server] = weakref.WeakSet()
 
 
@@ -270,8 +282,10 @@ class Server:
         host: str = "127.0.0.1",
         port: int | None = None,
         args: Sequence[str] = (),
-        startup_timeout: float = 15.0,
-        stop_timeout: float = 5.0,
+        # Guards against a hang, never measures: a machine busy with other work can take many
+        # seconds to start a Python process, or to end one.
+        startup_timeout: float = 60.0,
+        stop_timeout: float = 30.0,
         log_path: str | os.PathLike[str] | None = None,
     ) -> None:
         self.app = app

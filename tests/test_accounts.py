@@ -9,7 +9,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import httpx
@@ -97,6 +97,15 @@ def files(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir())
 
 
+async def eventually(condition: Callable[[], object], what: str, timeout: float = 30) -> None:
+    """Wait for `condition`: an account closes in a task of its own, after it has left
+    `open_names()`, so the test waits for what it means (`closed`) rather than the list."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
 async def test_an_unknown_account_is_a_404_and_makes_no_file(served: tuple[Accounts, httpx.AsyncClient]) -> None:
     accounts, client = served
     await accounts.create("acme")
@@ -174,10 +183,7 @@ async def test_an_account_idle_for_idle_after_closes_and_opens_again_on_use(tmp_
         await asyncio.sleep(0.6)
         assert accounts.open_names() == ["acme"]  # a stream is open: the account stays open
         account.lith.hub.close(stream)
-        for _ in range(200):
-            if not accounts.open_names():
-                break
-            await asyncio.sleep(0.05)
+        await eventually(lambda: accounts.closed, "the idle account to close")
         assert accounts.open_names() == [] and accounts.closed == 1
         async with accounts.use("acme") as lith:  # opens again, its data intact
             assert await lith.writer.do(Add(n=2)) == 2
@@ -247,16 +253,9 @@ async def test_a_thousand_accounts_in_turn_with_max_open_50_hold_resources_for_5
         # Memory reaches a plateau once 50 are open: the last 500 accounts add (almost) nothing.
         assert samples[-1] - samples[4] < 20 * 1024, samples
         assert samples[-1] - rss < 200 * 1024, (rss, samples)
-        for _ in range(200):  # and idle ones close
-            if not accounts.open_names():
-                break
-            await asyncio.sleep(0.05)
-        assert accounts.open_names() == []
-        for _ in range(200):  # the last closes let go of their files a moment after the list empties
-            if open_fds() - fds < 8:
-                break
-            await asyncio.sleep(0.05)
-        assert open_fds() - fds < 8, (fds, open_fds())
+        await eventually(lambda: accounts.closed >= accounts.opened, "the idle accounts to close")
+        assert accounts.open_names() == [] and accounts.closed == accounts.opened
+        assert open_fds() - fds < 8, (fds, open_fds())  # every close has let go of its files
     with sqlite3.connect(tmp_path / "accounts" / "acct0999.db") as conn:
         assert conn.execute("SELECT count FROM counter").fetchone()[0] == 999
 
@@ -413,10 +412,7 @@ async def test_concurrent_requests_across_more_accounts_than_max_open_lose_nothi
             statuses = await asyncio.wait_for(asyncio.gather(*(send(i) for i in range(400))), 120)
         assert set(statuses) == {200}
         assert accounts.opened > 10  # accounts were closed and opened again meanwhile
-        for _ in range(200):
-            if not accounts.open_names():
-                break
-            await asyncio.sleep(0.05)
+        await eventually(lambda: accounts.closed >= accounts.opened, "the idle accounts to close")
         assert accounts.open_names() == [] and accounts.closed == accounts.opened
     for name in names:
         with sqlite3.connect(tmp_path / "accounts" / f"{name}.db") as conn:

@@ -227,7 +227,7 @@ class StreamReader:
             pass
 
     def wait_for(self, pattern: str) -> None:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30
         while not re.search(pattern, self.data.decode()):
             assert time.monotonic() < deadline, f"{pattern!r} never came: {self.data[-2000:]!r}"
             time.sleep(0.01)

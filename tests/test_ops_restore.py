@@ -366,11 +366,11 @@ async def test_several_processes_of_one_app_take_each_copy_once(tmp_path: Path) 
     await first.start()
     await second.start()
     try:
-        async with asyncio.timeout(10):
-            while not first.copies():
+        async with asyncio.timeout(30):
+            while not first.taken:  # counted once the copy has its checksum: it is in the folder first
                 await asyncio.sleep(0.02)
-        await asyncio.sleep(0.3)
         assert (first.taken, second.taken) == (1, 0) and len(first.copies()) == 1
+        assert not second.lead()  # and could not take one: the first holds the lock
         await first.stop()  # the copying process ends: the other one leads from now on
         assert second.lead()
     finally:

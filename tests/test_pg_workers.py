@@ -26,7 +26,7 @@ __all__ = ["client"]
 
 def serve(server_factory: Callable[..., Server], url: str, args: tuple[str, ...] = ()) -> Server:
     env = {"COUNTER_DB": url, "PYTHONPATH": str(REPO)}
-    return server_factory(APP, cwd=TESTS, env=env, args=list(args), startup_timeout=30.0)
+    return server_factory(APP, cwd=TESTS, env=env, args=list(args))
 
 
 def count(url: str) -> int:

@@ -183,10 +183,11 @@ def test_disconnects_free_their_streams(server: Server) -> None:
         for i in range(1000):
             with client.stream("GET", f"{server.url}/lith/stream?views=board&tab=c{i}", headers={"Accept-Encoding": "zstd"}) as r:
                 next(r.iter_raw())
-    deadline = time.monotonic() + 5
-    while (after := stats())["streams"] and time.monotonic() < deadline:
+    deadline = time.monotonic() + 30
+    while (after := stats())["streams"]:
+        assert time.monotonic() < deadline, f"{after['streams']} streams outlived their connections"
         time.sleep(0.05)
-    assert after["streams"] == 0 and after["instances"] == 0
+    assert after["instances"] == 0
     assert after["rss_kib"] - before["rss_kib"] < 20 * 1024, (before, after)
 
 
@@ -204,7 +205,7 @@ def test_hibernated_zstd_stream_resumes_and_keepalives_decode(quick_server: Serv
     reader = next(context)
     reader.next_event()
     assert reader.next_event()[0] == ": keep-alive"
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while reader.decoder.frames_ended == 0:  # the idle stream ended its zstd frame
         assert time.monotonic() < deadline
         assert reader.next_event()[0] == ": keep-alive"
@@ -225,7 +226,9 @@ def test_a_client_that_stops_reading_is_ended_alone(server_factory: Any, tmp_pat
     context = open_stream(server, "identity", "views=board&tab=healthy")
     healthy = next(context)
     healthy.next_event()
-    deadline = time.monotonic() + 20
+    # A guard against a hang, not a measure: filling the kernel's buffers (megabytes on
+    # loopback) takes dozens of renders, each one a round trip through the server.
+    deadline = time.monotonic() + 120
     i = 0
     while httpx.get(f"{server.url}/stats").json()["streams"] > 1:
         assert time.monotonic() < deadline, "the stuck stream was never ended"

@@ -32,7 +32,7 @@ _tabs = itertools.count(1)
 
 def serve(server_factory: Callable[..., Server], db: Path, args: tuple[str, ...] = ()) -> Server:
     env = {"COUNTER_DB": str(db), "PYTHONPATH": str(REPO)}
-    return server_factory(APP, cwd=TESTS, env=env, args=list(args), startup_timeout=30.0)
+    return server_factory(APP, cwd=TESTS, env=env, args=list(args))
 
 
 def count(db: Path) -> int:
