@@ -7,8 +7,6 @@ catches it.
 
 from __future__ import annotations
 
-from starlette.exceptions import HTTPException
-
 
 class LithError(Exception):
     """The base of fastapi-lith's own errors."""
@@ -54,18 +52,13 @@ class ViewError(LithError, ValueError):
     """A view key, a parameter or a view's output is unusable."""
 
 
-class BadParameter(ViewError, HTTPException):
+class BadParameter(ViewError):
     """A view's parameter is not of its type or outside SQLite's integers: the request's fault.
 
-    Also an `HTTPException` (400), so a page whose path parameter reaches `lith.render` answers
-    400 with the reason, with no handler in the app, as the stream route does for the same key.
+    `lith.install` answers it with 400 and the reason (through the app's HTTP error handler),
+    so a page whose path parameter reaches `lith.render` needs no handler of its own, and the
+    stream route says the same for the same key.
     """
-
-    def __init__(self, message: str) -> None:
-        HTTPException.__init__(self, 400, message)
-
-    def __str__(self) -> str:
-        return str(self.detail)
 
 
 class OutcomeLost(LithError):

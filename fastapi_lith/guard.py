@@ -29,7 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import settings
 from .commands import TAB_ID, TAB_PATTERN, Command, Rejected, TabCommand
-from .exceptions import StorageError
+from .exceptions import BadParameter, StorageError
 from .streams import Frame
 
 # An app's own wording for a validation error: pydantic's error dict in, the message out (None
@@ -208,6 +208,11 @@ def add_error_handlers(
     app.add_exception_handler(ValidationError, on_validation_error)
     app.add_exception_handler(HTTPException, on_http_error)
     app.add_exception_handler(Rejected, on_rejected)
+
+    async def on_bad_parameter(request: Request, exc: Exception) -> Response:
+        return await http_fallback(request, HTTPException(400, str(exc)))  # type: ignore[misc]
+
+    app.add_exception_handler(BadParameter, on_bad_parameter)
 
 
 def refusal(exc: Exception) -> HTTPException | None:
