@@ -386,3 +386,42 @@ async def test_an_apply_returning_an_awaitable_fails_and_writes_nothing(tmp_path
         await tabs.tick()
         assert "Noted: kept." in alice.html("outcome/{tab}")
     assert notes(tmp_path / "a.db") == ["kept"]
+
+
+# -- what the mutants of outcomes.py once changed unseen -------------------------------------------
+
+
+async def test_the_outcome_view_exactly_and_a_repeat_of_a_command_that_returned_none(tmp_path: Path) -> None:
+    lith = Lith(tmp_path / "a.db", migrations=MIGRATIONS)
+    async with Tabs(lith) as tabs:
+        alice = await tabs.open("outcome/{tab}")
+        assert alice.html("outcome/{tab}") == (
+            '<div id="outcome" class="outcome" data-signals:done="0" role="status"><div id="lith-error"></div></div>')
+        with pytest.raises(Rejected):
+            await alice.do(AddNote(tab=alice.id, op=1, text="no"))
+        await tabs.tick()
+        assert alice.html("outcome/{tab}") == (
+            '<div id="outcome" class="outcome" data-signals:done="1" role="status"><p class="message failed" '
+            'data-show="$done == 1" role="alert">Notes cannot say no.</p><div id="lith-error"></div></div>')
+        assert await alice.do(AddQuietly(tab=alice.id, op=2)) is None
+        assert await alice.do(AddQuietly(tab=alice.id, op=2)) is None  # found, not applied again
+    assert notes(tmp_path / "a.db") == ["quiet"]
+
+
+def test_a_request_key_numbers_its_commands_from_1() -> None:
+    from fastapi_lith.outcomes import RequestKey
+
+    key = RequestKey("k")
+    assert (key.next(), key.next()) == ("header:k:1", "header:k:2")
+
+
+def test_an_outcome_that_cannot_be_stored_or_read_back_says_so() -> None:
+    from fastapi_lith.outcomes import dump_outcome, load_outcome
+
+    ok, lost = load_outcome(dump_outcome(True, lambda: None))
+    assert not ok and str(lost) == ("the command was applied once; its result (function) could not be "
+                                    "stored: Can't pickle local object 'test_an_outcome_that_cannot_be_stored_or_read_back_says_so.<locals>.<lambda>'")
+    ok, lost = load_outcome(dump_outcome(False, lambda: None))
+    assert not ok and str(lost).startswith("the command was applied once; its error (function) could not be stored")
+    ok, lost = load_outcome(b"not a pickle")
+    assert not ok and str(lost).startswith("the command was applied once; its outcome cannot be read back: ")
