@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from playwright.sync_api import Page, expect
 
 from browser import Server, wait_for_datastar
-from fastapi_lith import Command, Lith, Rejected, TabCommand, Tx, WriterClosed, pending, send, tab_signals
+from fastapi_lith import Command, Lith, Rejected, TabCommand, Tx, WriterClosed, new_tab, pending, send, tab_signals
 from fastapi_lith.testing import Tabs
 
 HERE = Path(__file__).parent
@@ -80,6 +80,21 @@ async def test_rejected_rolls_back_and_only_the_outcome_is_written(tmp_path: Pat
     assert notes(tmp_path / "a.db") == []
 
 
+class AddNoteAgain(AddNote):
+    pass
+
+
+async def test_commands_of_two_classes_with_the_same_tab_and_op_both_apply(tmp_path: Path) -> None:
+    # The key names the class: another command of the same click is not taken for a repeat.
+    lith = Lith(tmp_path / "a.db", migrations=MIGRATIONS)
+    async with Tabs(lith) as tabs:
+        alice = await tabs.open("outcome/{tab}")
+        assert await alice.do(AddNote(tab=alice.id, op=1, text="one")) == 7
+        assert await alice.do(AddNoteAgain(tab=alice.id, op=1, text="two")) == 7
+        assert await alice.do(AddNote(tab=alice.id, op=1, text="three")) == 7  # a repeat of the first
+    assert notes(tmp_path / "a.db") == ["one", "two"]
+
+
 async def test_an_older_op_landing_late_does_not_move_done_back(tmp_path: Path) -> None:
     lith = Lith(tmp_path / "a.db", migrations=MIGRATIONS)
     async with Tabs(lith) as tabs:
@@ -129,8 +144,16 @@ async def test_op_0_is_no_click_so_it_leaves_the_outcome_and_says_so(
         assert alice.html("outcome/{tab}") == before  # `done` stays 3, the message op 3's
         assert 'data-signals:done="0"' in bob.html("outcome/{tab}") and "Noted" not in bob.html("outcome/{tab}")
         said = [r.getMessage() for r in caplog.records if "op 0" in r.getMessage()]
-        assert len(said) == 2 and "'Noted: zero.'" in said[0] and "AddNote" in said[0]
-    assert notes(tmp_path / "a.db") == ["first", "zero", "none"]  # applied all the same
+        assert said[0] == ("AddNote said 'Noted: zero.' with op 0, so no tab is told: a page's send() "
+                           "numbers its clicks from 1")
+        assert len(said) == 2
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="fastapi_lith"):
+            await alice.do(AddQuietly(tab=alice.id))  # said nothing: nothing to warn of
+            with pytest.raises(Rejected):
+                await alice.do(AddNote(tab=alice.id, text="no"))  # said nothing before it failed
+        assert caplog.records == []
+    assert notes(tmp_path / "a.db") == ["first", "zero", "none", "quiet"]  # applied all the same
     with sqlite3.connect(tmp_path / "a.db") as conn:
         assert conn.execute("SELECT count(*) FROM lith_tab").fetchone() == (1,)
 
@@ -152,7 +175,7 @@ def test_the_tab_id_is_checked_in_one_place() -> None:
         AddNote(tab="no spaces", op=1, text="x")
     with pytest.raises(ValidationError):
         AddNote(tab="t", op=-1, text="x")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"bad tab id 'a/b': 1 to 64 letters"):
         tab_signals("a/b")
     assert tab_signals("t1", n=1) == {"data-signals": '{"tab": "t1", "op": 0, "done": 0, "n": 1}'}
 
@@ -161,10 +184,15 @@ def test_the_page_helpers() -> None:
     assert send("/add") == '$op = $op + 1; @post("/add", {"requestCancellation": "disabled"})'
     body = send("/cards/move", card_id="$drag")
     assert body.startswith("$op = $op + 1; @post(\"/cards/move\"")
-    assert '"payload": {"tab": ($tab), "op": ($op), "card_id": ($drag)}' in body
-    attrs = pending()
-    assert attrs["data-class"] == '{"pending": ($op != $done)}'
+    assert body.endswith('"payload": {"tab": ($tab), "op": ($op), "card_id": ($drag)}, "requestCancellation": "disabled"})')
+    # A screen reader hears the button busy too, not only the page's CSS.
+    assert pending() == {
+        "data-class": '{"pending": ($op != $done)}',
+        "data-attr": '{"aria-busy": (($op != $done) ? \'true\' : false)}',
+    }
     assert "$busy == 3" in pending("$busy == 3")["data-class"]
+    tabs = {new_tab() for _ in range(20)}
+    assert len(tabs) == 20 and all(re.fullmatch(r"[A-Za-z0-9_-]{12}", tab) for tab in tabs)
 
 
 def test_delegate_reads_the_rows_attribute_and_refuses_what_is_not_one() -> None:
@@ -302,10 +330,17 @@ def test_a_page_render_refuses_a_parameter_sqlite_cannot_store_with_400(server: 
 
 @pytest.mark.parametrize("base", [Command, TabCommand])
 def test_an_async_apply_is_refused_when_the_class_is_defined(base: type[Command]) -> None:
-    with pytest.raises(TypeError, match=r"Later\.apply is async def.*plain def apply"):
+    said = (r"Later\.apply is async def, but the writer runs it on its thread inside a transaction and "
+            r"cannot await it: write a plain def apply\(self, tx\), and do awaited work in the route "
+            r"before writer\.do$")
+    with pytest.raises(TypeError, match=said):
         class Later(base):  # type: ignore[valid-type,misc]
             async def apply(self, tx: Tx) -> None:
                 tx.execute("INSERT INTO note (text) VALUES ('x')")
+    with pytest.raises(TypeError, match=said):
+        class Later(base):  # type: ignore[valid-type,misc,no-redef]
+            async def apply(self, tx: Tx) -> object:  # an async generator: no more awaitable
+                yield tx.execute("INSERT INTO note (text) VALUES ('x')")
 
 
 class Forgot(TabCommand):
@@ -319,6 +354,17 @@ class Forgot(TabCommand):
         tx.execute("INSERT INTO note (text) VALUES ('later')")
 
 
+class _Awaitable:
+    def __await__(self) -> object:
+        return iter(())
+
+
+class Awaits(TabCommand):
+    def apply(self, tx: Tx) -> object:
+        tx.execute("INSERT INTO note (text) VALUES ('awaited')")
+        return _Awaitable()
+
+
 async def test_an_apply_returning_an_awaitable_fails_and_writes_nothing(tmp_path: Path) -> None:
     lith = Lith(tmp_path / "a.db", migrations=MIGRATIONS)
     async with Tabs(lith) as tabs:
@@ -328,7 +374,54 @@ async def test_an_apply_returning_an_awaitable_fails_and_writes_nothing(tmp_path
             with pytest.raises(TypeError, match="Forgot.apply returned a coroutine"):
                 await alice.do(Forgot(tab=alice.id, op=1, text="lost"))
             gc.collect()
-        assert await alice.do(AddNote(tab=alice.id, op=2, text="kept")) == 7
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            # Another awaitable than a coroutine: named as what it is, and nothing to close.
+            with pytest.raises(TypeError, match=r"^Awaits\.apply returned an awaitable, which the writer "
+                               r"cannot await: apply must do its work itself, synchronously$"):
+                await alice.do(Awaits(tab=alice.id, op=2))
+            gc.collect()
+        assert [str(w.message) for w in caught] == []
+        assert await alice.do(AddNote(tab=alice.id, op=3, text="kept")) == 7
         await tabs.tick()
         assert "Noted: kept." in alice.html("outcome/{tab}")
     assert notes(tmp_path / "a.db") == ["kept"]
+
+
+# -- what the mutants of outcomes.py once changed unseen -------------------------------------------
+
+
+async def test_the_outcome_view_exactly_and_a_repeat_of_a_command_that_returned_none(tmp_path: Path) -> None:
+    lith = Lith(tmp_path / "a.db", migrations=MIGRATIONS)
+    async with Tabs(lith) as tabs:
+        alice = await tabs.open("outcome/{tab}")
+        assert alice.html("outcome/{tab}") == (
+            '<div id="outcome" class="outcome" data-signals:done="0" role="status"><div id="lith-error"></div></div>')
+        with pytest.raises(Rejected):
+            await alice.do(AddNote(tab=alice.id, op=1, text="no"))
+        await tabs.tick()
+        assert alice.html("outcome/{tab}") == (
+            '<div id="outcome" class="outcome" data-signals:done="1" role="status"><p class="message failed" '
+            'data-show="$done == 1" role="alert">Notes cannot say no.</p><div id="lith-error"></div></div>')
+        assert await alice.do(AddQuietly(tab=alice.id, op=2)) is None
+        assert await alice.do(AddQuietly(tab=alice.id, op=2)) is None  # found, not applied again
+    assert notes(tmp_path / "a.db") == ["quiet"]
+
+
+def test_a_request_key_numbers_its_commands_from_1() -> None:
+    from fastapi_lith.outcomes import RequestKey
+
+    key = RequestKey("k")
+    assert (key.next(), key.next()) == ("header:k:1", "header:k:2")
+
+
+def test_an_outcome_that_cannot_be_stored_or_read_back_says_so() -> None:
+    from fastapi_lith.outcomes import dump_outcome, load_outcome
+
+    ok, lost = load_outcome(dump_outcome(True, lambda: None))
+    assert not ok and str(lost) == ("the command was applied once; its result (function) could not be "
+                                    "stored: Can't pickle local object 'test_an_outcome_that_cannot_be_stored_or_read_back_says_so.<locals>.<lambda>'")
+    ok, lost = load_outcome(dump_outcome(False, lambda: None))
+    assert not ok and str(lost).startswith("the command was applied once; its error (function) could not be stored")
+    ok, lost = load_outcome(b"not a pickle")
+    assert not ok and str(lost).startswith("the command was applied once; its outcome cannot be read back: ")

@@ -212,3 +212,61 @@ def test_a_fragment_follows_the_same_rule() -> None:
     assert text("<script>") == "&lt;script&gt;" and isinstance(text("x"), Markup)
     assert text(Markup("<b>bold</b>")) == "<b>bold</b>"
     assert text(h.b["<i>"]) == "<b>&lt;i&gt;</b>"
+
+
+# -- what the mutants of views.py once changed unseen ----------------------------------------------
+
+
+def test_keys_with_text_after_a_parameter_defaults_and_unannotated_parameters() -> None:
+    views = Views()
+
+    @views.register("item/{item_id}/edit")
+    def edit(db: Db, item_id):  # type: ignore[no-untyped-def]  # a str, as written in the key
+        return ""
+
+    @views.register("page/{n}")
+    def page(db: Db, n: int = 1) -> str:
+        return ""
+
+    assert views.resolve("item/3/edit")[1] == {"item_id": "3"}
+    with pytest.raises(ViewError, match="no view matches"):
+        views.resolve("item/3")
+    assert views.resolve("page/{n}", {})[1] == {"n": 1}  # a pattern with parameters left to defaults
+    with pytest.raises(ViewError, match=r"^view 'item/\{item_id\}/edit': item_id: Field required$"):
+        views.resolve("item/{item_id}/edit", {})
+
+
+def test_view_errors_say_which_view_and_what_is_wrong(tmp_path: Path) -> None:
+    views = Views()
+
+    @views.register("cell/{row}/{col}")
+    def cell(db: Db, row: int, col: int) -> object:
+        return row
+
+    with pytest.raises(ViewError, match=(r"^view 'cell/\{row\}/\{col\}': row: Input should be a valid integer, "
+                                         r"unable to parse string as an integer; col: Input should be a valid")):
+        views.resolve("cell/a/b")
+    view, params = views.resolve("cell/3/4")
+    with pytest.raises(ViewError, match=r"^view 'cell/3/4' returned int, not HTML$"):
+        view.html(Db(sqlite3.connect(":memory:")), params)
+    with pytest.raises(SettingError, match=r"^view 'cells': topics must be a collection"):
+        views.register("cells", topics="cells")
+
+
+def test_a_views_str_is_refused_with_what_to_return_instead(tmp_path: Path) -> None:
+    views = Views()
+    views.register("text")(lambda db: "plain")
+    view, params = views.resolve("text")
+    with pytest.raises(ViewError, match=(r"^view 'text' returned a str, which is text and is escaped: return "
+                                         r"htpy elements, or Markup\(html\) for HTML you trust \(a Jinja2 "
+                                         r"template's render\(\)\)$")):
+        view.html(Db(sqlite3.connect(":memory:")), params)
+
+
+def test_a_fragment_keeps_the_functions_name_and_doc() -> None:
+    def card(title: str) -> h.Element:
+        """One card."""
+        return h.p[title]
+
+    cached = fragment()(card)
+    assert (cached.__name__, cached.__doc__, cached.__wrapped__) == ("card", "One card.", card)  # type: ignore[attr-defined]
