@@ -26,7 +26,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/writer.py
 
 # Mutation testing of the core (tests/MUTATION.md). MUTANTS narrows it to one module, e.g.
-# `make mutate MUTANTS='fastapi_lith.hub.*'`; `.venv/bin/mutmut browse` shows the survivors.
+# `make mutate MUTANTS='fastapi_lith.engine.hub.*'`; `.venv/bin/mutmut browse` shows the survivors.
 # Two mutants per core: many tests wait on threads and timers, and another mutant's tests fill
 # that time.
 MUTATE_JOBS ?= $(shell echo $$(( 2 * $$(nproc) )))

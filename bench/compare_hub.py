@@ -55,7 +55,7 @@ def main() -> None:
     ap.add_argument("--only", default="normal", help="scenarios of bench/hub.py")
     args = ap.parse_args()
     new = HERE.parent
-    found = print_conditions(loop="asyncio", tmpdir=Path(tempfile.gettempdir()), sources=("fastapi_lith/hub.py",))
+    found = print_conditions(loop="asyncio", tmpdir=Path(tempfile.gettempdir()), sources=("fastapi_lith/engine/hub.py",))
     revs = [subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=c, capture_output=True, text=True).stdout.strip()
             for c in (args.old, new)]
     print(f"old {revs[0]}, new {revs[1]} (+ uncommitted changes, if any); {args.rounds} rounds of "

@@ -3,7 +3,7 @@
 Frames are Datastar `datastar-patch-elements` events of the whole board (bench/board.py,
 200 cards, about 144 KB each), one card changed per frame: even steps rename a card, odd
 steps move one to another lane. Each configuration encodes the same 200 frames in one stream,
-through fastapi_lith.encoders, so the figures are those of the module.
+through fastapi_lith.engine.encoders, so the figures are those of the module.
 
   bytes   per frame after the first: median, mean (what a link carries), p90, max
   CPU     median process CPU time of one `encode` call (time.process_time_ns: other processes
@@ -37,13 +37,7 @@ from datastar_py.sse import ServerSentEventGenerator  # noqa: E402
 
 from board import board_html, change_card, make_cards  # noqa: E402
 from conditions import load_average, one_line, print_conditions  # noqa: E402
-from fastapi_lith.encoders import (  # noqa: E402
-    BrotliEncoder,
-    Encoder,
-    GzipEncoder,
-    IdentityEncoder,
-    ZstdEncoder,
-)
+from fastapi_lith.engine.encoders import BrotliEncoder, Encoder, GzipEncoder, IdentityEncoder, ZstdEncoder
 
 MiB = 1024 * 1024
 
@@ -207,7 +201,7 @@ def main() -> None:
         return
 
     n_frames, streams, rounds = (60, 50, 1) if args.quick else (200, 200, 3)
-    found = print_conditions(sources=("fastapi_lith/encoders.py", "bench/board.py"))
+    found = print_conditions(sources=("fastapi_lith/engine/encoders.py", "bench/board.py"))
     frames = make_frames(n_frames)
     sizes = [len(f) for f in frames]
     print(

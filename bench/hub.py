@@ -80,9 +80,9 @@ from pydantic import Field  # noqa: E402
 from board import LANE_TITLES, LANES, make_cards  # noqa: E402
 from datastar_py.sse import ServerSentEventGenerator  # noqa: E402
 from fastapi_lith import Command, Db, Lith, Stream, Tx, fragment  # noqa: E402
-from fastapi_lith.statements import StatementCache  # noqa: E402
-from fastapi_lith.views import root_id  # noqa: E402
-from fastapi_lith.streams import sse_event  # noqa: E402
+from fastapi_lith.engine.statements import StatementCache  # noqa: E402
+from fastapi_lith.engine.views import root_id  # noqa: E402
+from fastapi_lith.engine.frames import sse_event  # noqa: E402
 
 from conditions import load_average, one_line, percentile, print_conditions  # noqa: E402
 
@@ -829,7 +829,7 @@ def main_bench(args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="lith-bench-hub-"))
     found = print_conditions(
         loop=args.loop, tmpdir=tmp, **{"GIL switch interval": f"{sys.getswitchinterval() * 1e3:g} ms"},
-        sources=("fastapi_lith/hub.py", "fastapi_lith/streams.py", "fastapi_lith/views.py", "fastapi_lith/writer.py", "bench/hub.py"),
+        sources=("fastapi_lith/engine/hub.py", "fastapi_lith/engine/streams.py", "fastapi_lith/engine/views.py", "fastapi_lith/engine/writer.py", "bench/hub.py"),
     )
     print(f"window {args.seconds} s ({args.seconds / 2} s for the scenarios after full), warm-up {args.warmup} s\n", flush=True)
     res: dict[str, dict[str, Any]] = {}
@@ -871,12 +871,12 @@ RULES_MAIN = (
     ("loop: consumer tasks (Stream.next/take, caught_up)", ("run_scenario.<locals>.consumer",)),
     ("loop: producers (Move built by pydantic, writer.do)", ("run_scenario.<locals>.producer",)),
     ("loop: writer task (batch, futures, subscribers)", ("Writer._run",)),
-    ("loop: hub tick (readiness, hand-off to a reader)", ("fastapi_lith/hub.py", "run_scenario.<locals>.tick")),
+    ("loop: hub tick (readiness, hand-off to a reader)", ("fastapi_lith/engine/hub.py", "run_scenario.<locals>.tick")),
     ("loop: event loop (select, scheduling, wake-ups)", ("asyncio", "selectors", "uvloop")),
 )
 RULES_READER = (
     ("reader: datastar event formatting", ("datastar_py",)),
-    ("reader: changed cards (fragment misses, htpy)", ("cached (fastapi_lith/views.py",)),
+    ("reader: changed cards (fragment misses, htpy)", ("cached (fastapi_lith/engine/views.py",)),
     ("reader: board assembly (htpy over 200 cached cards)", ("htpy", "markupsafe")),
     ("reader: SQLite query (db.all)", ("Db.all", "Db.execute", "Db.scalar")),
     ("reader: board_view (Python: rows, lanes)", ("board_view",)),
@@ -884,7 +884,7 @@ RULES_READER = (
     ("reader: read transaction (BEGIN/COMMIT), pool, wake the loop", ("Readers.call", "thread.py")),
 )
 RULES_WRITER = (
-    ("writer: SQLite (statements, COMMIT)", ("Db.execute", "cur.execute", "Writer._apply (fastapi_lith/writer.py:2")),
+    ("writer: SQLite (statements, COMMIT)", ("Db.execute", "cur.execute", "Writer._apply (fastapi_lith/engine/writer.py:2")),
     ("writer: pool, wake the loop", ("",)),
 )
 
@@ -1028,7 +1028,7 @@ def main() -> None:
         profile_target(args)
         return
     if args.profile:
-        found = print_conditions(loop=args.loop, sources=("fastapi_lith/hub.py", "bench/hub.py"))
+        found = print_conditions(loop=args.loop, sources=("fastapi_lith/engine/hub.py", "bench/hub.py"))
         text = main_profile(args)
         end = load_average()
         print(f"load average at the end: {end}")

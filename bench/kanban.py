@@ -1013,12 +1013,12 @@ GROUPS = {
 _IDLE = (
     ("threading.py", "wait"), ("queue.py", "get"), ("concurrent/futures/thread.py", "_worker"),
     ("aiosqlite/core.py", "_connection_worker_thread"), ("selectors.py", "select"),
-    ("fastapi_lith/db.py", "_work"),  # a lith Workers thread blocked on its SimpleQueue
+    ("fastapi_lith/engine/db.py", "_work"),  # a lith Workers thread blocked on its SimpleQueue
 )
 
 
-_WRITERS = ("fastapi_lith/writer.py", "fastapi_lith/backends/pgwriter.py")
-_SQL = ("fastapi_lith/db.py", "fastapi_lith/statements.py", "fastapi_lith/backends/postgres.py")
+_WRITERS = ("fastapi_lith/engine/writer.py", "fastapi_lith/backends/postgres/writer.py")
+_SQL = ("fastapi_lith/engine/db.py", "fastapi_lith/engine/statements.py", "fastapi_lith/backends/postgres/db.py")
 
 
 def parse_frame(text: str) -> tuple[str, str, int]:
@@ -1052,7 +1052,7 @@ def classify(frames: list[tuple[str, str, int]]) -> tuple[str, str]:
         if any(_in(f, "psycopg") for _, f, _ in frames):
             return "writer", "savepoints, outcomes, NOTIFY, commit (psycopg)"
         return "writer", "savepoints, commit"
-    if any(f.endswith("fastapi_lith/encoders.py") for _, f, _ in frames):
+    if any(f.endswith("fastapi_lith/engine/encoders.py") for _, f, _ in frames):
         return "encoding", "encoder.encode"
     rendering = any(fn == "Instance.render" for fn, _, _ in frames) or any(
         fn == "Readers.call" for fn, _, _ in frames)
@@ -1064,11 +1064,11 @@ def classify(frames: list[tuple[str, str, int]]) -> tuple[str, str]:
                 return "rendering", "htpy / markupsafe"
             if "examples/kanban/views.py" in f:
                 return "rendering", "kanban views (Python)"
-            if f.endswith("fastapi_lith/views.py"):
+            if f.endswith("fastapi_lith/engine/views.py"):
                 return "rendering", f"lith views.py {fn}"
             if f.endswith(_SQL) or _in(f, "psycopg"):
                 return "rendering", "SQL reads"
-            if f.endswith("fastapi_lith/hub.py"):
+            if f.endswith("fastapi_lith/engine/hub.py"):
                 return "rendering", f"hub.py {fn}"
         return "rendering", "other"
     if any(_in(f, "sse_starlette") for _, f, _ in frames):  # a stream's body, past its encoder
@@ -1079,19 +1079,19 @@ def classify(frames: list[tuple[str, str, int]]) -> tuple[str, str]:
                 return "sse", "anyio (sse-starlette's send_timeout scope, task group)"
             if _in(f, "sse_starlette"):
                 return "sse", "sse-starlette"
-            if f.endswith(("fastapi_lith/streams.py", "fastapi_lith/app.py")):
+            if f.endswith(("fastapi_lith/engine/streams.py", "fastapi_lith/lith.py")):
                 return "sse", f"lith {Path(f).name} {fn}"
         return "sse", "asyncio glue"
     for fn, f, _ in leaf_first:
         if _in(f, "sse_starlette"):
             return "sse", "sse-starlette"
-        if f.endswith("fastapi_lith/streams.py"):
+        if f.endswith("fastapi_lith/engine/streams.py"):
             return "sse", f"lith streams.py {fn}"
-        if f.endswith("fastapi_lith/app.py"):
+        if f.endswith("fastapi_lith/lith.py"):
             return "sse", f"lith app.py {fn}"
-        if f.endswith(("fastapi_lith/hub.py", "fastapi_lith/pgfeed.py")):
+        if f.endswith(("fastapi_lith/engine/hub.py", "fastapi_lith/backends/postgres/feed.py")):
             return "hub", f"{Path(f).name} {fn}"
-        if f.endswith("fastapi_lith/writer.py"):
+        if f.endswith("fastapi_lith/engine/writer.py"):
             return "hub", f"writer.py {fn}"
         if "examples/kanban" in f:
             return "http", "kanban routes"
@@ -1437,12 +1437,12 @@ def main() -> None:
              f"{'; the old checkout with the http it has installed' if args.old else ''}); "
              f"client: {'uvloop' if uvloop else 'asyncio'}",
         tmpdir=tmp,
-        sources=("fastapi_lith/app.py", "fastapi_lith/hub.py", "fastapi_lith/streams.py",
-                 "fastapi_lith/encoders.py", "fastapi_lith/writer.py", "fastapi_lith/views.py",
+        sources=("fastapi_lith/lith.py", "fastapi_lith/engine/hub.py", "fastapi_lith/engine/streams.py",
+                 "fastapi_lith/engine/encoders.py", "fastapi_lith/engine/writer.py", "fastapi_lith/engine/views.py",
                  "examples/kanban/views.py", "examples/kanban/commands.py", "examples/kanban/app.py",
                  "bench/kanban.py",
-                 *(("fastapi_lith/backends/postgres.py", "fastapi_lith/backends/pgwriter.py",
-                    "fastapi_lith/pgfeed.py") if pg else ())),
+                 *(("fastapi_lith/backends/postgres/db.py", "fastapi_lith/backends/postgres/writer.py",
+                    "fastapi_lith/backends/postgres/feed.py") if pg else ())),
         packages=(*DEFAULT_PACKAGES, *(("psycopg",) if pg else ())),
         postgres=f"{pg.version()}, {pg.described}" if pg else None,
         backends=", ".join(backends) or None,

@@ -21,9 +21,9 @@ sys.path.insert(0, str(Path.cwd()))
 
 from examples.kanban.commands import MoveCard  # noqa: E402
 from examples.kanban.seed import seed  # noqa: E402
-from fastapi_lith.db import connect  # noqa: E402
-from fastapi_lith.statements import StatementCache  # noqa: E402
-from fastapi_lith.writer import Tx  # noqa: E402
+from fastapi_lith.engine.db import connect  # noqa: E402
+from fastapi_lith.engine.statements import StatementCache  # noqa: E402
+from fastapi_lith.engine.writer import Tx  # noqa: E402
 
 
 def main() -> None:

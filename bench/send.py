@@ -65,8 +65,10 @@ def make_app() -> Any:
     from starlette.responses import StreamingResponse
 
     from fastapi_lith import Lith
-    from fastapi_lith.encoders import IdentityEncoder
-    from fastapi_lith.streams import Frame, Stream, StreamResponse, tab_body
+    from fastapi_lith.engine.encoders import IdentityEncoder
+    from fastapi_lith.engine.frames import Frame
+    from fastapi_lith.engine.streams import Stream
+    from fastapi_lith.web.sse import StreamResponse, tab_body
 
     api = FastAPI()
     lith = Lith(Path(os.environ.get("SEND_DB", "send.db")))  # never started: only its _body
@@ -241,7 +243,7 @@ def main() -> None:
 
     from conditions import load_average, print_conditions
 
-    print_conditions(loop="server uvloop, client asyncio", sources=("fastapi_lith/streams.py", "fastapi_lith/fanout.py", "bench/send.py"))
+    print_conditions(loop="server uvloop, client asyncio", sources=("fastapi_lith/engine/streams.py", "fastapi_lith/engine/fanout.py", "bench/send.py"))
     print(f"{args.chunks} chunks of {args.size} B over {args.conns} connections per run; "
           f"{args.posts} POSTs over {args.conns} keep-alive connections; {args.reps} rounds, layers interleaved\n")
     results: dict[str, list[float]] = {}

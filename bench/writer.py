@@ -63,7 +63,7 @@ from conditions import (  # noqa: E402
     OtherLoad, load_average, one_line, percentile, print_conditions, wait_for_quiet,
 )
 from fastapi_lith import Command, TabCommand, Tx, Writer  # noqa: E402
-from fastapi_lith.statements import compile_statement  # noqa: E402
+from fastapi_lith.engine.statements import compile_statement  # noqa: E402
 
 try:
     import uvloop
@@ -608,7 +608,7 @@ def main_bench(args: argparse.Namespace) -> None:
     found = print_conditions(
         loop="asyncio (main figures), uvloop (extra column)" if "uvloop" in variants else "asyncio",
         tmpdir=tmp,
-        sources=("fastapi_lith/writer.py", "fastapi_lith/statements.py", "fastapi_lith/db.py"),
+        sources=("fastapi_lith/engine/writer.py", "fastapi_lith/engine/statements.py", "fastapi_lith/engine/db.py"),
     )
     print(f"SQL per command: {ADD_SQL}  (params {ADD_ORDER}), {ROWS} rows, a savepoint each")
     print(f"repeats {args.reps}, warm-up {args.warmup} s, window {args.duration} s per run; "
@@ -835,7 +835,7 @@ def summarize_profile(raw: Path, rate: int, top: int = 16) -> tuple[str, dict[st
 
 def main_profile(args: argparse.Namespace) -> None:
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    print_conditions(loop="asyncio", sources=("fastapi_lith/writer.py", "fastapi_lith/statements.py", "fastapi_lith/db.py"))
+    print_conditions(loop="asyncio", sources=("fastapi_lith/engine/writer.py", "fastapi_lith/engine/statements.py", "fastapi_lith/engine/db.py"))
     out_dir = Path(args.profile_dir or tempfile.mkdtemp(prefix="lith-profile-"))
     out_dir.mkdir(parents=True, exist_ok=True)
     target = [sys.executable, str(Path(__file__).resolve()), "--profile-target",

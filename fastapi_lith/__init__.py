@@ -7,10 +7,12 @@ Everything an app needs is here; other modules are the library's own, except
 
 from .account_pool import ACCOUNT_NAME, Account
 from .accounts import Accounts
-from .app import DATASTAR_CDN, Lith
-from .commands import Command, Rejected, TabCommand, TabId, delegate, new_tab, pending, send, tab_signals
-from .db import Db
-from .headers import SecurityHeaders, content_security_policy
+from .web.page import DATASTAR_CDN
+from .lith import Lith
+from .engine.commands import Command, Rejected, TabCommand, TabId
+from .web.page import delegate, new_tab, pending, send, tab_signals
+from .engine.db import Db
+from .web.headers import SecurityHeaders, content_security_policy
 from .exceptions import (
     AccountUnavailable,
     AlreadyRunning,
@@ -28,11 +30,12 @@ from .exceptions import (
     ViewError,
     WriterClosed,
 )
-from .forms import form_fields, send_form
-from .guard import MaxBody
-from .streams import Frame, Stream
-from .views import fragment
-from .writer import Tx, Writer
+from .web.forms import form_fields, send_form
+from .web.guard import MaxBody
+from .engine.frames import Frame
+from .engine.streams import Stream
+from .engine.views import fragment
+from .engine.writer import Tx, Writer
 
 __all__ = [
     # the app, its commands and views

@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from . import settings
-from .app import Lith
+from .lith import Lith
 from .exceptions import AccountUnavailable, AlreadyRunning, LithError, SettingError, UnknownAccount
-from .feed import Feed
-from .views import Views
+from .engine.feed import Feed
+from .engine.views import Views
 
 log = logging.getLogger("fastapi_lith.accounts")
 

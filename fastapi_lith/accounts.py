@@ -27,14 +27,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from . import settings
-from .app import Lith
+from .lith import Lith
 from .exceptions import AccountUnavailable, LithError, SettingError, UnknownAccount, ViewError
-from .guard import BodyLimit, add_error_handlers, add_storage_error_handler
-from .origin import same_origin_reason
-from .streams import TAB_ID, Frame
+from .web.guard import BodyLimit, add_error_handlers, add_storage_error_handler
+from .web.origin import same_origin_reason
+from .engine.commands import TAB_ID
+from .engine.frames import Frame
 from .account_pool import Account, AccountPool
-from .views import Render, Topics
-from .writer import Writer
+from .engine.views import Render, Topics
+from .engine.writer import Writer
 
 
 _current: ContextVar[Account | None] = ContextVar("lith_account", default=None)

@@ -26,7 +26,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from . import __version__, db
+from . import __version__
+from .engine import db
 from .exceptions import LithError
 from .ops import InUse, backup, files, holders, litestream, restore, verify
 from .ops.files import open_ro

@@ -17,9 +17,10 @@ import itertools
 from contextlib import AsyncExitStack
 from typing import Any
 
-from .app import Lith
-from .streams import Frame, Stream
-from .writer import Command
+from .lith import Lith
+from .engine.frames import Frame
+from .engine.streams import Stream
+from .engine.writer import Command
 
 
 class Tab:

@@ -11,7 +11,21 @@ from fastapi import Depends, FastAPI, File, Form, UploadFile
 from fastapi.responses import HTMLResponse
 from pydantic import Field
 
-from fastapi_lith import Command, Db, Lith, MaxBody, Rejected, TabCommand, Tx, Writer, form_fields, new_tab, pending, send_form, tab_signals
+from fastapi_lith import (
+    Command,
+    Db,
+    Lith,
+    MaxBody,
+    Rejected,
+    TabCommand,
+    Tx,
+    Writer,
+    form_fields,
+    new_tab,
+    pending,
+    send_form,
+    tab_signals,
+)
 
 lith = Lith(os.environ["INPUT_DB"], migrations=Path(__file__).parent / "input_migrations", max_body=4096)
 UPLOAD_LIMIT = 64 * 1024  # this route's own limit, above the app's 4 KiB

@@ -19,7 +19,7 @@ from fastapi import Depends, FastAPI, Header
 from fastapi.responses import HTMLResponse
 
 from fastapi_lith import Command, Db, Lith, Tx, Writer, fragment
-from fastapi_lith.encoders import Encoder, ZstdEncoder, make_encoder
+from fastapi_lith.engine.encoders import Encoder, ZstdEncoder, make_encoder
 
 LOREM = (
     "Collect the numbers from every region, check them against last quarter, note what moved and "

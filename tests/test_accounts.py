@@ -20,7 +20,19 @@ from markupsafe import Markup
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from fastapi_lith import Accounts, AccountUnavailable, AlreadyRunning, Command, Db, SettingError, Stream, Tx, UnknownAccount, ViewError, Writer
+from fastapi_lith import (
+    Accounts,
+    AccountUnavailable,
+    AlreadyRunning,
+    Command,
+    Db,
+    SettingError,
+    Stream,
+    Tx,
+    UnknownAccount,
+    ViewError,
+    Writer,
+)
 
 SAME_ORIGIN = {"Sec-Fetch-Site": "same-origin", "Datastar-Request": "true"}
 

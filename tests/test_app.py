@@ -367,7 +367,7 @@ def test_a_misspelt_setting_of_any_part_names_the_one_meant(tmp_path: Path) -> N
     import inspect
 
     from fastapi_lith import Accounts, Lith, SettingError, Writer
-    from fastapi_lith.backends.pgwriter import PgWriter
+    from fastapi_lith.backends.postgres.writer import PgWriter
 
     with pytest.raises(SettingError, match=re.escape("Writer() has no setting 'batchsize': did you mean 'batch_size'?")):
         Writer(tmp_path / "a.db", batchsize=5)  # type: ignore[call-arg]
@@ -397,8 +397,8 @@ def test_every_library_error_is_a_lith_error() -> None:
 
 async def test_an_apps_own_writer_readers_and_hub_are_used(tmp_path: Path) -> None:
     from fastapi_lith import Lith, SettingError, Writer
-    from fastapi_lith.db import Readers
-    from fastapi_lith.hub import Hub
+    from fastapi_lith.engine.db import Readers
+    from fastapi_lith.engine.hub import Hub
 
     path = tmp_path / "parts.db"
     writer = Writer(path, cached_statements=7)

@@ -19,7 +19,18 @@ from pydantic import ValidationError
 from playwright.sync_api import Page, expect
 
 from browser import Server, wait_for_datastar
-from fastapi_lith import Command, Lith, Rejected, TabCommand, Tx, WriterClosed, new_tab, pending, send, tab_signals
+from fastapi_lith import (
+    Command,
+    Lith,
+    Rejected,
+    TabCommand,
+    Tx,
+    WriterClosed,
+    new_tab,
+    pending,
+    send,
+    tab_signals,
+)
 from fastapi_lith.testing import Tabs
 
 HERE = Path(__file__).parent
@@ -409,14 +420,14 @@ async def test_the_outcome_view_exactly_and_a_repeat_of_a_command_that_returned_
 
 
 def test_a_request_key_numbers_its_commands_from_1() -> None:
-    from fastapi_lith.outcomes import RequestKey
+    from fastapi_lith.engine.outcomes import RequestKey
 
     key = RequestKey("k")
     assert (key.next(), key.next()) == ("header:k:1", "header:k:2")
 
 
 def test_an_outcome_that_cannot_be_stored_or_read_back_says_so() -> None:
-    from fastapi_lith.outcomes import dump_outcome, load_outcome
+    from fastapi_lith.engine.outcomes import dump_outcome, load_outcome
 
     ok, lost = load_outcome(dump_outcome(True, lambda: None))
     assert not ok and str(lost) == ("the command was applied once; its result (function) could not be "

@@ -11,7 +11,7 @@ import pytest
 
 from browser import Server, ServerError
 from fastapi_lith import MigrationError
-from fastapi_lith.db import Readers, connect, migrate, user_version
+from fastapi_lith.engine.db import Readers, connect, migrate, user_version
 
 
 def write(folder: Path, name: str, sql: str) -> None:
@@ -134,7 +134,7 @@ def test_a_file_that_cannot_use_wal_is_refused_with_the_mode_it_got() -> None:
 
 
 def test_migration_files_are_found_by_their_number(tmp_path: Path) -> None:
-    from fastapi_lith.db import find_migrations
+    from fastapi_lith.engine.db import find_migrations
 
     mig = tmp_path / "migrations"
     write(mig, "0001_init.sql", "")
@@ -177,7 +177,7 @@ def test_a_relative_migrations_folder_that_is_missing_is_named_by_its_absolute_p
 
 
 def test_an_empty_migrations_folder_is_version_0(tmp_path: Path) -> None:
-    from fastapi_lith.db import pending_migrations
+    from fastapi_lith.engine.db import pending_migrations
 
     (tmp_path / "migrations").mkdir()
     assert pending_migrations(tmp_path / "migrations", 0) == []
@@ -188,7 +188,7 @@ def test_an_empty_migrations_folder_is_version_0(tmp_path: Path) -> None:
 def test_integers_out_of_sqlites_range_are_found_wherever_they_hide() -> None:
     from enum import IntEnum
 
-    from fastapi_lith.db import oversized_int
+    from fastapi_lith.engine.db import oversized_int
 
     class Big(IntEnum):
         HUGE = 2**70
@@ -216,7 +216,7 @@ def test_a_db_without_a_cache_of_its_own_compiles_core_statements(tmp_path: Path
 async def test_threads_are_named_daemons_and_only_settled_calls_refuse_cancel(tmp_path: Path) -> None:
     import threading
 
-    from fastapi_lith.db import Workers
+    from fastapi_lith.engine.db import Workers
 
     connect(tmp_path / "a.db").close()
     readers = Readers(tmp_path / "a.db")

@@ -149,7 +149,7 @@ def test_the_datastar_attribute_example_says_what_it_makes() -> None:
 
 
 async def test_one_process_may_pass_the_in_process_feed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from fastapi_lith.feed import LocalFeed
+    from fastapi_lith.engine.feed import LocalFeed
 
     monkeypatch.chdir(tmp_path)
     example = load(SRC / "local_feed.py", "docs_local_feed")
@@ -312,7 +312,7 @@ def test_a_click_on_a_row_of_a_delegated_list_sends_its_command(
 def test_the_encoder_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from fastapi import HTTPException
 
-    from fastapi_lith.encoders import BrotliEncoder, GzipEncoder
+    from fastapi_lith.engine.encoders import BrotliEncoder, GzipEncoder
 
     monkeypatch.chdir(tmp_path)
     example = load(SRC / "encoders_override.py", "docs_encoders_override")

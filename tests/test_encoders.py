@@ -16,7 +16,7 @@ import pytest
 import zstandard
 from datastar_py.sse import ServerSentEventGenerator as SSE
 
-from fastapi_lith.encoders import (
+from fastapi_lith.engine.encoders import (
     BrotliEncoder,
     Encoder,
     GzipEncoder,
@@ -579,7 +579,7 @@ def test_brotli_quality_2_keeps_its_window_and_gzip_keeps_its_level() -> None:
 
 
 def test_the_zstd_window_holds_four_writes_of_the_first_size_exactly() -> None:
-    from fastapi_lith.encoders import _zstd_window_log
+    from fastapi_lith.engine.encoders import _zstd_window_log
 
     assert _zstd_window_log(2**18) == 20  # four writes of 256 KiB fill 1 MiB: no more is needed
     assert _zstd_window_log(2**18 + 1) == 21
@@ -587,6 +587,6 @@ def test_the_zstd_window_holds_four_writes_of_the_first_size_exactly() -> None:
 
 
 def test_gzip_defaults_to_zlibs_own_level() -> None:
-    from fastapi_lith.encoders import GzipEncoder
+    from fastapi_lith.engine.encoders import GzipEncoder
 
     assert GzipEncoder().level == 6  # zlib's own default

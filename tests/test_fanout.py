@@ -17,9 +17,10 @@ import sqlalchemy as sa
 import zstandard
 
 from fastapi_lith import Command, Db, Lith, Tx
-from fastapi_lith.encoders import BrotliEncoder, Encoder, GzipEncoder, ZstdEncoder
-from fastapi_lith.fanout import INLINE_BELOW, Fanout
-from fastapi_lith.streams import Frame, Stream, body
+from fastapi_lith.engine.encoders import BrotliEncoder, Encoder, GzipEncoder, ZstdEncoder
+from fastapi_lith.engine.fanout import INLINE_BELOW, Fanout
+from fastapi_lith.engine.frames import Frame
+from fastapi_lith.engine.streams import Stream, body
 from fastapi_lith.testing import Tabs
 
 counter = sa.table("counter", sa.column("id"), sa.column("count"))

@@ -15,8 +15,8 @@ import htpy as h
 import pytest
 
 from fastapi_lith import Command, Db, Frame, Lith, Tx
-from fastapi_lith.feed import LocalFeed, SqliteFeed
-from fastapi_lith.streams import sse_event
+from fastapi_lith.engine.feed import LocalFeed, SqliteFeed
+from fastapi_lith.engine.frames import sse_event
 from fastapi_lith.testing import Tabs
 
 MIGRATION = """
@@ -306,7 +306,7 @@ async def test_the_lock_file_is_held_while_a_batch_runs(tmp_path: Path) -> None:
 
 
 async def test_a_hub_on_its_timer_hears_another_process_with_no_commit_of_its_own(tmp_path: Path) -> None:
-    from fastapi_lith.streams import Stream
+    from fastapi_lith.engine.streams import Stream
 
     a, b = make_lith(tmp_path), make_lith(tmp_path)
     async with a.lifespan(), b.lifespan():

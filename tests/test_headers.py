@@ -1,4 +1,4 @@
-"""Security headers (fastapi_lith.headers) on the examples, and their pages working in Chromium
+"""Security headers (fastapi_lith.web.headers) on the examples, and their pages working in Chromium
 under the Content-Security-Policy: Datastar binds, a click lands, the stream morphs it in, and
 the browser reports no violation."""
 

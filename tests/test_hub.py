@@ -16,7 +16,7 @@ import pytest
 import sqlalchemy as sa
 
 from fastapi_lith import Command, Db, Lith, Tx, ViewError
-from fastapi_lith.streams import Stream
+from fastapi_lith.engine.streams import Stream
 from fastapi_lith.testing import Tabs
 
 SCHEMA = """
@@ -230,7 +230,8 @@ async def test_first_paint_renders_the_same_view(tmp_path: Path) -> None:
 
 async def test_ticks_on_a_timer(tmp_path: Path) -> None:
     lith, _ = make_lith(tmp_path)
-    from fastapi_lith.streams import Stream, sse_event
+    from fastapi_lith.engine.streams import Stream
+    from fastapi_lith.engine.frames import sse_event
 
     async with lith.lifespan():
         stream = Stream("t1")
@@ -509,7 +510,7 @@ async def test_unchanged_instances_do_not_hold_back_a_changed_one_in_the_same_ti
 
 
 async def test_push_reaches_every_stream_of_one_tab_only(tmp_path: Path) -> None:
-    from fastapi_lith.streams import Frame
+    from fastapi_lith.engine.frames import Frame
 
     lith, _ = make_lith(tmp_path)
     async with Tabs(lith) as tabs:
@@ -523,7 +524,7 @@ async def test_push_reaches_every_stream_of_one_tab_only(tmp_path: Path) -> None
 
 
 def test_tick_percentiles_are_in_milliseconds() -> None:
-    from fastapi_lith.hub import Counters
+    from fastapi_lith.engine.hub import Counters
 
     counters = Counters()
     assert counters.tick_percentiles() == {"p50": 0.0, "p95": 0.0, "p99": 0.0}
@@ -628,10 +629,10 @@ async def test_a_view_failing_its_first_render_does_not_keep_the_others_from_a_t
 
 
 async def test_the_hub_on_its_own_defaults_and_timer(tmp_path: Path) -> None:
-    from fastapi_lith.db import Readers
-    from fastapi_lith.feed import LocalFeed
-    from fastapi_lith.hub import Hub
-    from fastapi_lith.views import Views
+    from fastapi_lith.engine.db import Readers
+    from fastapi_lith.engine.feed import LocalFeed
+    from fastapi_lith.engine.hub import Hub
+    from fastapi_lith.engine.views import Views
 
     readers = Readers(tmp_path / "none.db")
     try:
@@ -647,7 +648,7 @@ async def test_the_hub_on_its_own_defaults_and_timer(tmp_path: Path) -> None:
 
 
 async def test_a_failing_feed_poll_is_logged_and_the_hub_goes_on(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from fastapi_lith.feed import SqliteFeed
+    from fastapi_lith.engine.feed import SqliteFeed
 
     class Flaky(SqliteFeed):
         failures = 1

@@ -361,7 +361,7 @@ def test_the_form_server_still_serves_after_the_fuzz(forms: tuple[Server, Path])
        content_type=st.one_of(st.none(), content_types.map(lambda b: b.decode("latin-1") if b else None)))
 def test_the_acting_tab_of_any_body(body: Any, content_type: str | None) -> None:
     """What the error handlers read a refusal's tab and op from: any bytes, any content type."""
-    from fastapi_lith.guard import acting_tab
+    from fastapi_lith.web.guard import acting_tab
 
     tab, op = acting_tab(body, content_type)
     assert tab is None or re.fullmatch(r"[A-Za-z0-9_-]{1,64}", tab)

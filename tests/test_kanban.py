@@ -71,7 +71,7 @@ def rows(db_path: Path | str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
     if isinstance(db_path, str) and db_path.startswith("postgresql"):
         import psycopg
 
-        from fastapi_lith.backends.postgres import dsn
+        from fastapi_lith.backends.postgres.db import dsn
 
         with psycopg.connect(dsn(db_path)) as conn:
             return conn.execute(sql.replace("?", "%s"), params).fetchall()  # type: ignore[arg-type]
@@ -411,8 +411,8 @@ def test_seeded_board_is_about_156_kb(tmp_path: Path) -> None:
     from examples.kanban.seed import seed
     from examples.kanban.views import board_view, card_item
     from fastapi_lith import Db
-    from fastapi_lith.db import connect
-    from fastapi_lith.statements import StatementCache
+    from fastapi_lith.engine.db import connect
+    from fastapi_lith.engine.statements import StatementCache
 
     board_id = seed(tmp_path / "bench.db", cards=200)
     conn = connect(tmp_path / "bench.db")
@@ -433,8 +433,8 @@ def test_moving_a_card_keeps_every_other_card_cached(tmp_path: Path) -> None:
     from examples.kanban.seed import seed
     from examples.kanban.views import board_view, card_item
     from fastapi_lith import Db
-    from fastapi_lith.db import connect
-    from fastapi_lith.statements import StatementCache
+    from fastapi_lith.engine.db import connect
+    from fastapi_lith.engine.statements import StatementCache
 
     board_id = seed(tmp_path / "bench.db", cards=200)
     conn = connect(tmp_path / "bench.db")
@@ -494,9 +494,9 @@ def test_a_move_makes_room_with_one_update(tmp_path: Path) -> None:
     """Moving to the top of a long lane writes the lane in one statement, not one per card."""
     from examples.kanban.commands import MoveCard
     from examples.kanban.seed import seed
-    from fastapi_lith.db import connect
-    from fastapi_lith.statements import StatementCache
-    from fastapi_lith.writer import Tx
+    from fastapi_lith.engine.db import connect
+    from fastapi_lith.engine.statements import StatementCache
+    from fastapi_lith.engine.writer import Tx
 
     board_id = seed(tmp_path / "one.db", cards=200)
     conn = connect(tmp_path / "one.db")

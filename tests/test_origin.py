@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from starlette.requests import Request
 
-from fastapi_lith.origin import cross_site_reason, same_origin_reason
+from fastapi_lith.web.origin import cross_site_reason, same_origin_reason
 
 
 def request(headers: dict[str, str], scheme: str = "http", host: str = "app.test") -> Request:

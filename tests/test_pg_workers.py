@@ -15,8 +15,8 @@ import psycopg
 from playwright.sync_api import Page, expect
 
 from browser import Server, wait_for_datastar
-from fastapi_lith.backends.postgres import dsn
-from fastapi_lith.pgfeed import LISTENER_NAME
+from fastapi_lith.backends.postgres.db import dsn
+from fastapi_lith.backends.postgres.feed import LISTENER_NAME
 from test_workers import (  # noqa: F401 - client is a fixture
     APP, REPO, TESTS, Tab, add, add_from_200_producers, client, kill_a_under_load,
 )

@@ -7,9 +7,9 @@ import asyncio
 import psycopg
 
 from fastapi_lith import Frame
-from fastapi_lith.backends.postgres import connect
-from fastapi_lith.feed import Changes
-from fastapi_lith.pgfeed import LIMIT, NotifyFeed
+from fastapi_lith.backends.postgres.db import connect
+from fastapi_lith.engine.feed import Changes
+from fastapi_lith.backends.postgres.feed import LIMIT, NotifyFeed
 
 
 async def changes(feed: NotifyFeed, want: int = 1, timeout: float = 10.0) -> Changes:

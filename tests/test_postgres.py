@@ -15,9 +15,9 @@ from markupsafe import Markup
 from pydantic import Field
 
 from fastapi_lith import Command, LithError, MigrationError, Tx
-from fastapi_lith.backends.pgwriter import PgWriter
-from fastapi_lith.backends.postgres import PgReaders, dsn
-from fastapi_lith.feed import LocalFeed
+from fastapi_lith.backends.postgres.writer import PgWriter
+from fastapi_lith.backends.postgres.db import PgReaders, dsn
+from fastapi_lith.engine.feed import LocalFeed
 
 metadata = sa.MetaData()
 log_table = sa.Table("log", metadata, sa.Column("seq", sa.Integer, primary_key=True), sa.Column("value", sa.Text))
@@ -210,7 +210,7 @@ async def test_migrations(pg_url: str, tmp_path: Path) -> None:
 
 def test_lith_picks_the_backend_from_what_it_is_given(pg_url: str, tmp_path: Path) -> None:
     from fastapi_lith import Lith, SettingError
-    from fastapi_lith.pgfeed import NotifyFeed
+    from fastapi_lith.backends.postgres.feed import NotifyFeed
 
     lith = Lith(pg_url)
     assert isinstance(lith.writer, PgWriter) and isinstance(lith.feed, NotifyFeed) and lith.path is None
@@ -248,7 +248,7 @@ async def test_lith_on_postgres_renders_what_commands_wrote(pg_url: str, migrati
 
 
 async def test_a_dropped_write_connection_costs_no_command(pg_url: str, migrations: Path) -> None:
-    from fastapi_lith.backends.pgwriter import WRITER_NAME
+    from fastapi_lith.backends.postgres.writer import WRITER_NAME
 
     writer = PgWriter(pg_url, migrations=migrations, feed=LocalFeed())
     await writer.start()

@@ -7,7 +7,7 @@ import sqlite3
 
 import sqlalchemy as sa
 
-from fastapi_lith.statements import StatementCache
+from fastapi_lith.engine.statements import StatementCache
 
 metadata = sa.MetaData()
 items = sa.Table(

@@ -16,7 +16,7 @@ import pytest
 import zstandard
 
 from browser import Server
-from fastapi_lith.streams import Frame, sse_event
+from fastapi_lith.engine.frames import Frame, sse_event
 
 TESTS = Path(__file__).resolve().parent
 
@@ -335,7 +335,7 @@ async def collect(stream: Any, encoder: Any, until: Any = None, **settings: floa
     """Run `body` until it ends (or `until(chunks)` holds, then end the stream); its chunks."""
     import asyncio
 
-    from fastapi_lith.streams import body
+    from fastapi_lith.engine.streams import body
 
     chunks: list[bytes] = []
 
@@ -350,8 +350,9 @@ async def collect(stream: Any, encoder: Any, until: Any = None, **settings: floa
 
 
 async def test_a_frame_that_outgrows_the_brotli_window_ends_the_body() -> None:
-    from fastapi_lith.encoders import BrotliEncoder
-    from fastapi_lith.streams import Frame, Stream
+    from fastapi_lith.engine.encoders import BrotliEncoder
+    from fastapi_lith.engine.frames import Frame
+    from fastapi_lith.engine.streams import Stream
 
     stream = Stream("t1")
     small, big = Frame("v", "<p id='v'>small</p>"), Frame("v", "<p id='v'>" + "y" * 300_000 + "</p>")
@@ -375,8 +376,9 @@ async def test_a_frame_that_outgrows_the_brotli_window_ends_the_body() -> None:
 async def test_an_idle_zstd_body_hibernates_then_resumes_in_a_new_frame() -> None:
     import asyncio
 
-    from fastapi_lith.encoders import ZstdEncoder
-    from fastapi_lith.streams import KEEPALIVE, Frame, Stream
+    from fastapi_lith.engine.encoders import ZstdEncoder
+    from fastapi_lith.engine.streams import KEEPALIVE, Stream
+    from fastapi_lith.engine.frames import Frame
 
     stream = Stream("t1")
     first, second = Frame("v", "<p id='v'>one</p>"), Frame("v", "<p id='v'>two</p>")
@@ -400,8 +402,9 @@ async def test_an_idle_zstd_body_hibernates_then_resumes_in_a_new_frame() -> Non
 
 
 async def test_keepalives_decode_and_an_asleep_encoder_is_freed_again_at_once() -> None:
-    from fastapi_lith.encoders import IdentityEncoder, ZstdEncoder
-    from fastapi_lith.streams import KEEPALIVE, Frame, Stream
+    from fastapi_lith.engine.encoders import IdentityEncoder, ZstdEncoder
+    from fastapi_lith.engine.streams import KEEPALIVE, Stream
+    from fastapi_lith.engine.frames import Frame
 
     stream = Stream("t1")
     stream.offer(Frame("v", "<p id='v'>one</p>"))
@@ -429,8 +432,8 @@ async def test_keepalives_decode_and_an_asleep_encoder_is_freed_again_at_once() 
 
 
 async def test_an_ended_stream_closes_its_body_cleanly() -> None:
-    from fastapi_lith.encoders import ZstdEncoder
-    from fastapi_lith.streams import Stream
+    from fastapi_lith.engine.encoders import ZstdEncoder
+    from fastapi_lith.engine.streams import Stream
 
     stream = Stream("t1")
     stream.end()
@@ -440,8 +443,9 @@ async def test_an_ended_stream_closes_its_body_cleanly() -> None:
 
 
 async def test_frames_waiting_together_go_out_in_one_write() -> None:
-    from fastapi_lith.encoders import IdentityEncoder
-    from fastapi_lith.streams import Frame, Stream
+    from fastapi_lith.engine.encoders import IdentityEncoder
+    from fastapi_lith.engine.frames import Frame
+    from fastapi_lith.engine.streams import Stream
 
     stream = Stream("t1")
     one, two = Frame("a", "<p id='a'>1</p>"), Frame("b", "<p id='b'>2</p>")
@@ -452,8 +456,9 @@ async def test_frames_waiting_together_go_out_in_one_write() -> None:
 
 
 async def test_an_awake_stream_sends_keepalives_without_hibernating() -> None:
-    from fastapi_lith.encoders import ZstdEncoder
-    from fastapi_lith.streams import KEEPALIVE, Frame, Stream
+    from fastapi_lith.engine.encoders import ZstdEncoder
+    from fastapi_lith.engine.streams import KEEPALIVE, Stream
+    from fastapi_lith.engine.frames import Frame
 
     stream = Stream("t1")
     first = Frame("v", "<p id='v'>one</p>")
@@ -503,7 +508,8 @@ def test_shutdown_commits_a_command_in_flight_and_answers_it(server_factory: Any
 
 
 def test_a_frame_with_signals_patches_both_and_a_stream_counts_what_it_took() -> None:
-    from fastapi_lith.streams import Frame, Stream
+    from fastapi_lith.engine.frames import Frame
+    from fastapi_lith.engine.streams import Stream
 
     frame = Frame("lith-error", '<div id="lith-error">no</div>', {"done": 3})
     event = sse_event(frame).decode()
@@ -572,7 +578,7 @@ class Exchange:
 async def test_the_stream_route_refuses_a_bad_query_with_a_plain_400(tmp_path: Path) -> None:
     from test_hub import make_lith
 
-    from fastapi_lith.encoders import ZstdEncoder
+    from fastapi_lith.engine.encoders import ZstdEncoder
 
     lith, _ = make_lith(tmp_path)
     async with lith.lifespan(ticks=False):
@@ -591,7 +597,7 @@ async def test_the_stream_route_refuses_a_bad_query_with_a_plain_400(tmp_path: P
 async def test_a_stream_sends_its_views_then_their_changes_and_closes_on_disconnect(tmp_path: Path) -> None:
     from test_hub import Add, make_lith
 
-    from fastapi_lith.encoders import ZstdEncoder
+    from fastapi_lith.engine.encoders import ZstdEncoder
 
     lith, _ = make_lith(tmp_path)
     lith.hibernate_after = 0.3
@@ -620,7 +626,7 @@ async def test_a_stream_sends_its_views_then_their_changes_and_closes_on_disconn
 async def test_server_shutdown_ends_a_stream_cleanly_and_frees_it(tmp_path: Path) -> None:
     from test_hub import make_lith
 
-    from fastapi_lith.encoders import IdentityEncoder
+    from fastapi_lith.engine.encoders import IdentityEncoder
 
     lith, _ = make_lith(tmp_path)
     lith.keepalive = 0.3
@@ -642,7 +648,7 @@ async def test_a_client_that_stops_reading_is_ended_after_the_send_timeout(tmp_p
     from sse_starlette.sse import SendTimeoutError
     from test_hub import Add, make_lith
 
-    from fastapi_lith.encoders import IdentityEncoder
+    from fastapi_lith.engine.encoders import IdentityEncoder
 
     lith, _ = make_lith(tmp_path)
     lith.send_timeout = 0.2
@@ -658,7 +664,7 @@ async def test_a_client_that_stops_reading_is_ended_after_the_send_timeout(tmp_p
 
 
 async def test_next_returns_nothing_once_its_timeout_passes() -> None:
-    from fastapi_lith.streams import Stream
+    from fastapi_lith.engine.streams import Stream
 
     stream = Stream("t1")
     assert await asyncio.wait_for(stream.next(timeout=0.05), 10) == []

@@ -12,9 +12,9 @@ from markupsafe import Markup
 from hypothesis import strategies as st
 
 from fastapi_lith import Accounts, Db, Lith, SettingError, ViewError, fragment
-from fastapi_lith.statements import StatementCache
+from fastapi_lith.engine.statements import StatementCache
 from fastapi_lith.testing import Tabs
-from fastapi_lith.views import Views, root_id
+from fastapi_lith.engine.views import Views, root_id
 
 
 def test_keys_parameters_and_topics() -> None:

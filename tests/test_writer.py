@@ -584,7 +584,7 @@ def test_integers_sqlite_cannot_store_fail_validation() -> None:
 
 
 async def test_an_idempotency_key_header_keys_the_commands_of_a_request_in_order(writer: Writer) -> None:
-    from fastapi_lith.outcomes import RequestKey, request_key
+    from fastapi_lith.engine.outcomes import RequestKey, request_key
 
     async def route(key: str, values: list[str]) -> list[int]:
         request_key.set(RequestKey(key))  # what the writer dependency does for the header

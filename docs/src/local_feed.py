@@ -3,6 +3,6 @@
 from pathlib import Path
 
 from fastapi_lith import Lith
-from fastapi_lith.feed import LocalFeed
+from fastapi_lith.engine.feed import LocalFeed
 
 lith = Lith("app.db", migrations=Path(__file__).parent / "counter" / "migrations", feed=LocalFeed())

@@ -3,8 +3,8 @@
 from pathlib import Path
 
 from fastapi_lith import Lith, Writer
-from fastapi_lith.db import Readers
-from fastapi_lith.hub import Hub
+from fastapi_lith.engine.db import Readers
+from fastapi_lith.engine.hub import Hub
 
 MIGRATIONS = Path(__file__).parent / "counter" / "migrations"
 

@@ -14,7 +14,7 @@ import random
 from pathlib import Path
 
 from fastapi_lith import Db
-from fastapi_lith.db import connect, migrate
+from fastapi_lith.engine.db import connect, migrate
 
 from . import schema as s
 
@@ -98,9 +98,15 @@ def seed(path: str | Path, cards: int = 200) -> int:
 def _seed_postgres(url: str, cards: int) -> int:
     """The same board on PostgreSQL: its own migrations folder, migrated under the lock the
     app's processes take, so a seed beside a starting app does not migrate twice."""
-    from fastapi_lith.backends.postgres import DIALECT, MIGRATION_LOCK, PgDb, connect as pg_connect, find_folder
-    from fastapi_lith.backends.postgres import migrate as pg_migrate
-    from fastapi_lith.statements import StatementCache
+    from fastapi_lith.backends.postgres.db import (
+        DIALECT,
+        MIGRATION_LOCK,
+        PgDb,
+        connect as pg_connect,
+        find_folder,
+    )
+    from fastapi_lith.backends.postgres.db import migrate as pg_migrate
+    from fastapi_lith.engine.statements import StatementCache
 
     conn = pg_connect(url)
     try:

@@ -14,10 +14,10 @@ from typing import Any
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from .. import db
+from ..engine import db
 from ..exceptions import SettingError
-from ..feed import Feed, SqliteFeed
-from ..writer import Writer
+from ..engine.feed import Feed, SqliteFeed
+from ..engine.writer import Writer
 
 
 class SqliteBackend:
@@ -59,7 +59,8 @@ class PostgresBackend:
 
     def __init__(self, url: str) -> None:
         try:
-            from . import pgwriter, postgres
+            from .postgres import db as postgres
+            from .postgres import writer as pgwriter
         except ImportError as exc:  # psycopg missing
             raise SettingError(f"{url.split(':', 1)[0]} URLs need psycopg: pip install 'fastapi-lith[postgres]' ({exc})") from exc
         self._pg = postgres
@@ -68,7 +69,7 @@ class PostgresBackend:
         self.path: Path | None = None
 
     def feed(self) -> Feed:
-        from ..pgfeed import NotifyFeed
+        from .postgres.feed import NotifyFeed
 
         return NotifyFeed(self.url)
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from .. import db
+from ..engine import db
 from . import files
 from .files import BackupError, checksum_path, copy_name
 

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import db
+from ..engine import db
 from . import files
 from .backup import copy_snapshot
 from .files import BackupError, stamp

@@ -7,7 +7,20 @@ from fastapi import Depends, FastAPI, Form, UploadFile
 from fastapi.responses import HTMLResponse
 from pydantic import Field
 
-from fastapi_lith import Db, Lith, MaxBody, Rejected, TabCommand, Tx, Writer, form_fields, new_tab, pending, send_form, tab_signals
+from fastapi_lith import (
+    Db,
+    Lith,
+    MaxBody,
+    Rejected,
+    TabCommand,
+    Tx,
+    Writer,
+    form_fields,
+    new_tab,
+    pending,
+    send_form,
+    tab_signals,
+)
 
 lith = Lith("photos.db", migrations=Path(__file__).parent / "migrations")
 app = FastAPI(lifespan=lith.lifespan)

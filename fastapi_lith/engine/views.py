@@ -18,9 +18,9 @@ from typing import Any, ParamSpec, Protocol
 from markupsafe import Markup, escape
 from pydantic import BaseModel, ValidationError, create_model
 
-from . import settings
+from .. import settings
 from .db import Db, oversized_int
-from .exceptions import BadParameter, ViewError
+from ..exceptions import BadParameter, ViewError
 
 
 class HasHtml(Protocol):

@@ -18,7 +18,7 @@ from typing import Any, Literal, TypeVar
 
 from sqlalchemy.sql import ClauseElement
 
-from .exceptions import DatabaseError, MigrationError, NotOneRow
+from ..exceptions import DatabaseError, MigrationError, NotOneRow
 from .statements import Params, Statement, StatementCache
 
 T = TypeVar("T")

@@ -21,11 +21,12 @@ from typing import TYPE_CHECKING, Any
 from fastapi import HTTPException
 from starlette.requests import Request
 
-from . import db, settings
+from . import db
+from .. import settings
 from .commands import Command, Rejected, run_apply
 from .db import Db
-from .exceptions import StorageError, WriterClosed
-from .origin import cross_site_reason
+from ..exceptions import StorageError, WriterClosed
+from ..web.origin import cross_site_reason
 from .outcomes import (
     FIND_OUTCOME,
     IDEMPOTENCY_KEY,

@@ -20,29 +20,27 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from starlette.requests import Request
 from starlette.responses import Response
 
-from . import db, encoders, outcomes, settings
-from .commands import TAB_ID, Command, _Touch
-from .db import Db
-from .encoders import Encoder
+from .engine import db, encoders, outcomes
+from . import settings
+from .engine.commands import TAB_ID, Command, _Touch
+from .engine.db import Db
+from .engine.encoders import Encoder
 from .backends import open_backend
 from .exceptions import AlreadyRunning, LithError, NotRunning, SettingError, ViewError, WriterClosed
-from .feed import Feed
-from .guard import BodyLimit, Messages, add_error_handlers, add_storage_error_handler, command_endpoint
-from .hub import Hub
+from .engine.feed import Feed
+from .web.guard import BodyLimit, Messages, add_error_handlers, add_storage_error_handler, command_endpoint
+from .engine.hub import Hub
 from .ops import Backups
 from .ops.litestream import WRITER_CHECKPOINT_PAGES
 from .ops.replica import Replica
-from .origin import same_origin_reason
-from .streams import Frame, stream_response
-from .views import Render, Topics, Views
-from .writer import Writer
+from .web.origin import same_origin_reason
+from .engine.frames import Frame
+from .web.page import DATASTAR_CDN, DATASTAR_NOTICE
+from .web.sse import stream_response
+from .engine.views import Render, Topics, Views
+from .engine.writer import Writer
 
 log = logging.getLogger("fastapi_lith")
-
-DATASTAR_CDN = "https://cdn.jsdelivr.net/gh/starfederation/datastar@1.0.1/bundles/datastar.js"
-# The `onerror` of `Lith.datastar()`'s script: SecurityHeaders allows it by its hash.
-DATASTAR_NOTICE = "document.getElementById('no-datastar').hidden = false"
-
 
 class Lith:
     """A live app on one SQLite file.

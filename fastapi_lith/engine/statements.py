@@ -18,7 +18,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.compiler import SQLCompiler
 
-from .exceptions import MissingParameter
+from ..exceptions import MissingParameter
 
 DIALECT = sqlite.dialect(paramstyle="qmark")
 

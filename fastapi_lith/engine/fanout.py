@@ -22,7 +22,8 @@ from . import streams as _streams  # streams imports this module: its names are 
 
 if TYPE_CHECKING:
     from .encoders import Encoder
-    from .streams import Frame, Stream
+    from .frames import Frame
+    from .streams import Stream
 
 __all__ = ["Fanout", "shared"]
 

@@ -17,7 +17,7 @@ from htpy import Element
 from sqlalchemy import text
 
 from .db import Db
-from .exceptions import OutcomeLost
+from ..exceptions import OutcomeLost
 
 
 class RequestKey:

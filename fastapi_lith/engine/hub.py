@@ -20,7 +20,8 @@ from typing import Any
 from .db import Db, Readers
 from .feed import Feed, LocalFeed
 from .shutdown import end_on_exit_signal, forget
-from .streams import Frame, Stream
+from .frames import Frame
+from .streams import Stream
 from .views import View, Views
 
 log = logging.getLogger("fastapi_lith.hub")

@@ -13,12 +13,12 @@ from typing import Any
 
 import psycopg
 
-from .. import settings
-from ..commands import run_apply
-from ..outcomes import TAB_KEEP, dump_outcome, load_outcome
-from ..writer import Command, Topics, Writer
-from .pgpipeline import Replay, WriterConnection, WriterCursor, deallocate_owed
-from .postgres import DIALECT, MIGRATION_LOCK, PgTx, connect, describe, find_folder, migrate, rollback
+from ... import settings
+from ...engine.commands import run_apply
+from ...engine.outcomes import TAB_KEEP, dump_outcome, load_outcome
+from ...engine.writer import Command, Topics, Writer
+from .pipeline import Replay, WriterConnection, WriterCursor, deallocate_owed
+from .db import DIALECT, MIGRATION_LOCK, PgTx, connect, describe, find_folder, migrate, rollback
 
 log = logging.getLogger("fastapi_lith.postgres")
 

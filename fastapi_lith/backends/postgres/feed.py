@@ -24,10 +24,10 @@ from typing import Any
 
 import psycopg
 
-from .backends.postgres import dsn
-from .feed import Changes, Feed, Push, SqliteFeed
-from .streams import Frame
-from .writer import Writer
+from .db import dsn
+from ...engine.feed import Changes, Feed, Push, SqliteFeed
+from ...engine.frames import Frame
+from ...engine.writer import Writer
 
 log = logging.getLogger("fastapi_lith.pgfeed")
 

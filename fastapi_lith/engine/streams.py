@@ -14,59 +14,11 @@ import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any, Protocol
 
-import anyio
 
-from datastar_py.sse import ServerSentEventGenerator
-from sse_starlette import EventSourceResponse
-from sse_starlette.sse import SendTimeoutError
-from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response
-from starlette.types import Message, Send
 
 from . import fanout as _fanout
-from .commands import TAB_ID
 from .encoders import Encoder
-from .exceptions import ViewError
-
-
-class Frame:
-    """One render of one view instance: its HTML, and the signals to set with it, if any.
-
-    Frames know nothing of a transport: `sse_event(frame)` encodes one for SSE, once however
-    many streams send it, where the stream's bytes are made.
-    """
-
-    __slots__ = ("key", "html", "signals", "_sse", "__weakref__")
-
-    def __init__(self, key: str, html: str, signals: Mapping[str, Any] | None = None) -> None:
-        self.key = key
-        self.html = html
-        self.signals = signals
-        self._sse: bytes | None = None
-
-    def __repr__(self) -> str:
-        return f"Frame({self.key!r}, {len(self.html)} chars, signals={self.signals!r})"
-
-
-def sse_event(frame: Frame) -> bytes:
-    """The Datastar event of `frame`: a `datastar-patch-elements`, then a signals patch if any.
-
-    Cached on the frame: a tick's frame goes to every watcher of its view, and is formatted once,
-    by whichever fan-out worker needs it first (the lock is taken only until it is cached).
-    """
-    event = frame._sse
-    if event is None:
-        with _FORMATTING:
-            event = frame._sse
-            if event is None:
-                text = ServerSentEventGenerator.patch_elements(frame.html)
-                if frame.signals:
-                    text += ServerSentEventGenerator.patch_signals(dict(frame.signals))
-                event = frame._sse = str(text).encode()
-    return event
-
-
-_FORMATTING = threading.Lock()
+from .frames import Frame, sse_event
 
 
 class Watcher(Protocol):
@@ -214,85 +166,7 @@ class Stream:
         self._ready.set()
 
 
-class StreamResponse(EventSourceResponse):
-    """sse-starlette's response, its send timeout kept on a cheaper clock.
-
-    sse-starlette opens an AnyIO cancel scope around every chunk it sends, which costs about as
-    much as the rest of its path per chunk; one asyncio timeout does the same job for a third
-    of that (bench/send.py). A client that stops reading is still ended after `send_timeout`.
-    """
-
-    async def _send_with_timeout(self, send: Send, message: Message) -> None:
-        if self.send_timeout is None:
-            await send(message)
-            return
-        try:
-            async with asyncio.timeout(self.send_timeout):
-                await send(message)
-        except TimeoutError:
-            raise SendTimeoutError() from None
-
-
 KEEPALIVE = b": keep-alive\n\n"
-
-
-class Subscribed(Watcher, Protocol):
-    stream: Stream
-
-    def close(self) -> None: ...
-
-
-async def stream_response(
-    open_views: Callable[[Stream, list[str]], Awaitable[Subscribed]],
-    request: Request,
-    encoder: Encoder,
-    *,
-    keepalive: float,
-    hibernate_after: float,
-    send_timeout: float,
-) -> Response:
-    """`GET {prefix}/stream?views=key1,key2&tab=…`: one tab's SSE response, or a 400 saying why.
-
-    `open_views` is the hub's `open`: it subscribes a new stream and gives its first frames.
-    """
-    tab = request.query_params.get("tab", "")
-    if not TAB_ID.fullmatch(tab):
-        return PlainTextResponse("tab must be 1 to 64 letters, digits, '-' or '_'", 400)
-    keys = [k for v in request.query_params.getlist("views") for k in v.split(",") if k]
-    if not keys:
-        return PlainTextResponse("views is required: ?views=key1,key2&tab=…", 400)
-    try:
-        subscription = await open_views(Stream(tab), keys)
-    except ViewError as exc:
-        return PlainTextResponse(str(exc), 400)
-    shutdown = anyio.Event()
-    headers = {"Vary": "Accept-Encoding"}
-    if encoder.name:
-        headers["Content-Encoding"] = encoder.name
-    return StreamResponse(
-        tab_body(subscription, encoder, shutdown, keepalive=keepalive, hibernate_after=hibernate_after),
-        headers=headers,
-        ping=0,  # a raw ping would corrupt a compressed body: keep-alives go through the encoder
-        send_timeout=send_timeout,
-        shutdown_event=shutdown,
-        shutdown_grace_period=1.0,
-    )
-
-
-async def tab_body(
-    subscription: Subscribed, encoder: Encoder, shutdown: anyio.Event, *, keepalive: float, hibernate_after: float
-) -> AsyncIterator[bytes]:
-    """`body`, ended cleanly by server shutdown (sse-starlette sees uvicorn's signal), so the
-    page's `retry: 'always'` reconnects to the next process; the subscription closes after."""
-    stream = subscription.stream
-    watcher = asyncio.ensure_future(shutdown.wait())
-    watcher.add_done_callback(lambda _: stream.end())
-    try:
-        async for chunk in body(stream, encoder, keepalive=keepalive, hibernate_after=hibernate_after):
-            yield chunk
-    finally:
-        watcher.cancel()
-        subscription.close()
 
 
 async def body(

@@ -27,7 +27,7 @@ __all__ = [
     "negotiate",
 ]
 
-from . import settings as _settings
+from .. import settings as _settings
 from .accept import ENCODINGS, negotiate
 
 

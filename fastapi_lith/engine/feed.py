@@ -38,8 +38,8 @@ from typing import Any
 from pydantic import ConfigDict
 
 from . import db
-from .exceptions import StorageError, WriterClosed
-from .streams import Frame
+from ..exceptions import StorageError, WriterClosed
+from .frames import Frame
 from .writer import Command, Tx, Writer
 
 

@@ -27,10 +27,10 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from . import settings
-from .commands import TAB_ID, TAB_PATTERN, Command, Rejected, TabCommand
-from .exceptions import BadParameter, StorageError
-from .streams import Frame
+from .. import settings
+from ..engine.commands import TAB_ID, TAB_PATTERN, Command, Rejected, TabCommand
+from ..exceptions import BadParameter, StorageError
+from ..engine.frames import Frame
 
 # An app's own wording for a validation error: pydantic's error dict in, the message out (None
 # keeps pydantic's). Its `type` says what failed ("string_too_short", "json_invalid", ...).

@@ -29,11 +29,11 @@ from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy import TextClause, text
 from sqlalchemy.sql import ClauseElement
 
-from .. import db
-from ..db import Db
-from ..exceptions import MigrationError
-from ..statements import Params, Statement, StatementCache
-from ..writer import Tx
+from ...engine import db
+from ...engine.db import Db
+from ...exceptions import MigrationError
+from ...engine.statements import Params, Statement, StatementCache
+from ...engine.writer import Tx
 
 log = logging.getLogger("fastapi_lith.postgres")
 T = TypeVar("T")

@@ -13,7 +13,7 @@ import htpy as h
 from datastar_py import action_generator as _action
 from markupsafe import Markup
 
-from .commands import TAB_ID
+from ..engine.commands import TAB_ID
 
 
 def form_fields(tab: str) -> Markup:

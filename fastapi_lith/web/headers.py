@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .app import DATASTAR_CDN, DATASTAR_NOTICE
+from .page import DATASTAR_CDN, DATASTAR_NOTICE
 
 
 def content_security_policy(datastar_url: str = DATASTAR_CDN, inline_scripts: Iterable[str] = ()) -> str:

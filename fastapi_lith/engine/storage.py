@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import text
 
 from .commands import Command
-from .exceptions import StorageError
+from ..exceptions import StorageError
 from .outcomes import RECORD_TAB
 
 log = logging.getLogger("fastapi_lith.writer")

@@ -1,0 +1,1 @@
+"""PostgreSQL: one database for several hosts (psycopg 3)."""

@@ -1,0 +1,1 @@
+"""The engine: writes, views, ticks and streams, with no web framework in it."""

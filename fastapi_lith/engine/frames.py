@@ -1,0 +1,49 @@
+"""`Frame`: one render of one view instance, and its Datastar SSE event (datastar-py only)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from datastar_py.sse import ServerSentEventGenerator
+
+
+class Frame:
+    """One render of one view instance: its HTML, and the signals to set with it, if any.
+
+    Frames know nothing of a transport: `sse_event(frame)` encodes one for SSE, once however
+    many streams send it, where the stream's bytes are made.
+    """
+
+    __slots__ = ("key", "html", "signals", "_sse", "__weakref__")
+
+    def __init__(self, key: str, html: str, signals: Mapping[str, Any] | None = None) -> None:
+        self.key = key
+        self.html = html
+        self.signals = signals
+        self._sse: bytes | None = None
+
+    def __repr__(self) -> str:
+        return f"Frame({self.key!r}, {len(self.html)} chars, signals={self.signals!r})"
+
+
+def sse_event(frame: Frame) -> bytes:
+    """The Datastar event of `frame`: a `datastar-patch-elements`, then a signals patch if any.
+
+    Cached on the frame: a tick's frame goes to every watcher of its view, and is formatted once,
+    by whichever fan-out worker needs it first (the lock is taken only until it is cached).
+    """
+    event = frame._sse
+    if event is None:
+        with _FORMATTING:
+            event = frame._sse
+            if event is None:
+                text = ServerSentEventGenerator.patch_elements(frame.html)
+                if frame.signals:
+                    text += ServerSentEventGenerator.patch_signals(dict(frame.signals))
+                event = frame._sse = str(text).encode()
+    return event
+
+
+_FORMATTING = threading.Lock()

@@ -1,0 +1,1 @@
+"""The web layer: FastAPI routes, dependencies, guards and HTML answers over the engine."""

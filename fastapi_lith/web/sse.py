@@ -1,0 +1,99 @@
+"""A tab's stream over HTTP: the query checked, then the stream's body as an SSE response."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Protocol
+
+import anyio
+from sse_starlette import EventSourceResponse
+from sse_starlette.sse import SendTimeoutError
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.types import Message, Send
+
+from ..engine.commands import TAB_ID
+from ..engine.encoders import Encoder
+from ..engine.streams import Stream, Watcher, body
+from ..exceptions import ViewError
+
+
+class StreamResponse(EventSourceResponse):
+    """sse-starlette's response, its send timeout kept on a cheaper clock.
+
+    sse-starlette opens an AnyIO cancel scope around every chunk it sends, which costs about as
+    much as the rest of its path per chunk; one asyncio timeout does the same job for a third
+    of that (bench/send.py). A client that stops reading is still ended after `send_timeout`.
+    """
+
+    async def _send_with_timeout(self, send: Send, message: Message) -> None:
+        if self.send_timeout is None:
+            await send(message)
+            return
+        try:
+            async with asyncio.timeout(self.send_timeout):
+                await send(message)
+        except TimeoutError:
+            raise SendTimeoutError() from None
+
+
+
+
+class Subscribed(Watcher, Protocol):
+    stream: Stream
+
+    def close(self) -> None: ...
+
+
+async def stream_response(
+    open_views: Callable[[Stream, list[str]], Awaitable[Subscribed]],
+    request: Request,
+    encoder: Encoder,
+    *,
+    keepalive: float,
+    hibernate_after: float,
+    send_timeout: float,
+) -> Response:
+    """`GET {prefix}/stream?views=key1,key2&tab=…`: one tab's SSE response, or a 400 saying why.
+
+    `open_views` is the hub's `open`: it subscribes a new stream and gives its first frames.
+    """
+    tab = request.query_params.get("tab", "")
+    if not TAB_ID.fullmatch(tab):
+        return PlainTextResponse("tab must be 1 to 64 letters, digits, '-' or '_'", 400)
+    keys = [k for v in request.query_params.getlist("views") for k in v.split(",") if k]
+    if not keys:
+        return PlainTextResponse("views is required: ?views=key1,key2&tab=…", 400)
+    try:
+        subscription = await open_views(Stream(tab), keys)
+    except ViewError as exc:
+        return PlainTextResponse(str(exc), 400)
+    shutdown = anyio.Event()
+    headers = {"Vary": "Accept-Encoding"}
+    if encoder.name:
+        headers["Content-Encoding"] = encoder.name
+    return StreamResponse(
+        tab_body(subscription, encoder, shutdown, keepalive=keepalive, hibernate_after=hibernate_after),
+        headers=headers,
+        ping=0,  # a raw ping would corrupt a compressed body: keep-alives go through the encoder
+        send_timeout=send_timeout,
+        shutdown_event=shutdown,
+        shutdown_grace_period=1.0,
+    )
+
+
+async def tab_body(
+    subscription: Subscribed, encoder: Encoder, shutdown: anyio.Event, *, keepalive: float, hibernate_after: float
+) -> AsyncIterator[bytes]:
+    """`body`, ended cleanly by server shutdown (sse-starlette sees uvicorn's signal), so the
+    page's `retry: 'always'` reconnects to the next process; the subscription closes after."""
+    stream = subscription.stream
+    watcher = asyncio.ensure_future(shutdown.wait())
+    watcher.add_done_callback(lambda _: stream.end())
+    try:
+        async for chunk in body(stream, encoder, keepalive=keepalive, hibernate_after=hibernate_after):
+            yield chunk
+    finally:
+        watcher.cancel()
+        subscription.close()
