@@ -39,6 +39,7 @@ from .web.page import DATASTAR_CDN, DATASTAR_NOTICE
 from .web.sse import stream_response
 from .engine.views import Render, Topics, Views
 from .engine.writer import Writer
+from .web.dependency import WriterDependency
 
 log = logging.getLogger("fastapi_lith")
 
@@ -99,7 +100,8 @@ class Lith:
         own (then its settings belong to that object, and passing both is an error):
 
         - writer (`writer=Writer(...)`): `migrations`, `synchronous`, `batch_size`,
-          `cached_statements`, `statement_cache`, `same_origin_only`, `repeat_window`, `feed`;
+          `cached_statements`, `statement_cache`, `repeat_window`, `feed`;
+        - the writer dependency (`Depends(lith.writer)`): `same_origin_only`;
         - readers (`readers=Readers(...)`, or how many): the hub's render threads;
         - hub (`hub=`, called as `hub(views, readers, tick=..., feed=...)`): `tick`;
         - streams and encoders: `prefix`, `keepalive`, `hibernate_after`, `send_timeout`,
@@ -116,7 +118,7 @@ class Lith:
             given = [name for name, value, default in (
                 ("migrations", migrations, None), ("synchronous", synchronous, "NORMAL"),
                 ("batch_size", batch_size, 512), ("cached_statements", cached_statements, 512),
-                ("statement_cache", statement_cache, True), ("same_origin_only", same_origin_only, True),
+                ("statement_cache", statement_cache, True),
                 ("repeat_window", repeat_window, 3600.0), ("feed", feed, None),
             ) if value != default]  # fmt: skip
             if given:
@@ -142,16 +144,19 @@ class Lith:
             raise SettingError(f"outcome_hint must be a string, not {outcome_hint!r}")
         self.outcome_hint = outcome_hint
         self.views.register("outcome/{tab}", {"tab:{tab}"})(self._outcome_view)
-        self.writer = writer if writer is not None else self.backend.writer(
+        engine_writer = writer if writer is not None else self.backend.writer(
             migrations=migrations,
             synchronous=synchronous,
             batch_size=batch_size,
             cached_statements=cached_statements,
             statement_cache=statement_cache,
-            same_origin_only=same_origin_only,
             repeat_window=repeat_window,
             wal_autocheckpoint=WRITER_CHECKPOINT_PAGES if replica is not None else 1000,
             feed=self.feed,
+        )
+        # `Depends(lith.writer)`: the writer, guarded for a command's request (web/dependency.py).
+        self.writer = WriterDependency(
+            engine_writer, same_origin_only=settings.flag("same_origin_only", same_origin_only)
         )
         self._readers = readers if isinstance(readers, db.Readers) else None  # the app's: not closed here
         self._reader_count = 0 if self._readers else settings.number("readers", readers, low=1, integer=True)

@@ -410,7 +410,7 @@ async def test_an_apps_own_writer_readers_and_hub_are_used(tmp_path: Path) -> No
         return built[-1]
 
     lith = Lith(path, writer=writer, readers=readers, hub=hub, tick=0.2)
-    assert lith.writer is writer and lith.feed is writer.feed
+    assert lith.writer.writer is writer and lith.feed is writer.feed
     async with lith.lifespan():
         assert built == [lith.hub] and lith.hub.readers is readers and lith.hub.interval == 0.2
         assert await lith.hub.readers.run(lambda db: db.scalar("SELECT 1")) == 1

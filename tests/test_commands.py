@@ -419,13 +419,6 @@ async def test_the_outcome_view_exactly_and_a_repeat_of_a_command_that_returned_
     assert notes(tmp_path / "a.db") == ["quiet"]
 
 
-def test_a_request_key_numbers_its_commands_from_1() -> None:
-    from fastapi_lith.engine.outcomes import RequestKey
-
-    key = RequestKey("k")
-    assert (key.next(), key.next()) == ("header:k:1", "header:k:2")
-
-
 def test_an_outcome_that_cannot_be_stored_or_read_back_says_so() -> None:
     from fastapi_lith.engine.outcomes import dump_outcome, load_outcome
 

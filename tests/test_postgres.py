@@ -213,7 +213,7 @@ def test_lith_picks_the_backend_from_what_it_is_given(pg_url: str, tmp_path: Pat
     from fastapi_lith.backends.postgres.feed import NotifyFeed
 
     lith = Lith(pg_url)
-    assert isinstance(lith.writer, PgWriter) and isinstance(lith.feed, NotifyFeed) and lith.path is None
+    assert isinstance(lith.writer.writer, PgWriter) and isinstance(lith.feed, NotifyFeed) and lith.path is None
     with pytest.raises(SettingError, match="pg_dump"):
         Lith(pg_url, backup_folder=tmp_path / "backups")
     with pytest.raises(SettingError, match="unknown database URL mysql://"):

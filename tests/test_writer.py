@@ -17,7 +17,7 @@ import pytest
 import sqlalchemy as sa
 from pydantic import Field
 
-from fastapi_lith import Command, SettingError, Tx, Writer, WriterClosed
+from fastapi_lith import Command, Lith, SettingError, Tx, Writer, WriterClosed
 
 metadata = sa.MetaData()
 log_table = sa.Table(
@@ -550,7 +550,6 @@ async def test_an_unpicklable_result_is_applied_once_and_its_repeat_says_so(writ
         ({"batch_size": 0}, "batch_size must be an integer at least 1, not 0"),
         ({"batch_size": 2.5}, "batch_size must be an integer, not 2.5"),
         ({"statement_cache": "no"}, "statement_cache must be True or False, not 'no'"),
-        ({"same_origin_only": 0}, "same_origin_only must be True or False, not 0"),
         ({"repeat_window": -1}, "repeat_window must be a number at least 0, not -1"),
         ({"cached_statements": -1}, "cached_statements must be an integer at least 0, not -1"),
         ({"cached_statements": 1.5}, "cached_statements must be an integer, not 1.5"),
@@ -583,12 +582,21 @@ def test_integers_sqlite_cannot_store_fail_validation() -> None:
     assert Many(n=2**63 - 1, rows=[{"n": -(2**63)}]).n == 2**63 - 1
 
 
+async def test_a_request_key_numbers_its_commands_from_1(writer: Writer) -> None:
+    from fastapi_lith.web.dependency import KeyedWriter
+
+    keyed = KeyedWriter(writer, "k")
+    await keyed.do(Append(value="a"))
+    await keyed.do(Append(value="b"))
+    assert rows(writer.path, "SELECT key FROM lith_outcome ORDER BY rowid") == [("header:k:1",), ("header:k:2",)]
+
+
 async def test_an_idempotency_key_header_keys_the_commands_of_a_request_in_order(writer: Writer) -> None:
-    from fastapi_lith.engine.outcomes import RequestKey, request_key
+    from fastapi_lith.web.dependency import KeyedWriter
 
     async def route(key: str, values: list[str]) -> list[int]:
-        request_key.set(RequestKey(key))  # what the writer dependency does for the header
-        return [await writer.do(Append(value=v)) for v in values]
+        keyed = KeyedWriter(writer, key)  # what the writer dependency hands a request with the header
+        return [await keyed.do(Append(value=v)) for v in values]
 
     first = await asyncio.create_task(route("req-1", ["a", "b"]))
     again = await asyncio.create_task(route("req-1", ["a", "b"]))  # the client's retry
@@ -754,7 +762,9 @@ async def test_the_writer_dependency_refuses_what_is_not_same_origin_datastar(
 ) -> None:
     import httpx
 
-    transport = httpx.ASGITransport(app=append_app(writer))
+    from fastapi_lith.web.dependency import WriterDependency
+
+    transport = httpx.ASGITransport(app=append_app(WriterDependency(writer)))
     async with httpx.AsyncClient(transport=transport, base_url="http://app.test") as client:
         response = await client.post("/append", json={"value": "v"}, headers=headers)
     assert response.status_code == status, response.text
@@ -810,7 +820,8 @@ async def test_a_writer_built_without_settings_uses_the_documented_defaults(tmp_
     import gc
 
     w = Writer(tmp_path / "app.db", migrations=migrations)
-    assert (w.batch_size, w.repeat_window, w.synchronous, w.same_origin_only) == (512, 3600.0, "NORMAL", True)
+    assert (w.batch_size, w.repeat_window, w.synchronous) == (512, 3600.0, "NORMAL")
+    assert Lith(tmp_path / "app.db").writer.same_origin_only is True
     assert (w.statements.enabled, w.statements.size) == (True, 512)
     assert Writer(tmp_path / "app.db", cached_statements=7).statements.size == 7
     assert w.commit_seconds.maxlen == 100_000  # a long-running app keeps a bounded record
@@ -988,7 +999,9 @@ async def test_tab_outcomes_outlive_a_restart(tmp_path: Path, migrations: Path) 
 def command_app(writer: Writer):
     import httpx
 
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=append_app(writer)), base_url="http://app.test")
+    from fastapi_lith.web.dependency import WriterDependency
+
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=append_app(WriterDependency(writer))), base_url="http://app.test")
 
 
 SAME_ORIGIN = {"Datastar-Request": "true", "Sec-Fetch-Site": "same-origin"}

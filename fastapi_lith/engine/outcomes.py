@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pickle
 import re
-from contextvars import ContextVar
 from typing import Any
 
 import htpy as h
@@ -20,22 +19,7 @@ from .db import Db
 from ..exceptions import OutcomeLost
 
 
-class RequestKey:
-    """A request's `Idempotency-Key` header, and how many commands its route has sent."""
-
-    __slots__ = ("key", "sent")
-
-    def __init__(self, key: str) -> None:
-        self.key = key
-        self.sent = 0
-
-    def next(self) -> str:
-        self.sent += 1
-        return f"header:{self.key}:{self.sent}"
-
-
-# Set by the writer dependency for the request it guards; `do` reads it in the same task.
-request_key: ContextVar[RequestKey | None] = ContextVar("lith_request_key", default=None)
+# What an `Idempotency-Key` header may hold (web/dependency.py).
 IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,200}")
 
 # The library's own table: each keyed command's first outcome, written in the command's own

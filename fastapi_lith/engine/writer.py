@@ -18,28 +18,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fastapi import HTTPException
-from starlette.requests import Request
-
 from . import db
 from .. import settings
 from .commands import Command, Rejected, run_apply
 from .db import Db
 from ..exceptions import StorageError, WriterClosed
-from ..web.origin import cross_site_reason
 from .outcomes import (
     FIND_OUTCOME,
-    IDEMPOTENCY_KEY,
     OUTCOMES_SCHEMA,
     PRUNE_OUTCOMES,
     PRUNE_TABS,
     RECORD_OUTCOME,
     TAB_KEEP,
     TABS_SCHEMA,
-    RequestKey,
     dump_outcome,
     load_outcome,
-    request_key,
 )
 from .statements import DIALECT, StatementCache
 from .storage import Probe, StorageState, storage_cause
@@ -75,8 +68,7 @@ class Writer:
     """The only writer of one SQLite file.
 
     `await writer.do(cmd)` queues the command and returns `cmd.apply(tx)`'s result once the
-    batch holding it has committed. Used as a FastAPI dependency (`Depends(lith.writer)`) it also
-    refuses cross-site requests, see `__call__`.
+    batch holding it has committed.
     """
 
     dialect = DIALECT  # what the statement cache compiles for: another backend names its own
@@ -91,7 +83,6 @@ class Writer:
         batch_size: int = 512,
         cached_statements: int = 512,
         statement_cache: bool = True,
-        same_origin_only: bool = True,
         repeat_window: float = 3600.0,
         wal_autocheckpoint: int = 1000,
         feed: Feed | None = None,
@@ -107,7 +98,6 @@ class Writer:
         self.synchronous = settings.choice("synchronous", synchronous, db.SYNCHRONOUS)
         self.batch_size = settings.number("batch_size", batch_size, low=1, integer=True)
         settings.number("cached_statements", cached_statements, low=0, integer=True)
-        self.same_origin_only = settings.flag("same_origin_only", same_origin_only)
         # How long a command's first outcome answers its repeats; 0 turns keys off.
         self.repeat_window = settings.number("repeat_window", repeat_window, low=0)
         self.statements = StatementCache(
@@ -208,19 +198,18 @@ class Writer:
 
     # -- the producer side -----------------------------------------------------------------
 
-    async def do(self, cmd: Command) -> Any:
+    async def do(self, cmd: Command, *, key: str | None = None) -> Any:
         """Apply `cmd` in the next batch; return its result once that batch has committed.
 
         Cancelled before the writer takes it, the command is dropped; once taken, it commits
-        whatever happens to the caller. A command with an idempotency key (its own, see
-        `Command.idempotency_key`, or the request's `Idempotency-Key` header) whose first send
-        committed within `repeat_window` is not applied again: this returns (or raises) that
-        first outcome.
+        whatever happens to the caller. A command with an idempotency key (`key`, else its own,
+        see `Command.idempotency_key`) whose first send committed within `repeat_window` is not
+        applied again: this returns (or raises) that first outcome.
         """
         if self._closing:
             raise WriterClosed("the writer is not running")
-        request = request_key.get()
-        key = cmd.idempotency_key() if request is None else request.next()
+        if key is None:
+            key = cmd.idempotency_key()
         if not self.repeat_window:
             key = None
         fut = self._loop.create_future()  # type: ignore[union-attr]
@@ -240,24 +229,6 @@ class Writer:
         except Exception as exc:
             return str(exc) or type(exc).__name__
         return None
-
-    async def __call__(self, request: Request) -> Writer:
-        """The FastAPI dependency for command routes: refuse cross-site and non-Datastar requests
-        (see origin.py); non-browser clients and tests turn that off (`same_origin_only=False`).
-        It marks the request as a command's (`request.state.lith_command`), so errors on it are
-        answered as HTML for the acting tab, and takes its `Idempotency-Key` header, if any.
-        """
-        request.state.lith_command = True
-        if self.same_origin_only:
-            reason = cross_site_reason(request)
-            if reason:
-                raise HTTPException(403, reason)
-        key = request.headers.get("idempotency-key")
-        if key is not None:
-            if not IDEMPOTENCY_KEY.fullmatch(key):
-                raise HTTPException(400, "Idempotency-Key must be 1 to 200 visible ASCII characters")
-            request_key.set(RequestKey(key))
-        return self
 
     # -- the writer task and thread ----------------------------------------------------------
 

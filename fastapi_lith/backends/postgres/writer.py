@@ -129,7 +129,6 @@ class PgWriter(Writer):
         batch_size: int = 512,
         cached_statements: int = 512,
         statement_cache: bool = True,
-        same_origin_only: bool = True,
         repeat_window: float = 3600.0,
         take_turns: bool = True,
         retries: int = 50,
@@ -143,7 +142,6 @@ class PgWriter(Writer):
             batch_size=batch_size,
             cached_statements=cached_statements,
             statement_cache=statement_cache,
-            same_origin_only=same_origin_only,
             repeat_window=repeat_window,
             feed=feed,
         )
