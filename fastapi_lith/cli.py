@@ -28,7 +28,7 @@ from typing import Any
 
 from . import __version__
 from .engine import db
-from .exceptions import LithError
+from .exceptions import LithError, MigrationError, ReplicaError
 from .ops import InUse, backup, files, holders, litestream, restore, verify
 from .ops.files import open_ro
 from .ops.replica import Replica
@@ -44,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except (LithError, db.MigrationError) as exc:  # a MigrationError is a LithError too
+    except LithError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except sqlite3.Error as exc:
@@ -155,7 +155,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     if args.db.exists():
         busy = holders(args.db)
         if busy:
-            raise db.MigrationError(
+            raise MigrationError(
                 f"{args.db} is open in another process ({'; '.join(busy)}): a running app migrates "
                 f"itself when it starts; stop it to migrate from the shell"
             )
@@ -227,7 +227,7 @@ def cmd_replica_restore(args: argparse.Namespace) -> int:
     replica = Replica(args.db, args.url, check_every=None)
     if not args.db.exists():  # a fresh disk: what the app does before it opens the database
         if not replica.prepare():
-            raise litestream.ReplicaError(f"{litestream.redact(args.url)} holds no copy of the database")
+            raise ReplicaError(f"{litestream.redact(args.url)} holds no copy of the database")
         print(f"restored {args.db} from {litestream.redact(args.url)} ({files.mb(args.db.stat().st_size)})")
         return 0
     busy = holders(args.db)  # before a long download, not after
@@ -237,7 +237,7 @@ def cmd_replica_restore(args: argparse.Namespace) -> int:
     tmp = files.temp_beside(args.db, "replica")
     try:
         if not litestream.restore(args.url, tmp, binary=replica.binary):
-            raise litestream.ReplicaError(f"{litestream.redact(args.url)} holds no copy of the database")
+            raise ReplicaError(f"{litestream.redact(args.url)} holds no copy of the database")
         print(restore(tmp, args.db, keep_replaced=not args.no_keep).summary())
     finally:
         for suffix in ("", "-wal", "-shm"):
@@ -400,7 +400,7 @@ def cmd_accounts_migrate(args: argparse.Namespace) -> int:
         path = args.folder / f"{name}.db"
         busy = holders(path)
         if busy:
-            raise db.MigrationError(f"open in another process ({'; '.join(busy)}): the app migrates it when it opens it")
+            raise MigrationError(f"open in another process ({'; '.join(busy)}): the app migrates it when it opens it")
         conn = db.connect(path)
         try:
             before, after = db.migrate(conn, args.migrations)

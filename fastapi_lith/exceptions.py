@@ -7,13 +7,16 @@ catches it.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class LithError(Exception):
     """The base of fastapi-lith's own errors."""
 
 
 class SettingError(LithError, ValueError):
-    """A `Lith` or `Writer` setting is out of range or not one of the allowed values."""
+    """A setting or argument the app gives the library (`Lith`, `Writer`, an encoder, a backup
+    timer, a page helper's tab id) is out of range or not one of the allowed values."""
 
 
 class NotRunning(LithError, RuntimeError):
@@ -38,6 +41,25 @@ class MigrationError(LithError, RuntimeError):
 
 class DatabaseError(LithError, RuntimeError):
     """The SQLite file cannot be used as the library needs it (no WAL mode)."""
+
+
+class CommandError(LithError, TypeError):
+    """A command the writer cannot apply as written: an `async def apply`, or an `apply` that
+    returned an awaitable. A bug in the command, found where it is defined or first applied."""
+
+
+class Rejected(LithError):
+    """Raised from `apply`: this command cannot apply, and the message says why, to a person.
+
+    The command's savepoint rolls back (nothing it wrote stays), a `TabCommand`'s tab is told the
+    message in its outcome view, and `writer.do` raises it to the caller. A command route made by
+    `lith.command` answers 204 for a tab command (the tab already has the message) and 409 with
+    the message for any other command; so does a hand-written route that lets it through.
+    """
+
+    # The command `writer.do` was applying when it raised this (None if raised elsewhere): a
+    # `Command`, typed loosely because the commands sit above this module.
+    command: Any = None
 
 
 class MissingParameter(LithError, KeyError):
@@ -80,3 +102,23 @@ class AccountUnavailable(LithError, RuntimeError):
 class StorageError(LithError, RuntimeError):
     """A write failed for a reason outside the command (disk full, read-only file, I/O error):
     nothing in its batch was applied, and it may be sent again once the storage is fixed."""
+
+
+class EncoderClosed(LithError, RuntimeError):
+    """A stream's encoder was used after `close()`: the stream it compressed has ended."""
+
+
+class BackupError(LithError):
+    """A copy could not be taken, checked or restored (`fastapi_lith.ops`)."""
+
+
+class InUse(BackupError):
+    """Another process holds the database open: it must be stopped first."""
+
+
+class ReplicaError(BackupError):
+    """A replica cannot be used: no binary, no credentials, a bad URL, or Litestream failed."""
+
+
+class ProjectError(LithError):
+    """A project could not be written: a bad name, a folder in the way, a missing template."""

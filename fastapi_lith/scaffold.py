@@ -26,11 +26,8 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 
 from . import __version__
-from .exceptions import LithError
+from .exceptions import ProjectError
 
-
-class ProjectError(LithError):
-    """A project could not be written: a bad name, a folder in the way, a missing template."""
 
 
 #: Files of the written project that must be executable.

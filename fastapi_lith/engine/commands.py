@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 from pydantic_core import PydanticCustomError
 
 from . import db, outcomes
-from ..exceptions import LithError
+from ..exceptions import CommandError, Rejected
 
 if TYPE_CHECKING:
     from .writer import Tx
@@ -32,19 +32,6 @@ log = logging.getLogger("fastapi_lith")
 
 # What a tab is told when its command failed for a reason `apply` did not give (a bug).
 FAILED = "Something went wrong, so nothing changed. Try again, or reload the page."
-
-
-class Rejected(LithError):
-    """Raised from `apply`: this command cannot apply, and the message says why, to a person.
-
-    The command's savepoint rolls back (nothing it wrote stays), a `TabCommand`'s tab is told the
-    message in its outcome view, and `writer.do` raises it to the caller. A command route made by
-    `lith.command` answers 204 for a tab command (the tab already has the message) and 409 with
-    the message for any other command; so does a hand-written route that lets it through.
-    """
-
-    # The command `writer.do` was applying when it raised this (None if raised elsewhere).
-    command: Command | None = None
 
 
 class Command(BaseModel):
@@ -72,7 +59,7 @@ class Command(BaseModel):
         super().__init_subclass__(**kwargs)
         apply = cls.__dict__.get("apply")
         if inspect.iscoroutinefunction(apply) or inspect.isasyncgenfunction(apply):
-            raise TypeError(
+            raise CommandError(
                 f"{cls.__qualname__}.apply is async def, but the writer runs it on its thread inside a "
                 "transaction and cannot await it: write a plain def apply(self, tx), and do awaited "
                 "work in the route before writer.do"
@@ -110,7 +97,7 @@ def run_apply(cmd: Command, tx: Tx) -> Any:
         what = "a coroutine" if inspect.iscoroutine(result) else "an awaitable"
         if inspect.iscoroutine(result):
             result.close()  # it never runs: no "was never awaited" warning as the only trace
-        raise TypeError(
+        raise CommandError(
             f"{type(cmd).__name__}.apply returned {what}, which the writer cannot await: "
             "apply must do its work itself, synchronously"
         )

@@ -28,6 +28,7 @@ __all__ = [
 ]
 
 from .. import settings as _settings
+from ..exceptions import EncoderClosed, SettingError
 from .accept import ENCODINGS, negotiate
 
 
@@ -105,7 +106,7 @@ class ZstdEncoder(Encoder):
         **params: int,
     ) -> None:
         if window_log is not None and not zstandard.WINDOWLOG_MIN <= window_log <= self.MAX_WINDOW_LOG:
-            raise ValueError(
+            raise SettingError(
                 f"window_log must be in {zstandard.WINDOWLOG_MIN}..{self.MAX_WINDOW_LOG}"
             )
         # Level 1 is the fastest level that still entropy-codes literals: levels -1 to -5 saved
@@ -166,7 +167,7 @@ class ZstdEncoder(Encoder):
 
     def encode(self, *events: bytes) -> bytes:
         if self._closed:
-            raise RuntimeError("encoder is closed")
+            raise EncoderClosed("encoder is closed")
         if self._stream is None:
             if self.params is None:
                 self.params = self._params(_zstd_window_log(sum(map(len, events))))
@@ -253,7 +254,7 @@ class BrotliEncoder(Encoder):
         self, quality: int = 4, flush_every: int | None = None, size_hint: int = 0
     ) -> None:
         if not 0 <= quality <= 11:
-            raise ValueError("quality must be in 0..11")
+            raise SettingError("quality must be in 0..11")
         self.quality = quality
         self.flush_every = (
             (16 * 1024 if quality <= 3 else 64 * 1024) if flush_every is None else flush_every
@@ -266,7 +267,7 @@ class BrotliEncoder(Encoder):
 
     def encode(self, *events: bytes) -> bytes:
         if self._closed:
-            raise RuntimeError("encoder is closed")
+            raise EncoderClosed("encoder is closed")
         size = sum(map(len, events))
         if self._compressor is None:
             self.lgwin = _brotli_lgwin(max(size, self.size_hint))
@@ -328,7 +329,7 @@ class GzipEncoder(Encoder):
 
     def encode(self, *events: bytes) -> bytes:
         if self._closed:
-            raise RuntimeError("encoder is closed")
+            raise EncoderClosed("encoder is closed")
         parts = [self._compressor.compress(event) for event in events]
         parts.append(self._compressor.flush(zlib.Z_SYNC_FLUSH))
         return b"".join(parts)
@@ -360,7 +361,7 @@ def make_encoder(name: str, **settings: Any) -> Encoder:
     try:
         cls = _ENCODERS[name]
     except KeyError:
-        raise ValueError(f"unknown encoding {name!r}, expected one of {ENCODINGS}") from None
+        raise SettingError(f"unknown encoding {name!r}, expected one of {ENCODINGS}") from None
     return cls(**settings)
 
 

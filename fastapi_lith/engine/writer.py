@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 from . import db
 from .. import settings
-from .commands import Command, Rejected, run_apply
+from .commands import Command, run_apply
 from .db import Db
-from ..exceptions import StorageError, WriterClosed
+from ..exceptions import Rejected, StorageError, WriterClosed
 from .outcomes import (
     FIND_OUTCOME,
     OUTCOMES_SCHEMA,

@@ -13,9 +13,8 @@ Nothing here imports a Unix-only module at import time: `locks` imports `fcntl` 
 """
 
 from .backup import BackupInfo, backup
-from .files import BackupError
-from .litestream import ReplicaError
-from .locks import InUse, holders
+from ..exceptions import BackupError, InUse, ReplicaError
+from .locks import holders
 from .replica import Replica
 from .restore import RestoreInfo, restore
 from .timer import Backups

@@ -30,7 +30,8 @@ from typing import Literal
 
 from ..engine import db
 from . import files
-from .files import BackupError, checksum_path, copy_name
+from ..exceptions import BackupError, SettingError
+from .files import checksum_path, copy_name
 
 Method = Literal["backup", "vacuum"]
 
@@ -146,5 +147,5 @@ def copy_snapshot(source: Path, tmp: Path, method: Method) -> float:
             return time.perf_counter() - t0
         finally:
             src.close()
-    raise ValueError(f"method must be 'backup' or 'vacuum', not {method!r}")
+    raise SettingError(f"method must be 'backup' or 'vacuum', not {method!r}")
 

@@ -17,15 +17,11 @@ from pathlib import Path
 from urllib.parse import quote
 
 from ..engine import db
-from ..exceptions import LithError
 
 STAMP_FORMAT = "%Y%m%dT%H%M%SZ"
 STAMP_RE = r"\d{8}T\d{6}Z"
 CHECKSUM_SUFFIX = ".sha256"
 
-
-class BackupError(LithError):
-    """A copy could not be taken, checked or restored."""
 
 
 def stamp(at: datetime | None = None) -> str:

@@ -36,7 +36,7 @@ from datetime import datetime
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from .files import BackupError
+from ..exceptions import ReplicaError
 
 VERSION = "0.5.17"
 
@@ -52,9 +52,6 @@ CREDENTIALS: dict[str, list[tuple[str, ...]]] = {
     "abs": [("LITESTREAM_AZURE_ACCOUNT_KEY",), ("LITESTREAM_AZURE_SAS_TOKEN",)],
 }
 
-
-class ReplicaError(BackupError):
-    """A replica cannot be used: no binary, no credentials, a bad URL, or Litestream failed."""
 
 
 def check_url(url: str) -> str:

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from .files import BackupError
+from ..exceptions import BackupError, InUse
 
 # SQLite's lock bytes (https://www.sqlite.org/fileformat.html#the_lock_byte_page and
 # https://www.sqlite.org/walformat.html#the_wal_index_file_format): PENDING, RESERVED and the
@@ -24,9 +24,6 @@ from .files import BackupError
 _DB_LOCKS = (0x40000000, 512)
 _SHM_LOCKS = (120, 9)
 
-
-class InUse(BackupError):
-    """Another process holds the database open: it must be stopped first."""
 
 
 def _fcntl() -> ModuleType:

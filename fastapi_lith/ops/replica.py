@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from . import files, litestream
-from .litestream import ReplicaError
+from ..exceptions import ReplicaError, SettingError
 from .replica_check import ReplicaChecks, last_check
 
 log = logging.getLogger("fastapi_lith.replica")
@@ -72,7 +72,7 @@ class Replica:
     ) -> None:
         litestream.check_url(url)
         if not 0.2 <= sync_interval <= 3600:
-            raise ValueError(f"replica_sync_interval must be 0.2 to 3600 seconds, not {sync_interval}")
+            raise SettingError(f"replica_sync_interval must be 0.2 to 3600 seconds, not {sync_interval}")
         self.path = Path(db_path)
         self.url = url
         self.sync_interval = float(sync_interval)

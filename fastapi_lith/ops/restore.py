@@ -14,8 +14,9 @@ from pathlib import Path
 from ..engine import db
 from . import files
 from .backup import copy_snapshot
-from .files import BackupError, stamp
-from .locks import InUse, holders
+from ..exceptions import BackupError, InUse
+from .files import stamp
+from .locks import holders
 from .verify import verify
 
 

@@ -11,6 +11,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ..exceptions import SettingError
 from .backup import BackupInfo, Method, backup
 from .files import STAMP_FORMAT, STAMP_RE, checksum_path, copy_name
 
@@ -45,9 +46,9 @@ class Backups:
         method: Method = "backup",
     ) -> None:
         if every < 1:
-            raise ValueError(f"every must be at least 1 second, not {every}")
+            raise SettingError(f"every must be at least 1 second, not {every}")
         if keep < 1:
-            raise ValueError(f"keep must be at least 1, not {keep}")
+            raise SettingError(f"keep must be at least 1, not {keep}")
         self.path = Path(path)
         self.folder = Path(folder)
         self.every = float(every)

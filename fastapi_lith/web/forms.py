@@ -14,13 +14,14 @@ from datastar_py import action_generator as _action
 from markupsafe import Markup
 
 from ..engine.commands import TAB_ID
+from ..exceptions import SettingError
 
 
 def form_fields(tab: str) -> Markup:
     """Hidden `tab` and `op` fields: put them first in the form, before any file, so that a
     body refused as too large still names its tab in the part that is read."""
     if not TAB_ID.fullmatch(tab):
-        raise ValueError(f"bad tab id {tab!r}: 1 to 64 letters, digits, '-' or '_'")
+        raise SettingError(f"bad tab id {tab!r}: 1 to 64 letters, digits, '-' or '_'")
     return Markup(h.fragment[h.input(type="hidden", name="tab", value=tab), h.input(type="hidden", name="op", value="0")])
 
 

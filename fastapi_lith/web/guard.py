@@ -28,8 +28,8 @@ from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import settings
-from ..engine.commands import TAB_ID, TAB_PATTERN, Command, Rejected, TabCommand
-from ..exceptions import BadParameter, StorageError
+from ..engine.commands import TAB_ID, TAB_PATTERN, Command, TabCommand
+from ..exceptions import BadParameter, Rejected, StorageError
 from ..engine.frames import Frame
 
 # An app's own wording for a validation error: pydantic's error dict in, the message out (None

@@ -15,6 +15,7 @@ from datastar_py import attribute_generator as _data
 from datastar_py.attributes import JSExpression as _JS
 
 from ..engine.commands import TAB_ID
+from ..exceptions import SettingError
 
 DATASTAR_CDN = "https://cdn.jsdelivr.net/gh/starfederation/datastar@1.0.1/bundles/datastar.js"
 # The `onerror` of `Lith.datastar()`'s script: SecurityHeaders allows it by its hash.
@@ -30,7 +31,7 @@ def new_tab() -> str:
 def tab_signals(tab: str, **signals: Any) -> dict[str, str]:
     """The page's `data-signals` attribute: `tab`, `op` and `done`, then the app's own signals."""
     if not TAB_ID.fullmatch(tab):
-        raise ValueError(f"bad tab id {tab!r}: 1 to 64 letters, digits, '-' or '_'")
+        raise SettingError(f"bad tab id {tab!r}: 1 to 64 letters, digits, '-' or '_'")
     return dict(_data.signals({"tab": tab, "op": 0, "done": 0, **signals}))
 
 
@@ -61,10 +62,10 @@ def delegate(url: str, attr: str, **fields: str | int) -> dict[str, str]:
     every row repeats the whole expression, escaped, in each.
     """
     if not _DATA_ATTR.fullmatch(attr):
-        raise ValueError(f"attr must be a data attribute such as 'data-card-id', not {attr!r}")
+        raise SettingError(f"attr must be a data attribute such as 'data-card-id', not {attr!r}")
     name = attr.removeprefix("data-").replace("-", "_")
     if name in fields:
-        raise ValueError(f"{name!r} is the field {attr!r} fills: leave it out of fields")
+        raise SettingError(f"{name!r} is the field {attr!r} fills: leave it out of fields")
     post = send(url, **{name: f"row.getAttribute('{attr}')", **fields})
     # `el` is the list's root: a row is looked for inside it only, never in a page around it.
     return {"data-on:click": f"const row = evt.target.closest('[{attr}]'); if (row && el.contains(row)) {{ {post} }}"}
