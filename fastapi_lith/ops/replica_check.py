@@ -33,13 +33,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..engine import db
+from ..exceptions import ReplicaError, SettingError
 from . import files, litestream
-
-if TYPE_CHECKING:
-    from .replica import Replica
 
 log = logging.getLogger("fastapi_lith.replica")
 
@@ -127,7 +125,7 @@ def check_replica(
             result.problems.append("the replica holds no copy of the database")
         else:
             _compare(restored, live, result)
-    except litestream.ReplicaError as exc:
+    except ReplicaError as exc:
         result.problems.append(str(exc))
     except sqlite3.DatabaseError as exc:
         result.problems.append(f"the restored file is not a readable SQLite database: {exc}")
@@ -163,7 +161,7 @@ def _compare(restored: Path, live: _LiveEnvelope, result: CheckResult) -> None:
         result.tables[name] = [got, low, high]
         if got is None:
             result.problems.append(f"table {name} is missing from the replica")
-        elif low is None:
+        elif low is None or high is None:
             result.problems.append(f"table {name} is in the replica but not in the live database")
         elif not low <= got <= high:
             seen = str(low) if low == high else f"{low} to {high}"
@@ -211,6 +209,15 @@ class _LiveEnvelope:
             self.sample()
 
 
+class Replicated(Protocol):
+    """What a check reads of a `Replica`: this module sits below replica.py, which starts it."""
+
+    path: Path
+    url: str
+    sync_interval: float
+    binary: Path | None
+
+
 class ReplicaChecks:
     """The daily check inside the app: every `every` seconds, counted from the last recorded one.
 
@@ -218,9 +225,9 @@ class ReplicaChecks:
     deployment proves its replica restores on its first day.
     """
 
-    def __init__(self, replica: Replica, *, every: float = 86400.0) -> None:
+    def __init__(self, replica: Replicated, *, every: float = 86400.0) -> None:
         if every < 1:
-            raise ValueError(f"replica_check_every must be at least 1 second, not {every}")
+            raise SettingError(f"replica_check_every must be at least 1 second, not {every}")
         self.replica = replica
         self.every = float(every)
         self.last: CheckResult | None = last_check(replica.path)
