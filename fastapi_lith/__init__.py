@@ -1,29 +1,48 @@
 """fastapi-lith: live, multiplayer HTML apps for FastAPI on SQLite and Datastar.
 
-Everything an app needs is here; other modules are the library's own, except
-`fastapi_lith.testing` (virtual tabs), `fastapi_lith.ops` (backups) and, for scripts,
-`fastapi_lith.db.connect` / `migrate`.
+Everything an app needs is here, the parts it may replace too (`Hub`, `Readers`, a feed, an
+encoder) and, for scripts, `connect` / `migrate` / `open_backend`; other modules are the
+library's own, except `fastapi_lith.testing` (virtual tabs) and `fastapi_lith.ops` (backups).
 """
 
 from .account_pool import ACCOUNT_NAME, Account
 from .accounts import Accounts
 from .web.page import DATASTAR_CDN
 from .lith import Lith
-from .engine.commands import Command, Rejected, TabCommand, TabId
+from .engine.commands import Command, TabCommand, TabId
 from .web.page import delegate, new_tab, pending, send, tab_signals
-from .engine.db import Db
+from .engine.db import Db, Readers, connect, migrate
+from .engine.encoders import (
+    BrotliEncoder,
+    Encoder,
+    GzipEncoder,
+    IdentityEncoder,
+    ZstdEncoder,
+    make_encoder,
+    negotiate,
+)
+from .engine.feed import Feed, LocalFeed, SqliteFeed
+from .engine.hub import Hub
+from .backends import open_backend
 from .web.headers import SecurityHeaders, content_security_policy
 from .exceptions import (
     AccountUnavailable,
     AlreadyRunning,
+    BackupError,
     BadParameter,
+    CommandError,
     DatabaseError,
+    EncoderClosed,
+    InUse,
     LithError,
     MigrationError,
     MissingParameter,
     NotOneRow,
     NotRunning,
     OutcomeLost,
+    ProjectError,
+    Rejected,
+    ReplicaError,
     SettingError,
     StorageError,
     UnknownAccount,
@@ -51,9 +70,15 @@ __all__ = [
     "Frame", "Stream",
     # one database per account
     "Accounts", "Account", "ACCOUNT_NAME",
+    # the parts an app may replace: `Lith(..., hub=, readers=, feed=)`, `lith.encoder`
+    "Hub", "Readers", "Feed", "LocalFeed", "SqliteFeed",
+    "Encoder", "IdentityEncoder", "ZstdEncoder", "BrotliEncoder", "GzipEncoder", "make_encoder", "negotiate",
+    # for scripts: a database opened and migrated as the app does
+    "connect", "migrate", "open_backend",
     # errors: every one is a LithError
-    "LithError", "AccountUnavailable", "AlreadyRunning", "BadParameter", "DatabaseError", "MigrationError",
-    "MissingParameter", "NotOneRow", "NotRunning", "OutcomeLost", "SettingError", "StorageError", "UnknownAccount",
-    "ViewError", "WriterClosed",
+    "LithError", "AccountUnavailable", "AlreadyRunning", "BackupError", "BadParameter", "CommandError",
+    "DatabaseError", "EncoderClosed", "InUse", "MigrationError", "MissingParameter", "NotOneRow", "NotRunning",
+    "OutcomeLost", "ProjectError", "ReplicaError", "SettingError", "StorageError", "UnknownAccount", "ViewError",
+    "WriterClosed",
 ]  # fmt: skip
 __version__ = "0.2.0"

@@ -7,7 +7,7 @@ from fastapi_lith import Lith
 # --8<-- [start:imports]
 from fastapi import Header, HTTPException
 
-from fastapi_lith.engine.encoders import BrotliEncoder, Encoder, make_encoder, negotiate
+from fastapi_lith import BrotliEncoder, Encoder, make_encoder, negotiate
 # --8<-- [end:imports]
 
 lith = Lith("app.db")
@@ -17,7 +17,7 @@ lith.install(app)
 
 def force_gzip() -> None:
     # --8<-- [start:force]
-    from fastapi_lith.engine.encoders import GzipEncoder
+    from fastapi_lith import GzipEncoder
 
     app.dependency_overrides[lith.encoder] = lambda: GzipEncoder()
     # --8<-- [end:force]

@@ -2,7 +2,6 @@
 
 from pathlib import Path
 
-from fastapi_lith import Lith
-from fastapi_lith.engine.feed import LocalFeed
+from fastapi_lith import Lith, LocalFeed
 
 lith = Lith("app.db", migrations=Path(__file__).parent / "counter" / "migrations", feed=LocalFeed())

@@ -3,8 +3,7 @@
 from pathlib import Path
 
 # --8<-- [start:feed]
-from fastapi_lith import Lith
-from fastapi_lith.engine.feed import LocalFeed
+from fastapi_lith import Lith, LocalFeed
 
 lith = Lith("app.db", migrations=Path(__file__).parent / "counter" / "migrations", feed=LocalFeed())
 # --8<-- [end:feed]

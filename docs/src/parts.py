@@ -2,9 +2,7 @@
 
 from pathlib import Path
 
-from fastapi_lith import Lith, Writer
-from fastapi_lith.engine.db import Readers
-from fastapi_lith.engine.hub import Hub
+from fastapi_lith import Hub, Lith, Readers, Writer
 
 MIGRATIONS = Path(__file__).parent / "counter" / "migrations"
 

@@ -10,11 +10,12 @@ The content is deterministic, so two seeds of the same size render the same HTML
 from __future__ import annotations
 
 import argparse
+import asyncio
 import random
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from fastapi_lith import Db
-from fastapi_lith.engine.db import connect, migrate
+from fastapi_lith import Command, Db, Tx, open_backend
 
 from . import schema as s
 
@@ -79,46 +80,34 @@ def insert_demo(db: Db, cards: int) -> int:
     return int(board_id)
 
 
+class AddDemoBoard(Command):
+    """`insert_demo` as a command, for `seed`'s writer."""
+
+    cards: int
+
+    def apply(self, tx: Tx) -> int:
+        return insert_demo(tx, self.cards)
+
+
 def seed(path: str | Path, cards: int = 200) -> int:
     """Migrate the database at `path` (a SQLite file or a PostgreSQL URL) and add a demo board
-    of `cards` cards; returns its id."""
-    if isinstance(path, str) and "://" in path:
-        return _seed_postgres(path, cards)
-    conn = connect(path)
+    of `cards` cards; returns its id.
+
+    The app's own writer does both, so PostgreSQL migrates under the lock the app's processes
+    take and a seed beside a starting app does not migrate twice. It runs on a thread of its
+    own, so a script, a test and a running event loop call `seed` alike.
+    """
+    with ThreadPoolExecutor(1) as thread:
+        return thread.submit(asyncio.run, _seed(path, cards)).result()
+
+
+async def _seed(path: str | Path, cards: int) -> int:
+    writer = open_backend(path).writer(migrations=MIGRATIONS)
+    await writer.start()
     try:
-        migrate(conn, MIGRATIONS)
-        conn.execute("BEGIN IMMEDIATE")
-        board_id = insert_demo(Db(conn), cards)
-        conn.execute("COMMIT")
-        return board_id
+        return int(await writer.do(AddDemoBoard(cards=cards)))
     finally:
-        conn.close()
-
-
-def _seed_postgres(url: str, cards: int) -> int:
-    """The same board on PostgreSQL: its own migrations folder, migrated under the lock the
-    app's processes take, so a seed beside a starting app does not migrate twice."""
-    from fastapi_lith.backends.postgres.db import (
-        DIALECT,
-        MIGRATION_LOCK,
-        PgDb,
-        connect as pg_connect,
-        find_folder,
-    )
-    from fastapi_lith.backends.postgres.db import migrate as pg_migrate
-    from fastapi_lith.engine.statements import StatementCache
-
-    conn = pg_connect(url)
-    try:
-        conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK,))
-        try:
-            pg_migrate(conn, find_folder(MIGRATIONS))
-        finally:
-            conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK,))
-        with conn.transaction():
-            return insert_demo(PgDb(conn, StatementCache(dialect=DIALECT)), cards)  # type: ignore[arg-type]
-    finally:
-        conn.close()
+        await writer.close()
 
 
 def main(argv: list[str] | None = None) -> None:
