@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test docs bench mutate clean
+.PHONY: install run test lint docs bench mutate clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -18,6 +18,11 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# The rules and types in pyproject.toml ([tool.ruff], [tool.mypy]); no formatter: the code is laid out by hand.
+lint: $(STAMP)
+	$(BIN)/ruff check fastapi_lith tests
+	$(BIN)/mypy fastapi_lith
 
 docs: $(STAMP)
 	$(BIN)/mkdocs build --strict

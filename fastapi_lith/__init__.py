@@ -7,10 +7,8 @@ library's own, except `fastapi_lith.testing` (virtual tabs) and `fastapi_lith.op
 
 from .account_pool import ACCOUNT_NAME, Account
 from .accounts import Accounts
-from .web.page import DATASTAR_CDN
-from .lith import Lith
+from .backends import open_backend
 from .engine.commands import Command, TabCommand, TabId
-from .web.page import delegate, new_tab, pending, send, tab_signals
 from .engine.db import Db, Readers, connect, migrate
 from .engine.encoders import (
     BrotliEncoder,
@@ -22,9 +20,11 @@ from .engine.encoders import (
     negotiate,
 )
 from .engine.feed import Feed, LocalFeed, SqliteFeed
+from .engine.frames import Frame
 from .engine.hub import Hub
-from .backends import open_backend
-from .web.headers import SecurityHeaders, content_security_policy
+from .engine.streams import Stream
+from .engine.views import fragment
+from .engine.writer import Tx, Writer
 from .exceptions import (
     AccountUnavailable,
     AlreadyRunning,
@@ -49,12 +49,11 @@ from .exceptions import (
     ViewError,
     WriterClosed,
 )
+from .lith import Lith
 from .web.forms import form_fields, send_form
 from .web.guard import MaxBody
-from .engine.frames import Frame
-from .engine.streams import Stream
-from .engine.views import fragment
-from .engine.writer import Tx, Writer
+from .web.headers import SecurityHeaders, content_security_policy
+from .web.page import DATASTAR_CDN, delegate, new_tab, pending, send, tab_signals
 
 __all__ = [
     # the app, its commands and views

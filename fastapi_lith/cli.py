@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
             q.add_argument("--no-keep", action="store_true", help="delete the replaced database instead of keeping it")
         if name == "verify":
             q.add_argument("--sync-interval", type=float, default=1.0, metavar="SECONDS",
-                           help="the app's replica_sync_interval: how far the replica may trail (default 1)")  # fmt: skip
+                           help="the app's replica_sync_interval: how far the replica may trail (default 1)")  # noqa: E501 # fmt: skip
             q.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=lambda args, usage=p.print_help: usage(sys.stderr) or 2)  # no ACTION given
 
@@ -232,7 +232,9 @@ def cmd_replica_restore(args: argparse.Namespace) -> int:
         return 0
     busy = holders(args.db)  # before a long download, not after
     if busy:
-        raise InUse(f"{args.db} is open in another process ({'; '.join(busy)}): stop the app first; nothing was replaced")
+        raise InUse(
+            f"{args.db} is open in another process ({'; '.join(busy)}): stop the app first; nothing was replaced"
+        )
     replica.prepare()
     tmp = files.temp_beside(args.db, "replica")
     try:

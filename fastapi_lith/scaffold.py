@@ -20,15 +20,12 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from importlib import metadata
-from importlib import resources
+from importlib import metadata, resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
 from . import __version__
 from .exceptions import ProjectError
-
-
 
 #: Files of the written project that must be executable.
 EXECUTABLE = {".ci/run", "deploy/deploy.sh"}

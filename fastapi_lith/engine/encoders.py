@@ -42,8 +42,12 @@ class Encoder:
 
     name: str | None = None  # the `Content-Encoding` value; None for identity
     can_hibernate: bool = False
-    hibernating: bool = False  # zstd: no compressor held (idle, or nothing sent yet)
     needs_restart: bool = False  # brotli: a frame outgrew the window, see BrotliEncoder
+
+    @property
+    def hibernating(self) -> bool:
+        """zstd: no compressor held (idle, or nothing sent yet); the others never hibernate."""
+        return False
 
     def encode(self, *events: bytes) -> bytes:
         raise NotImplementedError
@@ -205,7 +209,7 @@ class ZstdEncoder(Encoder):
         p = self.params
         # zstd buffers a window plus a block of input (128 KiB) to keep its history.
         window = 1 << p.window_log
-        size = window + min(window, 128 * 1024) + 4 * (1 << p.hash_log)
+        size: int = window + min(window, 128 * 1024) + 4 * (1 << p.hash_log)
         if p.strategy != zstandard.STRATEGY_FAST:
             size += 4 * (1 << p.chain_log)
         return size

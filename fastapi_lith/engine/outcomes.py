@@ -15,9 +15,8 @@ import htpy as h
 from htpy import Element
 from sqlalchemy import text
 
-from .db import Db
 from ..exceptions import OutcomeLost
-
+from .db import Db
 
 # What an `Idempotency-Key` header may hold (web/dependency.py).
 IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,200}")

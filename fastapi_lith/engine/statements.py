@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Dialect
@@ -47,7 +47,7 @@ class Statement:
         # Type processors (dates, booleans, JSON), callables and expanding IN need SQLAlchemy's
         # own parameter code, which costs about 1 µs more per call; plain columns do not.
         self.slow = bool(
-            compiled._bind_processors
+            compiled._bind_processors  # noqa: SLF001 - SQLAlchemy's own, read to pick the fast path
             or compiled.post_compile_params
             or compiled.literal_execute_params
             or any(binds[n].callable for n in names)
@@ -71,7 +71,9 @@ class Statement:
             sql, names, values = state.statement, state.positiontup or [], state.parameters
         else:
             sql, names, values = self.sql, self._names, compiled.construct_params(params)
-        processors = compiled._bind_processors
+        # A processor per name (a sequence only for tuple parameters, which the SQLite and
+        # PostgreSQL dialects expand before this point).
+        processors: Mapping[str, Any] = compiled._bind_processors  # noqa: SLF001 - as in __init__
         out = []
         for name in names:
             value = values[name]
@@ -82,7 +84,7 @@ class Statement:
 
 def compile_statement(stmt: ClauseElement, keys: Sequence[str] = (), dialect: Dialect = DIALECT) -> Statement:
     # column_keys makes `table.insert()` without .values() name exactly the given columns.
-    return Statement(stmt.compile(dialect=dialect, column_keys=list(keys)))
+    return Statement(cast(SQLCompiler, stmt.compile(dialect=dialect, column_keys=list(keys))))
 
 
 class StatementCache:
@@ -104,12 +106,12 @@ class StatementCache:
         """The compiled form of `stmt` for these parameter names, compiling it on a miss."""
         entry = self.compiled.get(stmt)
         if entry.__class__ is Statement:
-            return entry  # type: ignore[return-value]
+            return entry
         keys = tuple(params) if params else ()
         if entry is not None:
             variant = entry.get(keys)  # type: ignore[union-attr]
             if variant is not None:
-                return variant  # type: ignore[no-any-return]
+                return variant
         return self._compile(stmt, keys, entry)
 
     def bind(self, stmt: ClauseElement, params: Params) -> tuple[str, Sequence[Any]]:

@@ -19,8 +19,8 @@ from markupsafe import Markup, escape
 from pydantic import BaseModel, ValidationError, create_model
 
 from .. import settings
-from .db import Db, oversized_int
 from ..exceptions import BadParameter, ViewError
+from .db import Db, oversized_int
 
 
 class HasHtml(Protocol):
@@ -60,7 +60,7 @@ class View:
     render: Render
     names: tuple[str, ...] = ()
     _params: type[BaseModel] | None = None
-    _match: re.Pattern[str] = field(default=re.compile(""))
+    key_regex: re.Pattern[str] = field(default=re.compile(""))
 
     def __post_init__(self) -> None:
         names = tuple(f for _, f, _, _ in string.Formatter().parse(self.pattern) if f)
@@ -84,7 +84,7 @@ class View:
             re.escape(text) + (f"(?P<{name}>[^/]+)" if name else "")
             for text, name, _, _ in string.Formatter().parse(self.pattern)
         )
-        self._match = re.compile(regex + r"\Z")
+        self.key_regex = re.compile(regex + r"\Z")
 
     def validate(self, raw: dict[str, Any]) -> dict[str, Any]:
         """Typed parameters from strings (a URL) or values (Python), or `BadParameter` saying why.
@@ -99,7 +99,9 @@ class View:
             raise BadParameter(f"view {self.pattern!r}: {problems}") from None
         for name, value in params.items():
             if oversized_int(value) is not None:  # sqlite3 would raise OverflowError in the render
-                raise BadParameter(f"view {self.pattern!r}: {name}: {value} is outside SQLite's integers (-2**63 to 2**63 - 1)")
+                raise BadParameter(
+                    f"view {self.pattern!r}: {name}: {value} is outside SQLite's integers (-2**63 to 2**63 - 1)"
+                )
         return params
 
     def key(self, params: dict[str, Any]) -> str:
@@ -155,7 +157,7 @@ class Views:
         if view is not None and (params is not None or not view.names):
             return view, view.validate(params or {})
         for view in self._views.values():
-            match = view._match.match(key)
+            match = view.key_regex.match(key)
             if match:
                 return view, view.validate(match.groupdict())
         raise ViewError(f"no view matches {key!r}")
@@ -199,7 +201,8 @@ def fragment(maxsize: int = 4096) -> Callable[[Callable[P, Any]], Callable[P, Ma
     def decorator(fn: Callable[P, Any]) -> Callable[P, Markup]:
         @functools.lru_cache(maxsize=maxsize)
         def cached(*args: Hashable, **kwargs: Hashable) -> Markup:
-            return html_of(fn(*args, **kwargs))
+            # lru_cache needs hashable arguments, which P cannot say: they are fn's own.
+            return html_of(fn(*args, **kwargs))  # type: ignore[arg-type]
 
         functools.update_wrapper(cached, fn)
         return cached  # type: ignore[return-value]

@@ -12,8 +12,8 @@ configuration, its commands).
 Nothing here imports a Unix-only module at import time: `locks` imports `fcntl` when it runs.
 """
 
-from .backup import BackupInfo, backup
 from ..exceptions import BackupError, InUse, ReplicaError
+from .backup import BackupInfo, backup
 from .locks import holders
 from .replica import Replica
 from .restore import RestoreInfo, restore

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Literal
 
 from ..engine import db
-from . import files
 from ..exceptions import BackupError, SettingError
+from . import files
 from .files import checksum_path, copy_name
 
 Method = Literal["backup", "vacuum"]

@@ -47,7 +47,10 @@ WRITER_CHECKPOINT_PAGES = 10_000
 #: Per scheme, the environment variables that must be set (any one group of them).
 CREDENTIALS: dict[str, list[tuple[str, ...]]] = {
     "file": [()],
-    "s3": [("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"), ("LITESTREAM_ACCESS_KEY_ID", "LITESTREAM_SECRET_ACCESS_KEY")],
+    "s3": [
+        ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"),
+        ("LITESTREAM_ACCESS_KEY_ID", "LITESTREAM_SECRET_ACCESS_KEY"),
+    ],
     "gs": [("GOOGLE_APPLICATION_CREDENTIALS",)],
     "abs": [("LITESTREAM_AZURE_ACCOUNT_KEY",), ("LITESTREAM_AZURE_SAS_TOKEN",)],
 }
@@ -79,7 +82,9 @@ def check_environment(url: str, env: dict[str, str] | None = None) -> None:
     env = dict(os.environ if env is None else env)
     scheme = check_url(url)
     if not any(all(env.get(name) for name in group) for group in CREDENTIALS[scheme]):
-        raise ReplicaError(f"replica {redact(url)} needs credentials in the environment: {describe_credentials(scheme)}")
+        raise ReplicaError(
+            f"replica {redact(url)} needs credentials in the environment: {describe_credentials(scheme)}"
+        )
     if scheme == "s3" and env.get("AWS_CA_BUNDLE"):
         # Litestream's S3 client sets its own HTTP client, and the AWS SDK then refuses to load
         # a CA bundle ("unable to add custom RootCAs HTTPClient"): every upload would fail.

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from ..exceptions import BackupError, InUse
+from ..exceptions import BackupError
 
 # SQLite's lock bytes (https://www.sqlite.org/fileformat.html#the_lock_byte_page and
 # https://www.sqlite.org/walformat.html#the_wal_index_file_format): PENDING, RESERVED and the

@@ -32,8 +32,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from . import files, litestream
 from ..exceptions import ReplicaError, SettingError
+from . import files, litestream
 from .replica_check import ReplicaChecks, last_check
 
 log = logging.getLogger("fastapi_lith.replica")
@@ -198,13 +198,15 @@ class Replica:
             if self.restarts != restarts or (self._proc is not None and self._proc.returncode is not None):
                 await self.stop()
                 said = " | ".join(self._said) or "no output"
-                raise ReplicaError(f"litestream stopped as it started, replicating to {litestream.redact(self.url)}: {said}")
+                raise ReplicaError(
+                    f"litestream stopped as it started, replicating to {litestream.redact(self.url)}: {said}"
+                )
             if time.monotonic() > deadline:
                 log.warning("litestream has not read %s after %.0f s; starting anyway", self.path, timeout)
                 return
             try:
                 await asyncio.wait_for(self._synced.wait(), 0.05)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def _spawn(self) -> None:
@@ -292,7 +294,7 @@ class Replica:
             proc.stdin.close()  # the shell stops Litestream, which uploads what is left
             try:
                 await asyncio.wait_for(asyncio.shield(task), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 log.error("litestream did not stop within %.0f s: killed", timeout)
                 proc.kill()
                 if self.pid:

@@ -136,7 +136,9 @@ def check_replica(
     if record and here is not None:
         files.write_atomic(record_path(db_path), (json.dumps(asdict(result), indent=2) + "\n").encode())
     if result.ok:
-        log.info("replica check of %s ok: restored %s in %.2f s", db_path.name, files.mb(result.size), result.restore_seconds)
+        log.info(
+            "replica check of %s ok: restored %s in %.2f s", db_path.name, files.mb(result.size), result.restore_seconds
+        )
     else:
         log.error("REPLICA CHECK FAILED for %s (%s): %s", db_path, result.replica, "; ".join(result.problems))
     return result
@@ -174,7 +176,10 @@ def _counts(conn: sqlite3.Connection) -> dict[str, int]:
         "AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' AND name NOT LIKE '\\_litestream\\_%' ESCAPE '\\'"
     )]  # fmt: skip
     quote = '"{}"'.format
-    return {name: conn.execute(f"SELECT count(*) FROM {quote(name.replace(chr(34), chr(34) * 2))}").fetchone()[0] for name in names}
+    return {
+        name: conn.execute(f"SELECT count(*) FROM {quote(name.replace(chr(34), chr(34) * 2))}").fetchone()[0]
+        for name in names
+    }
 
 
 class _LiveEnvelope:

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..engine import db
+from ..exceptions import BackupError, InUse
 from . import files
 from .backup import copy_snapshot
-from ..exceptions import BackupError, InUse
 from .files import stamp
 from .locks import holders
 from .verify import verify

@@ -22,7 +22,8 @@ def form_fields(tab: str) -> Markup:
     body refused as too large still names its tab in the part that is read."""
     if not TAB_ID.fullmatch(tab):
         raise SettingError(f"bad tab id {tab!r}: 1 to 64 letters, digits, '-' or '_'")
-    return Markup(h.fragment[h.input(type="hidden", name="tab", value=tab), h.input(type="hidden", name="op", value="0")])
+    fields = h.fragment[h.input(type="hidden", name="tab", value=tab), h.input(type="hidden", name="op", value="0")]
+    return Markup(fields)
 
 
 def send_form(url: str) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import secrets
-from typing import Any
+from typing import Any, cast
 
 from datastar_py import action_generator as _action
 from datastar_py import attribute_generator as _data
@@ -32,7 +32,7 @@ def tab_signals(tab: str, **signals: Any) -> dict[str, str]:
     """The page's `data-signals` attribute: `tab`, `op` and `done`, then the app's own signals."""
     if not TAB_ID.fullmatch(tab):
         raise SettingError(f"bad tab id {tab!r}: 1 to 64 letters, digits, '-' or '_'")
-    return dict(_data.signals({"tab": tab, "op": 0, "done": 0, **signals}))
+    return cast("dict[str, str]", dict(_data.signals({"tab": tab, "op": 0, "done": 0, **signals})))
 
 
 def send(url: str, **fields: str | int) -> str:
@@ -78,4 +78,5 @@ def pending(mine: str | None = None) -> dict[str, str]:
     (e.g. `"$busy == 3"`): only it shows pending.
     """
     busy = "$op != $done" if mine is None else f"({mine}) && $op != $done"
-    return {**_data.class_(pending=busy), **_data.attr({"aria-busy": f"({busy}) ? 'true' : false"})}
+    attrs = {**_data.class_(pending=busy), **_data.attr({"aria-busy": f"({busy}) ? 'true' : false"})}
+    return cast("dict[str, str]", attrs)
