@@ -222,3 +222,35 @@ async def test_a_brotli_frame_that_outgrows_the_window_ends_its_body_cleanly(tmp
         await asyncio.wait_for(reader.run(), 10)  # the body ends after sending it
         assert encoder.needs_restart and reader.closed and stream.ended
         assert reader.text.count("datastar-patch-elements") == 2
+
+
+class Outlet:
+    """Not a `Stream`: only what the fan-out's `Encodable` asks for, so it can reach nothing else."""
+
+    def __init__(self, frames: list[Frame]) -> None:
+        self.frames: list[Frame] | None = frames
+        self.out: list[bytes | BaseException] = []
+        self.done = asyncio.Event()
+
+    def start_encode(self) -> tuple[Outlet, Encoder, list[Frame]] | None:
+        frames, self.frames = self.frames, None
+        return None if frames is None else (self, GzipEncoder(), frames)
+
+    def encoded(self, out: bytes | BaseException) -> None:
+        self.out.append(out)
+        self.done.set()
+
+
+@pytest.mark.parametrize("size", [10, INLINE_BELOW], ids=["on the loop", "on a worker"])
+async def test_the_fanout_needs_of_a_stream_only_start_encode_and_encoded(size: int) -> None:
+    fanout = Fanout(1)
+    outlet = Outlet([Frame("k", "x" * size)])
+    try:
+        fanout.request(outlet)
+        fanout.request(outlet)  # asked twice in one pass: the second finds nothing to encode
+        await asyncio.wait_for(outlet.done.wait(), 10)
+    finally:
+        fanout.close()
+    [out] = outlet.out
+    assert (fanout.inline, fanout.hops) == ((1, 0) if size < INLINE_BELOW else (0, 1))
+    assert isinstance(out, bytes) and b"x" * size in zlib.decompressobj(31).decompress(out)
