@@ -10,10 +10,10 @@ Layers, each adding one thing to the one above:
   starlette   Starlette's StreamingResponse over an async generator
   sse         sse-starlette's EventSourceResponse, no ping, no send timeout
   sse+timeout the same with a send timeout and a shutdown event (an AnyIO cancel scope per send)
-  lith-timeout  the same through `streams.StreamResponse`, lith's subclass (one asyncio timeout
+  lith-timeout  the same through `web.sse.StreamResponse`, lith's subclass (one asyncio timeout
               per send instead of the cancel scope)
   lith        lith's stream body: frames offered to a `Stream`, encoded (identity) by the fan-out,
-              written by `streams.body` inside `Lith._body`, through lith-timeout. A frame is
+              written by `Stream.body` inside `web.sse.tab_body`, through lith-timeout. A frame is
               offered as soon as the previous one is taken. Chunks under the fan-out's
               INLINE_BELOW are encoded on the loop; `--size 8000` sends them to the workers.
 POST: a FastAPI route validating a small JSON body into a Pydantic model, answering 204.
@@ -64,14 +64,12 @@ def make_app() -> Any:
     from sse_starlette import EventSourceResponse
     from starlette.responses import StreamingResponse
 
-    from fastapi_lith import Lith
     from fastapi_lith.engine.encoders import IdentityEncoder
-    from fastapi_lith.engine.frames import Frame
-    from fastapi_lith.engine.streams import Stream
+    from fastapi_lith.engine.frames import Frame, sse_event
+    from fastapi_lith.engine.streams import Stream, Subscription
     from fastapi_lith.web.sse import StreamResponse, tab_body
 
     api = FastAPI()
-    lith = Lith(Path(os.environ.get("SEND_DB", "send.db")))  # never started: only its _body
 
     def chunks(n: int, size: int) -> Any:
         chunk = b"data: " + b"x" * max(0, size - 8) + b"\n\n"
@@ -104,14 +102,13 @@ def make_app() -> Any:
         return sse(chunks(n, size)[0], timeout=True, cls=StreamResponse)
 
     class Feeder:
-        """Offers the next frame the moment the fan-out takes one, until `n` were taken."""
-
-        keys = ("k",)
+        """The hub's part: offers the next frame the moment the fan-out takes one, until `n` were
+        taken."""
 
         def __init__(self, stream: Stream, n: int, frame: Frame) -> None:
             self.stream, self.left, self.frame = stream, n, frame
 
-        def close(self) -> None:
+        def close(self, stream: Stream) -> None:
             pass
 
         def caught_up(self, keys: Any) -> None:
@@ -121,17 +118,21 @@ def make_app() -> Any:
             else:
                 asyncio.get_running_loop().call_soon(self.stream.end)
 
+    def frame_of(size: int) -> Frame:
+        """A frame whose event is `size` bytes, as long as the other layers' chunks."""
+        padding = size - len(sse_event(Frame("k", "x")))
+        return Frame("k", "x" * max(1, 1 + padding))
+
     @api.get("/lith")
     async def ours(n: int, size: int) -> Any:
-        frame = Frame("k", "")
-        frame._sse = chunks(1, size)[1]  # the event as sent, whatever its html
+        frame = frame_of(size)
         stream = Stream("t")
-        feeder = Feeder(stream, n, frame)
-        stream.watch(feeder)
+        subscription = Subscription(Feeder(stream, n, frame), stream, ("k",))
+        stream.watch(subscription)
         stream.offer(frame)
         shutdown = anyio.Event()
         return StreamResponse(
-            tab_body(feeder, IdentityEncoder(), shutdown, keepalive=15.0, hibernate_after=30.0),
+            tab_body(subscription, IdentityEncoder(), shutdown, keepalive=15.0, hibernate_after=30.0),
             ping=0, send_timeout=10.0, shutdown_event=shutdown, shutdown_grace_period=1.0,
         )
 
@@ -173,9 +174,9 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, http: str, tmp: Path) -> None:
+    def __init__(self, http: str) -> None:
         self.port = free_port()
-        env = {**os.environ, "SEND_SERVER": "1", "SEND_DB": str(tmp / "send.db"), "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, "SEND_SERVER": "1", "PYTHONPATH": str(ROOT)}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "send:app", "--app-dir", str(HERE), "--port", str(self.port),
              "--loop", "uvloop", "--http", http, "--no-access-log", "--log-level", "warning"],
@@ -239,8 +240,6 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args()
 
-    import tempfile
-
     from conditions import load_average, print_conditions
 
     print_conditions(loop="server uvloop, client asyncio", sources=("fastapi_lith/engine/streams.py", "fastapi_lith/engine/fanout.py", "bench/send.py"))
@@ -248,29 +247,28 @@ def main() -> None:
           f"{args.posts} POSTs over {args.conns} keep-alive connections; {args.reps} rounds, layers interleaved\n")
     results: dict[str, list[float]] = {}
     walls: dict[str, list[float]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        servers = {http: Server(http, Path(tmp)) for http in ("h11", "httptools")}
-        try:
-            for http, server in servers.items():  # warm up: imports, first requests
+    servers = {http: Server(http) for http in ("h11", "httptools")}
+    try:
+        for http, server in servers.items():  # warm up: imports, first requests
+            for layer in LAYERS:
+                asyncio.run(stream_run(server.port, layer, args.conns * 10, args.conns, args.size))
+            asyncio.run(post_run(server.port, args.conns * 10, args.conns))
+        for _ in range(args.reps):
+            for http, server in servers.items():
                 for layer in LAYERS:
-                    asyncio.run(stream_run(server.port, layer, args.conns * 10, args.conns, args.size))
-                asyncio.run(post_run(server.port, args.conns * 10, args.conns))
-            for _ in range(args.reps):
-                for http, server in servers.items():
-                    for layer in LAYERS:
-                        before, started = cpu_seconds(server.proc.pid), time.perf_counter()
-                        n = asyncio.run(stream_run(server.port, layer, args.chunks, args.conns, args.size))
-                        wall = time.perf_counter() - started
-                        results.setdefault(f"{http} {layer}", []).append((cpu_seconds(server.proc.pid) - before) / n * 1e6)
-                        walls.setdefault(f"{http} {layer}", []).append(wall / n * 1e6)
                     before, started = cpu_seconds(server.proc.pid), time.perf_counter()
-                    asyncio.run(post_run(server.port, args.posts, args.conns))
+                    n = asyncio.run(stream_run(server.port, layer, args.chunks, args.conns, args.size))
                     wall = time.perf_counter() - started
-                    results.setdefault(f"{http} POST", []).append((cpu_seconds(server.proc.pid) - before) / args.posts * 1e6)
-                    walls.setdefault(f"{http} POST", []).append(wall / args.posts * 1e6)
-        finally:
-            for server in servers.values():
-                server.close()
+                    results.setdefault(f"{http} {layer}", []).append((cpu_seconds(server.proc.pid) - before) / n * 1e6)
+                    walls.setdefault(f"{http} {layer}", []).append(wall / n * 1e6)
+                before, started = cpu_seconds(server.proc.pid), time.perf_counter()
+                asyncio.run(post_run(server.port, args.posts, args.conns))
+                wall = time.perf_counter() - started
+                results.setdefault(f"{http} POST", []).append((cpu_seconds(server.proc.pid) - before) / args.posts * 1e6)
+                walls.setdefault(f"{http} POST", []).append(wall / args.posts * 1e6)
+    finally:
+        for server in servers.values():
+            server.close()
 
     def med(key: str) -> float:
         return statistics.median(results[key])

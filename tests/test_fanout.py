@@ -20,7 +20,7 @@ from fastapi_lith import Command, Db, Lith, Tx
 from fastapi_lith.engine.encoders import BrotliEncoder, Encoder, GzipEncoder, ZstdEncoder
 from fastapi_lith.engine.fanout import INLINE_BELOW, Fanout
 from fastapi_lith.engine.frames import Frame
-from fastapi_lith.engine.streams import Stream, body
+from fastapi_lith.engine.streams import Stream
 from fastapi_lith.testing import Tabs
 
 counter = sa.table("counter", sa.column("id"), sa.column("count"))
@@ -110,7 +110,7 @@ async def test_a_stalled_stream_among_200_costs_no_encode_work(tmp_path: Path) -
             streams = [Stream(f"t{i}") for i in range(200)]
             for stream in streams:
                 await lith.hub.open(stream, ["board"])
-            readers = [Reader(body(s, ZstdEncoder(), fanout=fanout), "zstd") for s in streams]
+            readers = [Reader(s.body(ZstdEncoder(), fanout=fanout), "zstd") for s in streams]
             stalled = readers[0]
             await stalled.one()  # its first frame, then it stops reading
             tasks = [asyncio.create_task(r.run()) for r in readers[1:]]
@@ -152,7 +152,7 @@ async def test_encodes_run_beside_the_loop_and_small_writes_on_it(tmp_path: Path
     async with Tabs(lith) as tabs:
         stream = Stream("t")
         await lith.hub.open(stream, ["board"])
-        reader = Reader(body(stream, ThreadNoting()), "zstd")
+        reader = Reader(stream.body(ThreadNoting()), "zstd")
         task = asyncio.create_task(reader.run())
         await tabs.do(Add())
         await tabs.tick()
@@ -177,7 +177,7 @@ async def test_a_frame_that_cannot_be_encoded_ends_its_body_with_the_error(size:
     try:
         async with asyncio.timeout(10):  # a body that would wait forever
             with pytest.raises(UnicodeEncodeError):
-                async for _ in body(stream, ZstdEncoder(), fanout=fanout):
+                async for _ in stream.body(ZstdEncoder(), fanout=fanout):
                     pass
     finally:
         fanout.close()
@@ -195,7 +195,7 @@ async def test_shutdown_closes_every_body_while_frames_are_in_flight(tmp_path: P
         streams = [Stream(f"t{i}") for i in range(len(encoders))]
         for stream in streams:
             await lith.hub.open(stream, ["board"])
-        readers = [Reader(body(s, e), name) for s, (name, e) in zip(streams, encoders)]
+        readers = [Reader(s.body(e), name) for s, (name, e) in zip(streams, encoders)]
         tasks = [asyncio.create_task(r.run()) for r in readers]
         for _ in range(3):
             await tabs.do(Add())
@@ -212,7 +212,7 @@ async def test_a_brotli_frame_that_outgrows_the_window_ends_its_body_cleanly(tmp
         stream = Stream("t")
         await lith.hub.open(stream, ["board"])
         encoder = BrotliEncoder()
-        reader = Reader(body(stream, encoder), "br")
+        reader = Reader(stream.body(encoder), "br")
         await reader.one()
         assert encoder.lgwin == 16
         frame = lith.hub.instances["board"].frame
@@ -222,3 +222,35 @@ async def test_a_brotli_frame_that_outgrows_the_window_ends_its_body_cleanly(tmp
         await asyncio.wait_for(reader.run(), 10)  # the body ends after sending it
         assert encoder.needs_restart and reader.closed and stream.ended
         assert reader.text.count("datastar-patch-elements") == 2
+
+
+class Outlet:
+    """Not a `Stream`: only what the fan-out's `Encodable` asks for, so it can reach nothing else."""
+
+    def __init__(self, frames: list[Frame]) -> None:
+        self.frames: list[Frame] | None = frames
+        self.out: list[bytes | BaseException] = []
+        self.done = asyncio.Event()
+
+    def start_encode(self) -> tuple[Outlet, Encoder, list[Frame]] | None:
+        frames, self.frames = self.frames, None
+        return None if frames is None else (self, GzipEncoder(), frames)
+
+    def encoded(self, out: bytes | BaseException) -> None:
+        self.out.append(out)
+        self.done.set()
+
+
+@pytest.mark.parametrize("size", [10, INLINE_BELOW], ids=["on the loop", "on a worker"])
+async def test_the_fanout_needs_of_a_stream_only_start_encode_and_encoded(size: int) -> None:
+    fanout = Fanout(1)
+    outlet = Outlet([Frame("k", "x" * size)])
+    try:
+        fanout.request(outlet)
+        fanout.request(outlet)  # asked twice in one pass: the second finds nothing to encode
+        await asyncio.wait_for(outlet.done.wait(), 10)
+    finally:
+        fanout.close()
+    [out] = outlet.out
+    assert (fanout.inline, fanout.hops) == ((1, 0) if size < INLINE_BELOW else (0, 1))
+    assert isinstance(out, bytes) and b"x" * size in zlib.decompressobj(31).decompress(out)

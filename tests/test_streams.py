@@ -335,12 +335,10 @@ async def collect(stream: Any, encoder: Any, until: Any = None, **settings: floa
     """Run `body` until it ends (or `until(chunks)` holds, then end the stream); its chunks."""
     import asyncio
 
-    from fastapi_lith.engine.streams import body
-
     chunks: list[bytes] = []
 
     async def run() -> None:
-        async for chunk in body(stream, encoder, **settings):
+        async for chunk in stream.body(encoder, **settings):
             chunks.append(chunk)
             if until is not None and until(chunks):
                 stream.end()

@@ -16,16 +16,12 @@ import asyncio
 import os
 import queue
 import threading
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from . import streams as _streams  # streams imports this module: its names are read at call time
+from .encoders import Encoder
+from .frames import Frame, sse_event
 
-if TYPE_CHECKING:
-    from .encoders import Encoder
-    from .frames import Frame
-    from .streams import Stream
-
-__all__ = ["Fanout", "shared"]
+__all__ = ["Encodable", "Fanout", "shared"]
 
 # Below this many streams per worker a second hop costs more than the overlap gains.
 _PER_WORKER = 16
@@ -33,8 +29,20 @@ _PER_WORKER = 16
 # CPU than compressing a few kilobytes (bench/send.py).
 INLINE_BELOW = 4096
 
-_Job = tuple["Stream", "Encoder", list["Frame"]]
-_Result = tuple["Stream", "bytes | BaseException"]
+
+class Encodable(Protocol):
+    """What the fan-out needs of a stream, and all it may touch (`Stream` is the one in use)."""
+
+    def start_encode(self) -> tuple[Encodable, Encoder, list[Frame]] | None:
+        """Its pending frames for one encode, or None: nothing to do now. The stream and its
+        encoder come with them, in the shape the workers' batches hold."""
+
+    def encoded(self, out: bytes | BaseException) -> None:
+        """The encode's bytes (or its error), handed back on the loop."""
+
+
+_Job = tuple[Encodable, Encoder, list[Frame]]
+_Result = tuple[Encodable, bytes | BaseException]
 
 
 class Fanout:
@@ -47,11 +55,11 @@ class Fanout:
         self.inline = 0  # of which small enough to encode on the loop
         self._queue: queue.SimpleQueue[tuple[asyncio.AbstractEventLoop, list[_Job]] | None]
         self._queue = queue.SimpleQueue()
-        self._waiting: dict[asyncio.AbstractEventLoop, list[Stream]] = {}
+        self._waiting: dict[asyncio.AbstractEventLoop, list[Encodable]] = {}
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
 
-    def request(self, stream: Stream) -> None:
+    def request(self, stream: Encodable) -> None:
         """Encode `stream`'s pending frames soon: with every other request of this loop pass."""
         loop = asyncio.get_running_loop()
         waiting = self._waiting.get(loop)
@@ -63,19 +71,19 @@ class Fanout:
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         jobs: list[_Job] = []
         for stream in self._waiting.pop(loop, ()):
-            job = stream._start_encode()
+            job = stream.start_encode()
             if job is None:
                 continue
             if sum(len(f.html) for f in job[2]) >= INLINE_BELOW:
                 jobs.append(job)
                 continue
             try:
-                out: bytes | BaseException = job[1].encode(*map(_streams.sse_event, job[2]))
+                out: bytes | BaseException = job[1].encode(*map(sse_event, job[2]))
             except BaseException as exc:  # noqa: BLE001 - raised in that stream's body
                 out = exc
             self.encodes += 1
             self.inline += 1
-            stream._encoded(out)
+            stream.encoded(out)
         if not jobs:
             return
         if not self._threads:
@@ -101,7 +109,7 @@ class Fanout:
             results: list[_Result] = []
             for stream, encoder, frames in jobs:
                 try:  # a frame's event is formatted here, off the loop, by its first stream
-                    results.append((stream, encoder.encode(*map(_streams.sse_event, frames))))
+                    results.append((stream, encoder.encode(*map(sse_event, frames))))
                 except BaseException as exc:  # noqa: BLE001 - raised in that stream's body
                     results.append((stream, exc))
             try:
@@ -112,7 +120,7 @@ class Fanout:
     def _deliver(self, results: list[_Result]) -> None:
         self.encodes += len(results)
         for stream, out in results:
-            stream._encoded(out)
+            stream.encoded(out)
 
     def close(self) -> None:
         """End the threads once the queued batches are done."""

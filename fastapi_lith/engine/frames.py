@@ -34,15 +34,16 @@ def sse_event(frame: Frame) -> bytes:
     Cached on the frame: a tick's frame goes to every watcher of its view, and is formatted once,
     by whichever fan-out worker needs it first (the lock is taken only until it is cached).
     """
-    event = frame._sse
+    # The cache is a slot of the frame that only this module's function fills and reads.
+    event = frame._sse  # noqa: SLF001
     if event is None:
         with _FORMATTING:
-            event = frame._sse
+            event = frame._sse  # noqa: SLF001
             if event is None:
                 text = ServerSentEventGenerator.patch_elements(frame.html)
                 if frame.signals:
                     text += ServerSentEventGenerator.patch_signals(dict(frame.signals))
-                event = frame._sse = str(text).encode()
+                event = frame._sse = str(text).encode()  # noqa: SLF001
     return event
 
 

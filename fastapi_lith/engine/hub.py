@@ -21,7 +21,7 @@ from .db import Db, Readers
 from .feed import Feed, LocalFeed
 from .shutdown import end_on_exit_signal, forget
 from .frames import Frame
-from .streams import Stream
+from .streams import Stream, Subscription
 from .views import View, Views
 
 log = logging.getLogger("fastapi_lith.hub")
@@ -49,24 +49,6 @@ class Instance:
         if self.frame is not None and self.frame.html == html:
             return self.frame
         return Frame(self.key, html)
-
-
-class Subscription:
-    """One stream's watch on view instances, from `hub.open`: `close()` ends it."""
-
-    __slots__ = ("hub", "stream", "keys")
-
-    def __init__(self, hub: Hub, stream: Stream, keys: tuple[str, ...]) -> None:
-        self.hub = hub
-        self.stream = stream
-        self.keys = keys
-
-    def caught_up(self, keys: Iterable[str]) -> None:
-        """The stream took frames of `keys`: views held back for it may render again."""
-        self.hub.caught_up(keys)
-
-    def close(self) -> None:
-        self.hub.close(self.stream)
 
 
 @dataclass

@@ -3,30 +3,60 @@
 A slow tab skips frames instead of queueing them, so it costs the hub nothing and shows the
 newest state when it catches up. The hub offers frames; the fan-out compresses them on worker
 threads against everything the stream sent before, once the previous bytes are written; the
-tab's SSE response (`body`) writes the ready bytes, each flushed so it decodes at once.
+tab's SSE response (`stream.body`) writes the ready bytes, each flushed so it decodes at once.
+
+Who calls what of a stream, and nothing else:
+
+- the hub: `watch`, `keys`, `offer`, `holds`, `end`, and `tab` to find a tab's streams;
+- the fan-out: `start_encode` and `encoded`, once `body` gave the stream its encoder;
+- a reader without HTTP (virtual tabs, benchmarks): `take` and `next`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from typing import Any, Protocol
-
-
+from collections.abc import AsyncIterator, Iterable
+from typing import Protocol
 
 from . import fanout as _fanout
 from .encoders import Encoder
-from .frames import Frame, sse_event
+from .frames import Frame
 
 
-class Watcher(Protocol):
-    """What a stream tells when it took frames: the hub may render those views for it again."""
-
-    keys: tuple[str, ...]
+class Publisher(Protocol):
+    """What a subscription belongs to: the hub in an app (a benchmark's feeder stands in)."""
 
     def caught_up(self, keys: Iterable[str]) -> None: ...
+
+    def close(self, stream: Stream) -> None: ...
+
+
+class Subscription:
+    """One stream's watch on view instances: `hub.open` makes it, `close()` ends it.
+
+    The one name for this role in the engine, the SSE response and the tests. A subscription is
+    what `open` gives and `close` ends, and it outlives no stream; "watcher" stays the hub's word
+    for the other side, a stream watching an instance (`Instance.watchers`). The stream tells its
+    subscription whenever it took frames, so the hub may render those views for it again.
+    """
+
+    __slots__ = ("publisher", "stream", "keys")
+
+    def __init__(self, publisher: Publisher, stream: Stream, keys: tuple[str, ...]) -> None:
+        self.publisher = publisher
+        self.stream = stream
+        self.keys = keys
+
+    def caught_up(self, keys: Iterable[str]) -> None:
+        """The stream took frames of `keys`: views held back for it may render again."""
+        self.publisher.caught_up(keys)
+
+    def close(self) -> None:
+        self.publisher.close(self.stream)
+
+
+KEEPALIVE = b": keep-alive\n\n"
 
 
 class Stream:
@@ -38,26 +68,26 @@ class Stream:
         self.taken = 0
         self.ended = False
         self.encodes = 0  # writes encoded by the fan-out for this stream
+        self.encoding = False  # the encoder is in a worker's hands
         self._pending: dict[str, Frame] = {}
         self._ready = asyncio.Event()
-        self.subscription: Watcher | None = None  # set by `watch`, from the hub's `open`
+        self._subscription: Subscription | None = None  # set by `watch`, from the hub's `open`
         # Set by `body`: the fan-out encodes pending frames, the body writes the bytes.
         self._encoder: Encoder | None = None
         self._fanout: _fanout.Fanout | None = None
         self._requested = False  # in the fan-out's next batch
         self._busy = False  # bytes being encoded, ready or being written: encode nothing more
-        self.encoding = False  # the encoder is in a worker's hands
         self._out: bytes | BaseException | None = None
         self._timer: asyncio.TimerHandle | None = None  # wakes the body for keep-alives
 
     @property
     def keys(self) -> tuple[str, ...]:
         """The view instances this stream watches."""
-        return self.subscription.keys if self.subscription is not None else ()
+        return self._subscription.keys if self._subscription is not None else ()
 
-    def watch(self, subscription: Watcher | None) -> None:
+    def watch(self, subscription: Subscription | None) -> None:
         """Tell `subscription` whenever frames are taken (None: nobody, the stream was closed)."""
-        self.subscription = subscription
+        self._subscription = subscription
 
     def offer(self, frame: Frame) -> bool:
         """Hold `frame` for the tab, replacing an unsent one of the same view (then True)."""
@@ -84,14 +114,32 @@ class Stream:
         self._pending = {}
         self._ready.clear()
         self.taken += len(frames)
-        if self.subscription is not None:
-            self.subscription.caught_up(frames.keys())
+        if self._subscription is not None:
+            self._subscription.caught_up(frames.keys())
         return list(frames.values())
+
+    async def next(self, timeout: float | None = None) -> list[Frame]:
+        """Wait for at least one frame, then take them all; [] on timeout or once ended."""
+        if not self._pending and not self.ended:  # only a wait needs the timeout's machinery
+            try:
+                async with asyncio.timeout(timeout):
+                    while not self._pending and not self.ended:
+                        self._ready.clear()
+                        await self._ready.wait()
+            except TimeoutError:
+                return []
+        return self.take()
+
+    def end(self) -> None:
+        """Make the response finish its body and return (server shutdown)."""
+        self.ended = True
+        self._ready.set()
 
     # -- with the fan-out: frames go to a worker, ready bytes come back to the body ------------
 
-    def _start_encode(self) -> tuple[Stream, Encoder, list[Frame]] | None:
-        """The fan-out takes the pending frames for a worker (None: nothing to do now)."""
+    def start_encode(self) -> tuple[Stream, Encoder, list[Frame]] | None:
+        """The fan-out takes the pending frames for a worker: this stream, its encoder and the
+        frames, or None when there is nothing to do now (bytes in flight, ended, no body)."""
         self._requested = False
         frames = self._pending
         if self._busy or self.ended or not frames or self._encoder is None:
@@ -99,15 +147,83 @@ class Stream:
         self._pending = {}
         self.taken += len(frames)
         self._busy = self.encoding = True
-        if self.subscription is not None:
-            self.subscription.caught_up(frames.keys())
+        if self._subscription is not None:
+            self._subscription.caught_up(frames.keys())
         return self, self._encoder, list(frames.values())
 
-    def _encoded(self, out: bytes | BaseException) -> None:
+    def encoded(self, out: bytes | BaseException) -> None:
+        """The fan-out's result, on the loop: the bytes to write, or the error that ends the body."""
         self.encoding = False
         self.encodes += 1
         self._out = out
         self._ready.set()
+
+    # -- the body: writes what the fan-out made, keep-alives and hibernation between -----------
+
+    async def body(
+        self,
+        encoder: Encoder,
+        *,
+        keepalive: float = 15.0,
+        hibernate_after: float = 30.0,
+        fanout: _fanout.Fanout | None = None,
+    ) -> AsyncIterator[bytes]:
+        """The compressed SSE body of this tab: frames as they come, keep-alives, a clean end.
+
+        Frames are encoded by `fanout` (the process's shared one if None) on worker threads; the
+        body only writes what is ready. A zstd stream idle for `hibernate_after` seconds ends its
+        zstd frame and frees its compressor; the next event opens a new frame (browsers decode
+        several in one body). A keep-alive goes through the encoder like any event, so the body
+        stays one valid stream; it and hibernation run here, never while a worker holds the
+        encoder.
+        """
+        loop = asyncio.get_running_loop()
+        self._encoder = encoder
+        self._fanout = fanout or _fanout.shared()
+        if self._pending:  # the first frames arrived before the body started
+            self._requested = True
+            self._fanout.request(self)
+        last_event = last_write = loop.time()
+        try:
+            while True:
+                can_hibernate = encoder.can_hibernate and not encoder.hibernating
+                wake = last_write + keepalive
+                if can_hibernate:
+                    wake = min(wake, last_event + hibernate_after)
+                if self.encoding:  # a worker holds the encoder: wait for its bytes, nothing else
+                    wake = math.inf
+                out = await self._next_bytes(wake)
+                now = loop.time()
+                if out is not None:
+                    yield out
+                    last_event = last_write = now
+                    if encoder.needs_restart:  # a frame outgrew the brotli window: reconnect afresh
+                        self.end()
+                    self._written()
+                    if self.ended:
+                        break
+                elif self.ended:
+                    break
+                elif can_hibernate and now >= last_event + hibernate_after:
+                    self._busy = True
+                    yield encoder.hibernate()
+                    self._written()
+                elif now >= last_write + keepalive:
+                    asleep = encoder.hibernating
+                    out = encoder.encode(KEEPALIVE)
+                    self._busy = True
+                    yield out + encoder.hibernate() if asleep else out  # asleep: free it again at once
+                    self._written()
+                    last_write = now
+            while self.encoding:  # the encoder comes back from its worker before it closes
+                self._ready.clear()
+                await self._ready.wait()
+            self._out = None
+            yield encoder.close()
+        finally:
+            self.end()
+            if self._timer is not None:
+                self._timer.cancel()
 
     def _written(self) -> None:
         """The body wrote its bytes: frames that came meanwhile go to the next batch."""
@@ -147,88 +263,3 @@ class Stream:
         if isinstance(out, BaseException):
             raise out
         return out
-
-    async def next(self, timeout: float | None = None) -> list[Frame]:
-        """Wait for at least one frame, then take them all; [] on timeout or once ended."""
-        if not self._pending and not self.ended:  # only a wait needs the timeout's machinery
-            try:
-                async with asyncio.timeout(timeout):
-                    while not self._pending and not self.ended:
-                        self._ready.clear()
-                        await self._ready.wait()
-            except TimeoutError:
-                return []
-        return self.take()
-
-    def end(self) -> None:
-        """Make the response finish its body and return (server shutdown)."""
-        self.ended = True
-        self._ready.set()
-
-
-KEEPALIVE = b": keep-alive\n\n"
-
-
-async def body(
-    stream: Stream,
-    encoder: Encoder,
-    *,
-    keepalive: float = 15.0,
-    hibernate_after: float = 30.0,
-    fanout: _fanout.Fanout | None = None,
-) -> AsyncIterator[bytes]:
-    """The compressed SSE body of one tab: frames as they come, keep-alives, a clean end.
-
-    Frames are encoded by `fanout` (the process's shared one if None) on worker threads; the
-    body only writes what is ready. A zstd stream idle for `hibernate_after` seconds ends its
-    zstd frame and frees its compressor; the next event opens a new frame (browsers decode
-    several in one body). A keep-alive goes through the encoder like any event, so the body
-    stays one valid stream; it and hibernation run here, never while a worker holds the encoder.
-    """
-    loop = asyncio.get_running_loop()
-    stream._encoder = encoder
-    stream._fanout = fanout or _fanout.shared()
-    if stream._pending:  # the first frames arrived before the body started
-        stream._requested = True
-        stream._fanout.request(stream)
-    last_event = last_write = loop.time()
-    try:
-        while True:
-            can_hibernate = encoder.can_hibernate and not encoder.hibernating
-            wake = last_write + keepalive
-            if can_hibernate:
-                wake = min(wake, last_event + hibernate_after)
-            if stream.encoding:  # a worker holds the encoder: wait for its bytes, nothing else
-                wake = math.inf
-            out = await stream._next_bytes(wake)
-            now = loop.time()
-            if out is not None:
-                yield out
-                last_event = last_write = now
-                if encoder.needs_restart:  # a frame outgrew the brotli window: reconnect afresh
-                    stream.end()
-                stream._written()
-                if stream.ended:
-                    break
-            elif stream.ended:
-                break
-            elif can_hibernate and now >= last_event + hibernate_after:
-                stream._busy = True
-                yield encoder.hibernate()
-                stream._written()
-            elif now >= last_write + keepalive:
-                asleep = encoder.hibernating
-                out = encoder.encode(KEEPALIVE)
-                stream._busy = True
-                yield out + encoder.hibernate() if asleep else out  # asleep: free it again at once
-                stream._written()
-                last_write = now
-        while stream.encoding:  # the encoder comes back from its worker before it closes
-            stream._ready.clear()
-            await stream._ready.wait()
-        stream._out = None
-        yield encoder.close()
-    finally:
-        stream.end()
-        if stream._timer is not None:
-            stream._timer.cancel()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Protocol
 
 import anyio
 from sse_starlette import EventSourceResponse
@@ -15,7 +14,7 @@ from starlette.types import Message, Send
 
 from ..engine.commands import TAB_ID
 from ..engine.encoders import Encoder
-from ..engine.streams import Stream, Watcher, body
+from ..engine.streams import Stream, Subscription
 from ..exceptions import ViewError
 
 
@@ -38,16 +37,8 @@ class StreamResponse(EventSourceResponse):
             raise SendTimeoutError() from None
 
 
-
-
-class Subscribed(Watcher, Protocol):
-    stream: Stream
-
-    def close(self) -> None: ...
-
-
 async def stream_response(
-    open_views: Callable[[Stream, list[str]], Awaitable[Subscribed]],
+    open_views: Callable[[Stream, list[str]], Awaitable[Subscription]],
     request: Request,
     encoder: Encoder,
     *,
@@ -84,16 +75,16 @@ async def stream_response(
 
 
 async def tab_body(
-    subscription: Subscribed, encoder: Encoder, shutdown: anyio.Event, *, keepalive: float, hibernate_after: float
+    subscription: Subscription, encoder: Encoder, shutdown: anyio.Event, *, keepalive: float, hibernate_after: float
 ) -> AsyncIterator[bytes]:
-    """`body`, ended cleanly by server shutdown (sse-starlette sees uvicorn's signal), so the
-    page's `retry: 'always'` reconnects to the next process; the subscription closes after."""
+    """`stream.body`, ended cleanly by server shutdown (sse-starlette sees uvicorn's signal), so
+    the page's `retry: 'always'` reconnects to the next process; the subscription closes after."""
     stream = subscription.stream
-    watcher = asyncio.ensure_future(shutdown.wait())
-    watcher.add_done_callback(lambda _: stream.end())
+    on_shutdown = asyncio.ensure_future(shutdown.wait())
+    on_shutdown.add_done_callback(lambda _: stream.end())
     try:
-        async for chunk in body(stream, encoder, keepalive=keepalive, hibernate_after=hibernate_after):
+        async for chunk in stream.body(encoder, keepalive=keepalive, hibernate_after=hibernate_after):
             yield chunk
     finally:
-        watcher.cancel()
+        on_shutdown.cancel()
         subscription.close()
