@@ -1,6 +1,6 @@
 """The encoder benchmark: bytes, CPU and memory per stream on a 142 KB kanban board.
 
-Frames are Datastar `datastar-patch-elements` events of the whole board (bench/board.py,
+Frames are Datastar `datastar-patch-elements` events of the whole board (tests/support/board.py,
 200 cards, about 144 KB each), one card changed per frame: even steps rename a card, odd
 steps move one to another lane. Each configuration encodes the same 200 frames in one stream,
 through fastapi_lith.engine.encoders, so the figures are those of the module.
@@ -35,9 +35,9 @@ sys.path[:0] = [str(ROOT), str(HERE)]
 
 from datastar_py.sse import ServerSentEventGenerator  # noqa: E402
 
-from board import board_html, change_card, make_cards  # noqa: E402
 from conditions import load_average, one_line, print_conditions  # noqa: E402
-from fastapi_lith.engine.encoders import BrotliEncoder, Encoder, GzipEncoder, IdentityEncoder, ZstdEncoder
+from fastapi_lith.engine.encoders import BrotliEncoder, Encoder, GzipEncoder, IdentityEncoder, ZstdEncoder  # noqa: E402
+from tests.support.board import board_html, change_card, make_cards  # noqa: E402
 
 MiB = 1024 * 1024
 
@@ -201,7 +201,7 @@ def main() -> None:
         return
 
     n_frames, streams, rounds = (60, 50, 1) if args.quick else (200, 200, 3)
-    found = print_conditions(sources=("fastapi_lith/engine/encoders.py", "bench/board.py"))
+    found = print_conditions(sources=("fastapi_lith/engine/encoders.py", "tests/support/board.py"))
     frames = make_frames(n_frames)
     sizes = [len(f) for f in frames]
     print(

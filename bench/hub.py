@@ -77,12 +77,12 @@ import sqlalchemy as sa  # noqa: E402
 from markupsafe import Markup  # noqa: E402
 from pydantic import Field  # noqa: E402
 
-from board import LANE_TITLES, LANES, make_cards  # noqa: E402
 from datastar_py.sse import ServerSentEventGenerator  # noqa: E402
 from fastapi_lith import Command, Db, Lith, Stream, Tx, fragment  # noqa: E402
 from fastapi_lith.engine.statements import StatementCache  # noqa: E402
 from fastapi_lith.engine.views import root_id  # noqa: E402
 from fastapi_lith.engine.frames import sse_event  # noqa: E402
+from tests.support.board import LANE_TITLES, LANES, make_cards  # noqa: E402
 
 from conditions import load_average, one_line, percentile, print_conditions  # noqa: E402
 

@@ -43,7 +43,7 @@ commands from 200 producers through `await writer.do(cmd)`.
     python bench/kanban.py --summarize RUN.json   # re-summarise a --profile --json run
 
 `--backends sqlite,postgres` serves the same board from PostgreSQL as well: a throwaway cluster
-of Debian's `postgresql` (tests/pgcluster.py) with its default, durable settings over a unix
+of Debian's `postgresql` (tests/support/pgcluster.py) with its default, durable settings over a unix
 socket, or the server `LITH_PG_URL` names. The board is seeded once by `python -m
 examples.kanban.seed URL --cards N` (the example's PostgreSQL migrations) and each run gets a
 fresh copy (`CREATE DATABASE ... TEMPLATE`), as each SQLite run gets a copy of the seeded file.
@@ -152,8 +152,7 @@ class PgBoards:
     and a fresh copy of it per run."""
 
     def __init__(self, cards: int) -> None:
-        sys.path.insert(0, str(ROOT / "tests"))
-        import pgcluster
+        from tests.support import pgcluster
 
         url = os.environ.get("LITH_PG_URL")
         self.server = pgcluster.Existing(url) if url else pgcluster.Cluster(durable=True)

@@ -45,7 +45,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 # The library's code: this checkout's, or another's for the "old" configs (see --old).
 CODE = Path(os.environ.get("LITH_BENCH_CODE") or ROOT)
-sys.path[:0] = [str(CODE), str(HERE), str(ROOT / "tests")]
+sys.path[:0] = [str(CODE), str(HERE), str(ROOT)]
 
 from markupsafe import Markup  # noqa: E402
 from conditions import load_average, percentile, print_conditions  # noqa: E402
@@ -301,7 +301,7 @@ def main() -> None:
     parser.add_argument("--refuse", type=float, default=0.0, metavar="SHARE",
                         help="this share of the commands fails after writing (0.01: one in a hundred)")
     args = parser.parse_args()
-    import pgcluster
+    from tests.support import pgcluster
 
     server = pgcluster.Existing(os.environ["LITH_PG_URL"]) if os.environ.get("LITH_PG_URL") else pgcluster.Cluster(durable=True)
     print_conditions(loop="asyncio")

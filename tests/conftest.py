@@ -1,6 +1,6 @@
 """Shared pytest fixtures.
 
-Browser harness (helpers in tests/browser.py; see tests/test_browser.py for use):
+Browser harness (helpers in tests/support/browser.py; see tests/support/test_browser.py for use):
 
 * ``datastar_js`` (session) -- Path of Datastar v1.0.1's ``datastar-core.js``,
   fetched once per machine into ``.cache/datastar/``.
@@ -30,10 +30,7 @@ from typing import Any
 
 import pytest
 
-try:
-    import browser as _bh
-except ImportError:  # tests/ became a package
-    from . import browser as _bh  # type: ignore[no-redef]
+from tests.support import browser as _bh
 
 # --------------------------------------------------------------------------- browser harness
 
@@ -268,11 +265,8 @@ def server_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[C
 
 @pytest.fixture(scope="session")
 def pg_server() -> Any:
-    """The session's PostgreSQL (tests/pgcluster.py): skipped without it, failed on CI."""
-    try:
-        import pgcluster
-    except ImportError:
-        from . import pgcluster  # type: ignore[no-redef]
+    """The session's PostgreSQL (tests/support/pgcluster.py): skipped without it, failed on CI."""
+    from tests.support import pgcluster
     try:
         return pgcluster.server()
     except (pgcluster.Unavailable, ImportError) as exc:

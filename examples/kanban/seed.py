@@ -4,7 +4,7 @@
     python -m examples.kanban.seed postgresql+psycopg://app@db/kanban --cards 200
 
 The content is deterministic, so two seeds of the same size render the same HTML (about
-156 KB for 200 cards; `tests/test_kanban.py` checks the figure).
+156 KB for 200 cards; `tests/examples/test_kanban.py` checks the figure).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ statement failed again, waiting on each statement (see pgwriter.py).
 
 psycopg has no public hook for these, so this module reads a few of its attributes: the
 connection's `_pipeline` and its `result_queue`, the cursor's `_rowcount`, the connection's
-`_prepared` statements. tests/test_pgwriter.py fails if they change meaning.
+`_prepared` statements. tests/backends/test_pgwriter.py fails if they change meaning.
 """
 
 from __future__ import annotations

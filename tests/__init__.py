@@ -1,0 +1,1 @@
+"""The tests, one folder per layer of the package they test; `support` holds what they share."""

@@ -1,0 +1,467 @@
+"""deploy/: the deploy script against a local install folder and real uvicorn processes, and the
+unit file and Caddyfile checked by systemd's and Caddy's own tools where they are installed."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
+from playwright.sync_api import expect
+
+from tests.support import REPO
+from tests.support.browser import Server, alive, free_port, port_answers, route_datastar, wait_for_datastar
+from fastapi_lith.ops import verify
+
+DEPLOY = REPO / "deploy"
+
+APP = """
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+{crash}
+app = FastAPI()
+
+
+@app.get("/health")
+def health():
+    return JSONResponse({{"version": {version!r}}}, status_code={status})
+"""
+
+# Stands in for `systemctl restart lith@NAME`: stop the one process, then start the release that
+# `current` points to (APP in it, with PY). The pid file says which process is ours.
+RESTART = r"""#!/usr/bin/env bash
+set -u
+pidfile="$ROOT/app.pid"
+if [ -f "$pidfile" ]; then
+    pid="$(cat "$pidfile")"
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 200); do
+        state="$(ps -o stat= -p "$pid" 2>/dev/null | cut -c1)"
+        { [ -z "$state" ] || [ "$state" = Z ]; } && break
+        sleep 0.05
+    done
+    kill -KILL "$pid" 2>/dev/null || true
+fi
+echo "$(date +%s.%N) restart" >> "$ROOT/restarts.log"
+cd "$ROOT/current"
+"$PY" -m uvicorn "${APP:-app:app}" --host 127.0.0.1 --port "$PORT" --timeout-graceful-shutdown 2 \
+    >> "$ROOT/app.log" 2>&1 < /dev/null &
+echo $! > "$pidfile"
+"""
+
+
+def write_version(folder: Path, version: str, *, status: int = 200, crash: bool = False) -> Path:
+    folder.mkdir(parents=True)
+    crash_line = f"raise SystemExit('{version} cannot start')" if crash else ""
+    (folder / "app.py").write_text(APP.format(version=version, status=status, crash=crash_line))
+    return folder
+
+
+class Site:
+    """A local stand-in for /srv/lith/NAME, and deploy.sh run against it."""
+
+    def __init__(self, root: Path, sources: Path) -> None:
+        self.root = root
+        self.sources = sources
+        self.port = free_port()
+        restart = root.parent / "restart.sh"
+        restart.write_text(RESTART)
+        restart.chmod(0o755)
+        self.env = {
+            **os.environ,
+            "ROOT": str(root),
+            "NAME": "testapp",
+            "PY": sys.executable,
+            "PORT": str(self.port),
+            "RESTART_CMD": str(restart),
+            "INSTALL_CMD": 'cp -R "$SOURCE"/. "$RELEASE"/',  # instead of a venv and pip install
+            "HEALTH_URL": f"http://127.0.0.1:{self.port}/health",
+            "HEALTH_TIMEOUT": "15",
+            "KEEP_RELEASES": "2",
+        }
+
+    def deploy(self, source: Path, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", str(DEPLOY / "deploy.sh"), str(source)],
+            env={**self.env, **env}, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+
+    def health(self) -> str:
+        try:
+            with urllib.request.urlopen(self.env["HEALTH_URL"], timeout=5) as r:
+                return f"{r.status} {json.loads(r.read())['version']}"
+        except urllib.error.HTTPError as exc:
+            return str(exc.code)
+
+    @property
+    def pid(self) -> int:
+        return int((self.root / "app.pid").read_text())
+
+    def current(self) -> str:
+        return Path(os.readlink(self.root / "current")).name
+
+    def releases(self) -> list[str]:
+        return sorted(p.name for p in (self.root / "releases").iterdir())
+
+    def restarts(self) -> int:
+        log = self.root / "restarts.log"
+        return len(log.read_text().splitlines()) if log.exists() else 0
+
+    def stop(self) -> None:
+        try:
+            pid = self.pid
+        except FileNotFoundError:
+            return
+        try:
+            os.kill(pid, signal.SIGTERM)
+            for _ in range(100):
+                if not alive(pid):
+                    return
+                time.sleep(0.05)
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Iterator[Site]:
+    root = tmp_path / "srv" / "testapp"
+    (root / "data").mkdir(parents=True)
+    s = Site(root, tmp_path / "src")
+    yield s
+    s.stop()
+
+
+def test_a_release_that_fails_its_health_check_is_rolled_back(site: Site, tmp_path: Path) -> None:
+    v1 = write_version(site.sources / "v1", "v1")
+    done = site.deploy(v1)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert site.health() == "200 v1"
+    first, v1_pid = site.current(), site.pid
+    assert "deployed" in done.stdout
+
+    # v2 starts but answers 500 on /health. A copy of the database is taken before the switch.
+    db_path = site.root / "data" / "app.db"
+    with closing(sqlite3.connect(db_path)) as conn:
+        conn.executescript("PRAGMA journal_mode = WAL; CREATE TABLE t (x); PRAGMA user_version = 3;")
+    v2 = write_version(site.sources / "v2", "v2", status=500)
+    # A failing release costs the whole HEALTH_TIMEOUT, and so the rollback may take as long:
+    # the default leaves a loaded machine time to start a Python process (v3 crashes after its
+    # imports, v1 answers after them).
+    done = site.deploy(v2, DB=str(db_path), LITH_PYTHON=sys.executable)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "UNHEALTHY" in done.stdout and "rolled back" in done.stdout
+    assert "the previous release serves again" in done.stderr
+    assert site.current() == first and site.health() == "200 v1"
+    assert not alive(v1_pid)  # one process at a time: v1 was stopped, v2 too, v1 started again
+    (copy,) = (site.root / "data" / "backups").glob("app-before-*.db")
+    report = verify(copy)
+    assert report.ok and report.version == 3
+    failed = [r for r in site.releases() if r.endswith(".failed")]
+    assert len(failed) == 1
+
+    # v3 crashes on start: nothing ever answers.
+    v3 = write_version(site.sources / "v3", "v3", crash=True)
+    done = site.deploy(v3)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert site.current() == first and site.health() == "200 v1"
+    assert "v3 cannot start" in (site.root / "app.log").read_text()
+
+    # A failed install changes nothing: no new release, no restart.
+    pid, restarts, releases = site.pid, site.restarts(), site.releases()
+    done = site.deploy(v3, INSTALL_CMD="false")
+    assert done.returncode == 1 and "install failed; nothing changed" in done.stderr
+    assert (site.pid, site.restarts(), site.releases()) == (pid, restarts, releases)
+
+    # v4 is fine: it serves, and the releases beyond the newest KEEP_RELEASES=2 are deleted,
+    # except the previous one (v1), kept for the next rollback.
+    before = site.releases()
+    v4 = write_version(site.sources / "v4", "v4")
+    done = site.deploy(v4)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert site.health() == "200 v4"
+    assert site.current() not in before
+    assert site.releases() == [first, before[-1], site.current()], site.releases()
+    assert before[-1].endswith(".failed") and before[-2].endswith(".failed")  # v2's was deleted
+
+
+def test_a_first_release_that_fails_has_nothing_to_roll_back_to(site: Site) -> None:
+    bad = write_version(site.sources / "bad", "bad", status=500)
+    done = site.deploy(bad, HEALTH_TIMEOUT="2")
+    assert done.returncode == 2
+    assert "no previous release to roll back to" in done.stderr and "stays current" in done.stderr
+    assert site.releases() == [site.current()]
+
+
+def test_the_copy_before_a_deploy_keeps_the_databases_owner_and_mode(site: Site) -> None:
+    """deploy.sh runs as root; the copy and a backups/ it makes stay the service user's, and the
+    copy is no more readable than the database (the unit's UMask makes it 0640)."""
+    data = site.root / "data"
+    db_path = data / "app.db"
+    with closing(sqlite3.connect(db_path)) as conn:
+        conn.executescript("CREATE TABLE t (x); INSERT INTO t VALUES (1);")
+    db_path.chmod(0o640)
+    service = (65534, 65534) if os.getuid() == 0 else (os.getuid(), os.getgid())  # nobody, as root
+    for path in (data, db_path):
+        os.chown(path, *service)
+    done = site.deploy(write_version(site.sources / "v1", "v1"), DB=str(db_path), LITH_PYTHON=sys.executable)
+    assert done.returncode == 0, done.stdout + done.stderr
+    backups = data / "backups"
+    (copy,) = backups.glob("app-before-*.db")
+    for path in (backups, copy, Path(f"{copy}.sha256")):
+        assert (path.stat().st_uid, path.stat().st_gid) == service, path
+        assert path.stat().st_mode & 0o007 == 0, f"{path}: {oct(path.stat().st_mode)}"  # nothing for others
+    assert copy.stat().st_mode & 0o777 == 0o640
+    assert verify(copy).ok
+
+
+def test_a_release_whose_python_the_service_cannot_run_is_refused(site: Site, tmp_path: Path) -> None:
+    """A venv made with a Python under a home folder (a pyenv in /root) fails under the unit's
+    ProtectHome=yes: the install is refused before anything switches."""
+    python = str(Path(sys.executable).resolve())
+    if not python.startswith(("/root/", "/home/")):
+        pytest.skip(f"this Python ({python}) is not under a home folder")
+    fake = 'mkdir -p "$RELEASE/.venv/bin" && ln -s "$PYTHON" "$RELEASE/.venv/bin/python"'  # a venv's link
+    done = site.deploy(write_version(site.sources / "v1", "v1"), INSTALL_CMD=fake, PYTHON=python)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "under a home folder" in done.stderr and "--python /usr/bin/python3" in done.stderr, done.stderr
+    assert not (site.root / "current").exists() and site.releases() == []
+
+
+def test_usage() -> None:
+    done = subprocess.run(["bash", str(DEPLOY / "deploy.sh")], capture_output=True, text=True)
+    assert done.returncode == 64 and "deploy/deploy.sh [options] SOURCE" in done.stdout
+    env = {k: v for k, v in os.environ.items() if k not in {"NAME", "ROOT", "RESTART_CMD"}}
+    done = subprocess.run(["bash", str(DEPLOY / "deploy.sh"), "x.whl"], capture_output=True, text=True, env=env)
+    assert done.returncode == 64 and "--name is required" in done.stderr
+
+
+def test_the_unit_runs_uvicorn_workers_on_one_database_and_restarts_on_failure(tmp_path: Path) -> None:
+    unit = (DEPLOY / "lith@.service").read_text()
+    assert "--timeout-graceful-shutdown" in unit and "Restart=on-failure" in unit
+    exec_start = unit.split("ExecStart=")[1].split("\nKillSignal")[0]
+    # Processes on one file share its commits through the change feed (tests/engine/test_workers.py);
+    # the env file may set WORKERS, the unit's own default applies otherwise.
+    assert "--workers ${WORKERS}" in exec_start
+    assert unit.index("Environment=WORKERS=") < unit.index("EnvironmentFile=")
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is not installed")
+    # Point the unit at a folder that exists here, so the check can find the executable.
+    srv = tmp_path / "srv"
+    bin = srv / "lith" / "demo" / "current" / ".venv" / "bin"
+    bin.mkdir(parents=True)
+    for name in ("uvicorn", "python"):
+        (bin / name).write_text("#!/bin/sh\n")
+        (bin / name).chmod(0o755)
+    (srv / "lith" / "demo" / "data").mkdir()
+    units = tmp_path / "units"
+    units.mkdir()
+    (units / "lith@.service").write_text(unit.replace("/srv/lith/", f"{srv}/lith/"))
+    done = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", str(units / "lith@demo.service")],
+        capture_output=True, text=True, timeout=60, cwd=units,
+    )  # fmt: skip
+    assert done.returncode == 0 and not done.stderr.strip(), done.stderr
+
+
+def unit_command(key: str, release: Path, app: str) -> list[str]:
+    """The unit's `key=` command line as systemd would run it for `release` serving `app`."""
+    unit = (DEPLOY / "lith@.service").read_text()
+    assert f"\n{key}=" in unit, key
+    line = unit.split(f"\n{key}=")[1].split("\n")[0]
+    line = line.replace("/srv/lith/%i/current/.venv/bin/python", sys.executable)
+    return line.replace("${APP}", app).split()
+
+
+def test_a_release_that_cannot_import_fails_before_uvicorn_starts_its_workers(tmp_path: Path) -> None:
+    """uvicorn --workers 2 respawns a worker that dies at import forever, so the service never
+    fails and StartLimitBurst never stops it: the unit's pre-start command must fail instead."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    broken = write_version(tmp_path / "broken", "broken")
+    (broken / "app.py").write_text("import nothing_of_the_sort\n" + (broken / "app.py").read_text())
+    exits = write_version(tmp_path / "exits", "exits", crash=True)
+    for release, why in ((broken, "No module named 'nothing_of_the_sort'"), (exits, "exits cannot start")):
+        done = subprocess.run(unit_command("ExecStartPre", release, "app:app"), cwd=release, env=env,
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert f"app:app cannot be imported: {why}" in done.stderr
+    good = write_version(tmp_path / "good", "good")
+    done = subprocess.run(unit_command("ExecStartPre", good, "app:app"), cwd=good, env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    done = subprocess.run(unit_command("ExecStartPre", good, "app:nope"), cwd=good, env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 1 and 'Attribute "nope" not found' in done.stderr
+
+
+def test_the_library_logs_reach_the_output_with_time_level_and_logger(
+    server_factory: Callable[..., Server], tmp_path: Path
+) -> None:
+    """Without a logging config the library's loggers have no handler: its INFO lines (a
+    migration, a backup) vanish. Every way we start uvicorn passes deploy/logging.json."""
+    template = REPO / "fastapi_lith" / "template"
+    for path in (REPO / "Makefile", template / "Makefile.tmpl"):
+        run = path.read_text().split("\nrun:")[1].split("\n\n")[0]
+        assert "--log-config deploy/logging.json" in run, path
+    exec_start = (DEPLOY / "lith@.service").read_text().split("ExecStart=")[1].split("\nKillSignal")[0]
+    assert "--log-config /srv/lith/%i/logging.json" in exec_start
+    server = server_factory(
+        "examples.counter.app:app", cwd=REPO, env={"COUNTER_DB": str(tmp_path / "c.db")},
+        args=["--log-config", str(DEPLOY / "logging.json")],
+    )  # fmt: skip
+    line = r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO fastapi_lith\.writer: c\.db: migrated from version 0 to \d+$"
+    assert re.search(line, server.output, re.MULTILINE), server.output
+    assert re.search(r"^\S+ \S+ INFO uvicorn\.error: Application startup complete\.$", server.output, re.MULTILINE)
+
+
+def test_the_unit_and_the_env_file_pass_the_replica_through() -> None:
+    unit = (DEPLOY / "lith@.service").read_text()
+    # uvicorn alone gets SIGTERM, and stops Litestream after the writer's last commit
+    assert "\nKillMode=mixed\n" in unit and "EnvironmentFile=/srv/lith/%i/env" in unit
+    assert "ReadWritePaths=-/srv/lith/%i/replica" in unit
+    example = (DEPLOY / "env.example").read_text()
+    for name in ("#APP_REPLICA=s3://", "#APP_REPLICA=file://", "#APP_REPLICA_SYNC=", "#AWS_ACCESS_KEY_ID=", "#AWS_SECRET_ACCESS_KEY="):
+        assert name in example, name
+
+
+def test_the_caddyfile_is_valid_and_leaves_the_streams_alone() -> None:
+    text = (DEPLOY / "Caddyfile").read_text()
+    assert "flush_interval -1" in text and "not path /lith/stream*" in text
+    if shutil.which("caddy") is None:
+        pytest.skip("caddy is not installed (apt-get install caddy)")
+    env = {**os.environ, "LITH_DOMAIN": "app.example.com", "LITH_PORT": "8000"}
+    done = subprocess.run(["caddy", "adapt", "--config", str(DEPLOY / "Caddyfile"), "--adapter", "caddyfile"],
+                          capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    config = json.loads(done.stdout)
+    routes = config["apps"]["http"]["servers"]["srv0"]["routes"][0]["handle"][0]["routes"]
+    encode = next(r for r in routes if r["handle"][0]["handler"] == "encode")
+    assert encode["match"] == [{"not": [{"path": ["/lith/stream*"]}]}]
+    proxy = next(r for r in routes if r["handle"][0]["handler"] == "reverse_proxy")["handle"][0]
+    assert proxy["flush_interval"] == -1 and proxy["upstreams"] == [{"dial": "127.0.0.1:8000"}]
+
+
+# -- six windows: HTTP/1.1 runs out of connections, Caddy's HTTP/2 does not ----------------------
+
+CADDY_TEST_CONFIG = """{{
+	admin off
+	skip_install_trust
+	local_certs
+	http_port {http_port}
+	https_port {https_port}
+	storage file_system {storage}
+}}
+import {caddyfile}
+"""
+SAME_ORIGIN = {"Datastar-Request": "true", "Sec-Fetch-Site": "same-origin"}
+
+
+@pytest.fixture
+def caddy(tmp_path: Path) -> Iterator[Callable[[int], str]]:
+    """`caddy(upstream_port) -> https URL`: deploy/Caddyfile run as is, in front of a local port.
+
+    The global options around it only keep the test to itself: free ports, its own certificate
+    store, no admin endpoint, no change to the system's trusted certificates.
+    """
+    if shutil.which("caddy") is None:
+        pytest.skip("caddy is not installed (apt-get install caddy)")
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(upstream: int) -> str:
+        https_port = free_port()
+        config = tmp_path / "Caddyfile"
+        config.write_text(CADDY_TEST_CONFIG.format(
+            http_port=free_port(), https_port=https_port, storage=tmp_path / "caddy-data",
+            caddyfile=DEPLOY / "Caddyfile",
+        ))  # fmt: skip
+        env = {**os.environ, "LITH_DOMAIN": "127.0.0.1", "LITH_PORT": str(upstream), "HOME": str(tmp_path),
+               "XDG_DATA_HOME": str(tmp_path / "xdg"), "XDG_CONFIG_HOME": str(tmp_path / "xdg")}  # fmt: skip
+        log = open(tmp_path / "caddy.log", "wb")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(["caddy", "run", "--config", str(config), "--adapter", "caddyfile"],
+                                env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        procs.append(proc)
+        deadline = time.monotonic() + 20
+        while not port_answers("127.0.0.1", https_port):
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "caddy.log").read_text()
+            time.sleep(0.05)
+        return f"https://127.0.0.1:{https_port}"
+
+    yield start
+    for proc in procs:
+        proc.terminate()
+        proc.wait(10)
+
+
+def open_counters(context: Any, url: str, count: int) -> list[Any]:
+    pages = []
+    for _ in range(count):
+        page = context.new_page()
+        page.goto(url + "/")
+        wait_for_datastar(page)
+        pages.append(page)
+    return pages
+
+
+def test_over_http1_six_windows_freeze_the_seventh_behind_caddy_http2_they_do_not(
+    browser: Any, datastar_js: Path, server_factory: Callable[..., Server], caddy: Callable[[int], str],
+    tmp_path: Path,
+) -> None:
+    server = server_factory("examples.counter.app:app", cwd=REPO, env={"COUNTER_DB": str(tmp_path / "c.db")})
+    add = {"n": 1, "tab": "outside", "op": 1}
+
+    # Straight to uvicorn, HTTP/1.1: six windows of one browser hold its six connections.
+    plain = browser.new_context()
+    route_datastar(plain, datastar_js)
+    windows = open_counters(plain, server.url, 6)
+    assert httpx.post(server.url + "/add", json=add, headers=SAME_ORIGIN).status_code == 204
+    for page in windows:  # every stream is open: each window got the frame
+        expect(page.locator("#counter")).to_have_text("1", timeout=10_000)
+    seventh = plain.new_page()
+    with pytest.raises(PlaywrightTimeout):  # waits for a connection that never frees up
+        seventh.goto(server.url + "/", timeout=3_000)
+    plain.close()
+
+    # The same app behind deploy/Caddyfile: HTTP/2, one connection carries every window.
+    url = caddy(server.port)
+    tls = browser.new_context(ignore_https_errors=True)  # Caddy's own local certificate
+    route_datastar(tls, datastar_js)
+    windows = open_counters(tls, url, 8)
+    assert windows[0].evaluate("performance.getEntriesByType('navigation')[0].nextHopProtocol") == "h2"
+    windows[0].get_by_role("button", name="Add").click()  # a POST from the first window lands
+    for page in windows:
+        expect(page.locator("#counter")).to_have_text("2", timeout=10_000)
+    tls.close()
+def test_make_run_the_template_and_the_units_serve_with_httptools_and_uvloop() -> None:
+    """The fast HTTP parser and loop are dependencies, and every way we start uvicorn names them,
+    so a missing one fails at start instead of silently falling back to h11 and asyncio."""
+    import importlib.metadata
+
+    import httptools  # noqa: F401
+    import uvloop  # noqa: F401
+
+    requires = importlib.metadata.requires("fastapi-lith") or []
+    assert any(r.startswith("uvicorn[standard]") for r in requires), requires
+    root = DEPLOY.parent
+    template = root / "fastapi_lith" / "template"
+    for path in (root / "Makefile", template / "Makefile.tmpl"):
+        run = path.read_text().split("\nrun:")[1].split("\n\n")[0]
+        assert "--loop uvloop --http httptools" in run, path
+    for path in (DEPLOY / "lith@.service", template / "deploy" / "lith@.service.tmpl"):
+        exec_start = path.read_text().split("ExecStart=")[1].split("\nKillSignal")[0]
+        assert "--loop uvloop --http httptools" in exec_start, path

@@ -1,0 +1,531 @@
+"""`Lith` over HTTP: a real uvicorn serving the counter example, a real SQLite file."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import select
+import socket
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support import REPO, SUPPORT
+from tests.support.browser import Server
+
+SAME_ORIGIN = {"Datastar-Request": "true", "Sec-Fetch-Site": "same-origin"}
+
+
+@pytest.fixture(scope="module")
+def counter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path]]:
+    db = tmp_path_factory.mktemp("counter") / "counter.db"
+    server = Server("examples.counter.app:app", cwd=REPO, env={"COUNTER_DB": str(db)})
+    server.start()
+    yield server, db
+    server.close()
+
+
+def count(db: Path) -> int:
+    with sqlite3.connect(db) as conn:
+        return conn.execute("SELECT count FROM counter").fetchone()[0]
+
+
+@pytest.mark.parametrize(
+    ("headers", "status"),
+    [
+        (SAME_ORIGIN, 204),
+        ({"Datastar-Request": "true", "Origin": "{url}"}, 204),
+        ({"Sec-Fetch-Site": "same-origin"}, 403),  # not Datastar: a plain form or a script
+        ({"Datastar-Request": "true", "Sec-Fetch-Site": "cross-site"}, 403),
+        ({"Datastar-Request": "true", "Sec-Fetch-Site": "same-site"}, 403),
+        ({"Datastar-Request": "true", "Origin": "http://evil.example"}, 403),
+        ({"Datastar-Request": "true"}, 403),  # neither header: refused, not guessed
+    ],
+)
+def test_origin_check(counter: tuple[Any, Path], headers: dict[str, str], status: int) -> None:
+    server, db = counter
+    headers = {k: v.format(url=server.url) for k, v in headers.items()}
+    before = count(db)
+    response = httpx.post(f"{server.url}/add", json={"tab": "t1", "n": 3}, headers=headers)
+    assert response.status_code == status, response.text
+    assert count(db) == before + (3 if status == 204 else 0)
+    if status == 403:
+        assert "refused" in response.text or "Datastar" in response.text
+
+
+def test_validation_failure_is_html_and_writes_nothing(counter: tuple[Any, Path]) -> None:
+    server, db = counter
+    before = count(db)
+    response = httpx.post(f"{server.url}/add", json={"tab": "t1", "n": 500}, headers=SAME_ORIGIN)
+    assert response.status_code == 422
+    assert response.headers["content-type"].startswith("text/html")
+    assert response.text.startswith('<div id="lith-error" role="alert" class="lith-error">')
+    assert "<strong>n</strong>: Pick a number from 1 to 100." in response.text  # the app's wording
+    assert "{" not in response.text  # not a JSON dump
+    missing = httpx.post(f"{server.url}/add", content=b"not json", headers={**SAME_ORIGIN, "Content-Type": "application/json"})
+    assert missing.status_code == 422 and missing.headers["content-type"].startswith("text/html")
+    assert "<li>The page sent something unreadable: reload it and try again.</li>" in missing.text
+    assert count(db) == before
+
+
+def test_body_size_limit(counter: tuple[Any, Path]) -> None:
+    server, db = counter
+    before = count(db)
+    big = {"tab": "t1", "n": 1, "padding": "x" * 100_000}
+    response = httpx.post(f"{server.url}/add", json=big, headers=SAME_ORIGIN)
+    assert response.status_code == 413
+    assert count(db) == before
+
+
+def post_part_of(server: Server, path: str, headers: dict[str, str], *, total: int, chunked: bool) -> tuple[int, str, int]:
+    """POST a body of `total` bytes but send at most 2 MB of it, then wait for the answer.
+
+    A server that waits for the whole body never answers (the deadline fails the test); one
+    that bounds the body while reading answers 413 with most of the body never sent.
+    """
+    start = b'{"tab": "t1", "op": 0, "n": 1, "padding": "'
+    head = [f"POST {path} HTTP/1.1", f"Host: 127.0.0.1:{server.port}", "Content-Type: application/json"]
+    head += [f"{k}: {v}" for k, v in headers.items()]
+    head.append("Transfer-Encoding: chunked" if chunked else f"Content-Length: {total}")
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode())
+    sent, piece = 0, 64 * 1024
+    with sock:
+        while sent < min(total, 2_000_000):
+            readable, writable, _ = select.select([sock], [sock], [], 10)
+            if readable:
+                break  # answered before the body was sent: stop sending
+            assert writable, "the server neither reads the body nor answers"
+            data = start if sent == 0 else b"x" * piece
+            sock.sendall(f"{len(data):x}\r\n".encode() + data + b"\r\n" if chunked else data)
+            sent += len(data)
+        assert select.select([sock], [], [], 10)[0], "no answer before the body ended"
+        raw = b""
+        while b"\r\n\r\n" not in raw:
+            raw += sock.recv(65536)
+        header, _, rest = raw.partition(b"\r\n\r\n")
+        length = int(re.search(rb"content-length: (\d+)", header, re.I).group(1))  # type: ignore[union-attr]
+        while len(rest) < length:
+            rest += sock.recv(65536)
+    return int(header.split()[1]), rest.decode(), sent
+
+
+@pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "content-length"])
+def test_a_large_body_is_refused_while_it_is_read(counter: tuple[Server, Path], chunked: bool) -> None:
+    server, db = counter
+    before = count(db)
+    status, body, sent = post_part_of(server, "/add", SAME_ORIGIN, total=10_000_000, chunked=chunked)
+    assert status == 413
+    assert sent < 10_000_000  # answered long before the whole body came
+    assert body.startswith('<div id="lith-error"') and "too large: at most 65536 bytes" in body
+    assert count(db) == before
+
+
+def test_the_counter_serves_no_api_docs(counter: tuple[Any, Path]) -> None:
+    server, _ = counter
+    for path in ("/openapi.json", "/docs", "/redoc"):  # (the stream route's absence: test_commands)
+        assert httpx.get(f"{server.url}{path}").status_code == 404, path
+
+
+def test_page_first_paint_comes_from_the_views(counter: tuple[Any, Path]) -> None:
+    server, db = counter
+    before = count(db)
+    assert httpx.post(f"{server.url}/add", json={"tab": "t1", "n": 7}, headers=SAME_ORIGIN).status_code == 204
+    assert count(db) == before + 7
+    page = httpx.get(f"{server.url}/").text
+    assert f'<p id="counter" class="count">{count(db)}</p>' in page
+    assert "/lith/stream?views=counter,outcome/" in page
+
+
+async def test_lith_keeps_the_newest_timed_backups(tmp_path: Path) -> None:
+    import asyncio
+
+    from fastapi_lith import Lith
+    from fastapi_lith.ops import verify
+
+    (tmp_path / "migrations").mkdir()
+    (tmp_path / "migrations" / "0001_init.sql").write_text("CREATE TABLE t (id INTEGER PRIMARY KEY);")
+    lith = Lith(tmp_path / "app.db", migrations=tmp_path / "migrations",
+                backup_folder=tmp_path / "backups", backup_every=1, backup_keep=2)
+    seen: set[str] = set()
+    async with lith.lifespan():
+        assert lith.backups is not None
+        deadline = asyncio.get_running_loop().time() + 60
+        while lith.backups.taken < 3:  # copies at start-up, then every second
+            assert asyncio.get_running_loop().time() < deadline, lith.backups.taken
+            seen.update(p.name for p in (tmp_path / "backups").glob("*.db"))
+            await asyncio.sleep(0.05)
+    copies = sorted((tmp_path / "backups").glob("*.db"))
+    seen.update(p.name for p in copies)
+    assert len(copies) == 2
+    assert lith.backups.last is not None and copies[-1] == lith.backups.last.path  # the newest kept
+    assert [c.name for c in copies] == sorted(seen)[-2:]  # and the one before it
+    assert all(verify(c).ok for c in copies)
+
+
+def test_out_of_range_integers_are_a_422_with_the_fragment(counter: tuple[Server, Path]) -> None:
+    server, db = counter
+    before = count(db)
+    for field in ("op", "n"):
+        for value in (2**63, -(2**63) - 1, 10**30):
+            response = httpx.post(f"{server.url}/add", json={"tab": "t1", field: value}, headers=SAME_ORIGIN)
+            assert response.status_code == 422, (field, value, response.text)
+            assert response.text.startswith('<div id="lith-error"') and f"<strong>{field}</strong>" in response.text
+    assert count(db) == before
+
+
+README_SCHEMA = "CREATE TABLE counter (id INTEGER PRIMARY KEY, count INTEGER NOT NULL); INSERT INTO counter VALUES (1, 0);"
+
+
+def test_the_readmes_app_refuses_integers_sqlite_cannot_store(tmp_path: Path) -> None:
+    readme = (REPO / "README.md").read_text()
+    code = re.search(r"```python\n(.*?)```", readme, re.S).group(1)  # type: ignore[union-attr]
+    app = tmp_path / "app"
+    (app / "migrations").mkdir(parents=True)
+    (app / "readme_app.py").write_text(code.replace('Lith("counter.db", ', 'Lith("counter.db", same_origin_only=False, '))
+    (app / "migrations" / "0001_init.sql").write_text(README_SCHEMA)
+    # Started from another folder, as a service is: the migrations are still found.
+    server = Server("readme_app:app", cwd=tmp_path, args=["--app-dir", str(app)])
+    server.start()
+    try:
+        for n in (2**63, -(2**63) - 1):
+            response = httpx.post(f"{server.url}/add", json={"n": n})
+            assert response.status_code == 422, response.text
+            assert "<strong>n</strong>: Input should be an integer from -2**63 to 2**63 - 1" in response.text
+        assert httpx.post(f"{server.url}/add", json={"n": 2**63 - 1}).status_code == 204
+        assert "Traceback" not in server.output
+    finally:
+        server.close()
+    assert count(tmp_path / "counter.db") == 2**63 - 1
+
+
+class StreamReader:
+    """A tab's identity-encoded stream, read on a thread, for the tests to wait on."""
+
+    def __init__(self, server: Server, tab: str) -> None:
+        self.data = b""
+        self._client = httpx.Client(timeout=None)
+        url = f"{server.url}/lith/stream?views=counter,outcome/{tab}&tab={tab}"
+        self._cm = self._client.stream("GET", url, headers={"Accept-Encoding": "identity"})
+        self._response = self._cm.__enter__()
+        assert self._response.status_code == 200
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            for chunk in self._response.iter_raw():
+                self.data += chunk
+        except httpx.HTTPError:
+            pass
+
+    def wait_for(self, pattern: str) -> None:
+        deadline = time.monotonic() + 30
+        while not re.search(pattern, self.data.decode()):
+            assert time.monotonic() < deadline, f"{pattern!r} never came: {self.data[-2000:]!r}"
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        self._client.close()
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "body", "says"),
+    [
+        (400, {**SAME_ORIGIN, "Idempotency-Key": "no spaces allowed"}, None, "Idempotency-Key must be"),
+        (403, {"Datastar-Request": "true", "Sec-Fetch-Site": "cross-site"}, None, "cross-site request refused"),
+        (413, SAME_ORIGIN, "x" * 100_000, "The request is too large"),
+    ],
+)
+def test_refused_commands_reach_the_acting_tab_as_html(
+    counter: tuple[Server, Path], status: int, headers: dict[str, str], body: str | None, says: str
+) -> None:
+    server, db = counter
+    before = count(db)
+    tab = f"tab{status}"
+    stream = StreamReader(server, tab)
+    try:
+        stream.wait_for("No clicks from this tab yet")
+        signals = {"tab": tab, "op": 7, "n": 1}
+        if body is not None:
+            signals["padding"] = body
+        response = httpx.post(f"{server.url}/add", content=json.dumps(signals), headers={**headers, "Content-Type": "application/json"})
+        assert response.status_code == status
+        assert response.headers["content-type"].startswith("text/html")
+        assert response.text.startswith('<div id="lith-error" role="alert" class="lith-error"><ul><li>')
+        assert says in response.text
+        # Datastar ignores an error's body: the tab gets the fragment down its stream, and
+        # `done` so the button stops pending.
+        stream.wait_for(f'datastar-patch-elements\ndata: elements <div id="lith-error"[^\n]*{re.escape(says)}')
+        stream.wait_for(r'datastar-patch-signals\ndata: signals \{"done": ?7\}')
+    finally:
+        stream.close()
+    assert count(db) == before
+
+
+def test_an_idempotency_key_applies_a_command_once(counter: tuple[Server, Path]) -> None:
+    server, db = counter
+    before = count(db)
+    headers = {**SAME_ORIGIN, "Idempotency-Key": "order-1"}
+    for _ in range(3):  # a client retrying after a lost answer
+        assert httpx.post(f"{server.url}/add", json={"tab": "t1", "n": 5}, headers=headers).status_code == 204
+    assert count(db) == before + 5
+    other = {**SAME_ORIGIN, "Idempotency-Key": "order-2"}
+    assert httpx.post(f"{server.url}/add", json={"tab": "t1", "n": 5}, headers=other).status_code == 204
+    assert count(db) == before + 10
+
+
+# -- the host app: what `lith.install(app)` leaves alone and what it guards -------------------
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path]]:
+    folder = tmp_path_factory.mktemp("host")
+    (folder / "migrations").mkdir()
+    (folder / "migrations" / "0001_init.sql").write_text("CREATE TABLE note (id INTEGER PRIMARY KEY, text TEXT);")
+    env = {"HOST_DB": str(folder / "host.db"), "HOST_MIGRATIONS": str(folder / "migrations"), "PYTHONPATH": str(SUPPORT)}
+    server = Server("hostapp:app", cwd=REPO, env=env)
+    server.start()
+    yield server, folder / "host.db"
+    server.close()
+
+
+def test_install_leaves_the_host_app_alone(host: tuple[Server, Path]) -> None:
+    server, _ = host
+    for _ in range(3):
+        assert httpx.post(f"{server.url}/echo", json={"text": "hi"}).json() == 2
+    assert httpx.get(f"{server.url}/builds").json() == 1  # its middleware was built once
+    refused = httpx.post(f"{server.url}/echo", json={"nope": 1})
+    assert (refused.status_code, refused.text) == (422, "the app's own 422")  # its own handler
+    assert httpx.post(f"{server.url}/echo", json={"text": "x" * 5000}).json() == 5000  # no bound here
+
+
+def test_install_guards_a_command_route_behind_a_nested_dependency(host: tuple[Server, Path]) -> None:
+    server, db = host
+    assert httpx.post(f"{server.url}/api/notes", json={"text": "kept"}).status_code == 204
+    too_big = httpx.post(f"{server.url}/api/notes", json={"text": "x" * 2000})
+    assert too_big.status_code == 413 and too_big.text.startswith('<div id="lith-error"')
+    invalid = httpx.post(f"{server.url}/api/notes", json={"txt": "typo"})  # marked by the writer dependency
+    assert invalid.status_code == 422 and "<strong>text</strong>: Field required" in invalid.text
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT text FROM note").fetchall() == [("kept",)]
+
+
+async def test_a_lifespan_without_install_says_what_is_missing(tmp_path: Path) -> None:
+    from fastapi import FastAPI
+
+    from fastapi_lith import Lith, LithError
+
+    lith = Lith(tmp_path / "app.db")
+    app = FastAPI(lifespan=lith.lifespan)
+    with pytest.raises(LithError, match=r"lith.install\(app\) was not called"):
+        async with lith.lifespan(app):
+            pass
+    lith.install(app)
+    async with lith.lifespan(app):
+        pass
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"synchronous": "FULLL"}, "synchronous must be one of 'OFF', 'NORMAL', 'FULL', 'EXTRA', not 'FULLL'"),
+        ({"readers": 0}, "readers must be an integer at least 1, not 0"),
+        ({"max_body": "64k"}, "max_body must be an integer, not '64k'"),
+        ({"tick": 0}, "tick must be a number at least 0.001, not 0"),
+        ({"zstd_window_log": 24}, "zstd_window_log must be an integer from 10 to 23, not 24"),
+        ({"brotli_quality": 12}, "brotli_quality must be an integer from 0 to 11, not 12"),
+        ({"gzip_level": -1}, "gzip_level must be an integer from 0 to 9, not -1"),
+        ({"prefix": "lith/"}, "prefix must be a path like '/lith'"),
+        ({"error_id": "lith error"}, "error_id must be an HTML id"),
+        ({"same_origin_only": "false"}, "same_origin_only must be True or False, not 'false'"),
+        ({"messages": {"json_invalid": "x"}}, "messages must be a function"),
+        ({"keepalive": -1}, "keepalive must be a number at least 0.001, not -1"),
+        ({"backup_keep": 0}, "backup_keep must be an integer at least 1, not 0"),
+        ({"migrations": 3}, "migrations must be a path or None, not 3"),
+        ({"tikc": 0.05}, "Lith() has no setting 'tikc': did you mean 'tick'?"),
+        ({"max_bdy": 10}, "Lith() has no setting 'max_bdy': did you mean 'max_body'?"),
+        ({"colour": "red"}, "Lith() has no setting 'colour': its settings are backup_every, "),
+    ],
+)
+def test_lith_settings_are_checked_when_built(tmp_path: Path, kwargs: dict[str, Any], message: str) -> None:
+    from fastapi_lith import Lith, LithError
+
+    with pytest.raises(ValueError, match=re.escape(message)) as info:
+        Lith(tmp_path / "app.db", **kwargs)
+    assert isinstance(info.value, LithError)
+
+
+def test_a_misspelt_setting_of_any_part_names_the_one_meant(tmp_path: Path) -> None:
+    import inspect
+
+    from fastapi_lith import Accounts, Lith, SettingError, Writer
+    from fastapi_lith.backends.postgres.writer import PgWriter
+
+    with pytest.raises(SettingError, match=re.escape("Writer() has no setting 'batchsize': did you mean 'batch_size'?")):
+        Writer(tmp_path / "a.db", batchsize=5)  # type: ignore[call-arg]
+    with pytest.raises(SettingError, match=re.escape("Accounts() has no setting 'max_opn': did you mean 'max_open'?")):
+        Accounts(tmp_path, max_opn=5)
+    with pytest.raises(SettingError, match=re.escape("Accounts() has no setting 'tikc': did you mean 'tick'?")):
+        Accounts(tmp_path, tikc=0.05)
+    with pytest.raises(SettingError, match=re.escape("PgWriter() has no setting 'retrys': did you mean 'retries'?")):
+        PgWriter("postgresql+psycopg://lith@127.0.0.1/lith", retrys=3)  # refused before it connects
+    # The signatures stay explicit, for IDEs and type checkers.
+    assert "tick" in inspect.signature(Lith).parameters and "batch_size" in inspect.signature(Writer).parameters
+    assert Lith(tmp_path / "b.db", tick=0.5).tick == 0.5 and Accounts(tmp_path, tick=0.5).max_open == 100
+
+
+def test_every_library_error_is_a_lith_error() -> None:
+    import fastapi_lith
+    from fastapi_lith import LithError
+
+    errors = [v for v in vars(fastapi_lith).values() if isinstance(v, type) and issubclass(v, Exception)]
+    assert {e.__name__ for e in errors} >= {"WriterClosed", "MigrationError", "ViewError", "SettingError", "NotRunning", "NotOneRow"}
+    assert all(issubclass(e, LithError) for e in errors)
+    assert issubclass(fastapi_lith.WriterClosed, RuntimeError) and issubclass(fastapi_lith.ViewError, ValueError)
+
+
+# -- parts an app may pass instead of their settings ----------------------------------------------
+
+
+async def test_an_apps_own_writer_readers_and_hub_are_used(tmp_path: Path) -> None:
+    from fastapi_lith import Lith, SettingError, Writer
+    from fastapi_lith.engine.db import Readers
+    from fastapi_lith.engine.hub import Hub
+
+    path = tmp_path / "parts.db"
+    writer = Writer(path, cached_statements=7)
+    readers = Readers(path, size=1)
+    built: list[Hub] = []
+
+    def hub(*args: object, **kwargs: object) -> Hub:
+        built.append(Hub(*args, **kwargs))  # type: ignore[arg-type]
+        return built[-1]
+
+    lith = Lith(path, writer=writer, readers=readers, hub=hub, tick=0.2)
+    assert lith.writer.writer is writer and lith.feed is writer.feed
+    async with lith.lifespan():
+        assert built == [lith.hub] and lith.hub.readers is readers and lith.hub.interval == 0.2
+        assert await lith.hub.readers.run(lambda db: db.scalar("SELECT 1")) == 1
+    assert await readers.run(lambda db: db.scalar("SELECT 2")) == 2  # the app's: still open
+    readers.close()
+    with pytest.raises(SettingError, match="batch_size: set on the Writer"):
+        Lith(path, writer=writer, batch_size=10)
+    with pytest.raises(SettingError, match="writer must be a Writer of"):
+        Lith(tmp_path / "other.db", writer=writer)
+
+
+def test_cached_statements_reach_the_writer(tmp_path: Path) -> None:
+    from fastapi_lith import Lith
+
+    assert Lith(tmp_path / "a.db", cached_statements=3).writer.statements.size == 3
+@pytest.mark.parametrize(
+    "origin",
+    [
+        "null",  # a sandboxed frame or a file:// page
+        "http://{host}.evil.example",  # the host as a prefix of another host
+        "http://{host}0",
+        "http://evil.example/{host}",
+        "https://{host}",  # the same host under another scheme is another origin
+        "ftp://{host}",
+        "{host}",
+    ],
+)
+def test_adversarial_origins_are_refused(counter: tuple[Any, Path], origin: str) -> None:
+    server, db = counter
+    host = server.url.split("://", 1)[1]
+    before = count(db)
+    headers = {"Datastar-Request": "true", "Origin": origin.format(host=host)}
+    response = httpx.post(f"{server.url}/add", json={"tab": "t1", "n": 3}, headers=headers)
+    assert response.status_code == 403, response.text
+    assert "refused" in response.text
+    assert count(db) == before
+
+
+def test_a_rejected_command_reaches_its_tab_with_the_done_signal(counter: tuple[Any, Path]) -> None:
+    server, db = counter
+    before = count(db)
+    url = f"{server.url}/lith/stream?views=counter&tab=done1"
+    with httpx.stream("GET", url, headers={"Accept-Encoding": "identity"}, timeout=10) as stream:
+        assert stream.status_code == 200
+        lines = stream.iter_lines()
+        assert next(lines) == "event: datastar-patch-elements"  # the first frame is there
+        response = httpx.post(f"{server.url}/add", json={"tab": "done1", "n": 500, "op": 41}, headers=SAME_ORIGIN)
+        assert response.status_code == 422
+        seen = []
+        for line in lines:
+            seen.append(line)
+            if line.startswith("data: signals"):
+                break
+        assert 'id="lith-error"' in "\n".join(seen)
+        assert seen[-1].replace(" ", "") == 'data:signals{"done":41}', seen
+    assert count(db) == before
+
+
+def test_a_command_route_answers_bad_input_with_html_without_the_datastar_header(tmp_path: Path) -> None:
+    # A route that takes the writer is a command route, whoever calls it: a non-browser
+    # client (same_origin_only=False) gets the same HTML error as the page.
+    from tests.support.browser import Server
+
+    server = Server("streamapp:app", cwd=SUPPORT, env={"STREAM_DB": str(tmp_path / "b.db")})
+    server.start()
+    try:
+        response = httpx.post(f"{server.url}/rename", json={"card": "seven", "title": "x"})
+        assert response.status_code == 422
+        assert response.headers["content-type"].startswith("text/html")
+        assert '<div id="lith-error"' in response.text and "<strong>card</strong>" in response.text
+    finally:
+        server.close()
+
+
+# -- one start at a time ----------------------------------------------------------------------------
+
+
+async def test_a_second_start_is_refused_and_the_first_runs_on(tmp_path: Path) -> None:
+    from markupsafe import Markup
+
+    from fastapi_lith import AlreadyRunning, Command, Db, Lith, Tx
+    from fastapi_lith.testing import Tabs
+
+    class Note(Command):
+        def apply(self, tx: Tx) -> None:
+            tx.execute("INSERT INTO note (text) VALUES ('x')")
+            tx.touch("notes")
+
+    lith = Lith(tmp_path / "a.db", migrations=SUPPORT / "commands_migrations")
+
+    @lith.view("notes", topics={"notes"})
+    def notes(db: Db) -> Markup:
+        return Markup('<p id="notes">{}</p>').format(db.scalar("SELECT count(*) FROM note"))
+
+    async with Tabs(lith) as tabs:
+        tab = await tabs.open("notes")
+        with pytest.raises(AlreadyRunning, match="already running"):
+            async with Tabs(lith):
+                pass
+        with pytest.raises(AlreadyRunning):
+            async with lith.lifespan():
+                pass
+        await tabs.do(Note())
+        await tabs.tick()
+        assert tab.html("notes") == '<p id="notes">1</p>'
+    async with Tabs(lith) as tabs:  # stopped, it starts again
+        assert (await tabs.open("notes")).html("notes") == '<p id="notes">1</p>'
+
+
+async def test_two_starts_at_once_are_one_start(tmp_path: Path) -> None:
+    from fastapi_lith import AlreadyRunning, Lith
+
+    lith = Lith(tmp_path / "a.db")
+    first, second = lith.lifespan(), lith.lifespan()
+    results = await asyncio.gather(first.__aenter__(), second.__aenter__(), return_exceptions=True)
+    assert results[0] is None and isinstance(results[1], AlreadyRunning)
+    assert await lith.hub.readers.run(lambda db: db.scalar("SELECT 1")) == 1
+    await first.__aexit__(None, None, None)

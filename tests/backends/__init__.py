@@ -1,0 +1,1 @@
+"""The backends beside the engine (fastapi_lith/backends/): PostgreSQL against a real server."""

@@ -1,0 +1,319 @@
+"""The change feed within one test process: two `Lith`s on one file stand for two processes.
+
+Each has its own writer connection, lock file descriptor, feed connection and hub, exactly as two
+processes would; only the address space is shared. tests/engine/test_workers.py runs real processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+from pathlib import Path
+
+import htpy as h
+import pytest
+
+from fastapi_lith import Command, Db, Frame, Lith, Tx
+from fastapi_lith.engine.feed import LocalFeed, SqliteFeed
+from fastapi_lith.engine.frames import sse_event
+from fastapi_lith.testing import Tabs
+
+MIGRATION = """
+CREATE TABLE counter (id INTEGER PRIMARY KEY, n INTEGER NOT NULL);
+INSERT INTO counter VALUES (1, 0);
+CREATE TABLE note (tab TEXT PRIMARY KEY, text TEXT NOT NULL);
+"""
+
+
+class Add(Command):
+    def apply(self, tx: Tx) -> None:
+        tx.execute("UPDATE counter SET n = n + 1 WHERE id = 1")
+        tx.touch("counter")
+
+
+class Note(Command):
+    tab: str
+    text: str
+
+    def apply(self, tx: Tx) -> None:
+        tx.execute("INSERT OR REPLACE INTO note VALUES (?, ?)", (self.tab, self.text))
+        tx.touch(f"tab:{self.tab}")
+
+
+def make_lith(tmp_path: Path, **kwargs: object) -> Lith:
+    folder = tmp_path / "migrations"
+    folder.mkdir(exist_ok=True)
+    (folder / "0001_init.sql").write_text(MIGRATION)
+    lith = Lith(tmp_path / "app.db", migrations=folder, **kwargs)  # type: ignore[arg-type]
+
+    @lith.view("counter", topics={"counter"})
+    def counter(db: Db) -> h.Element:
+        return h.p("#counter")[db.scalar("SELECT n FROM counter")]
+
+    @lith.view("note/{tab}", topics={"tab:{tab}"})
+    def note(db: Db, tab: str) -> h.Element:
+        return h.p("#note")[db.scalar("SELECT text FROM note WHERE tab = ?", (tab,)) or "-"]
+
+    return lith
+
+
+async def test_a_commit_in_one_process_reaches_the_other_at_its_next_tick(tmp_path: Path) -> None:
+    a, b = make_lith(tmp_path), make_lith(tmp_path)
+    async with Tabs(a) as tabs_a, Tabs(b) as tabs_b:
+        here = await tabs_a.open("counter", "note/{tab}", tab="here")
+        there = await tabs_b.open("counter", "note/{tab}", tab="there")
+        other = await tabs_b.open("note/{tab}", tab="other")
+        await tabs_a.do(Add())
+        await tabs_a.do(Note(tab=there.id, text="for the tab in b"))
+        assert await tabs_a.tick() == 1  # a's own commit, through its writer
+        assert await tabs_b.tick() == 2  # a's commits, through the feed: counter, there's note
+        assert here.html("counter") == there.html("counter") == '<p id="counter">1</p>'
+        assert there.html("note/{tab}") == '<p id="note">for the tab in b</p>'
+        assert other.html("note/{tab}") == '<p id="note">-</p>'
+        assert len(other.received) == 1  # only its first frame: nothing for another tab
+        # b's commits reach a the same way, and a hub hears nothing of its own entries twice.
+        await tabs_b.do(Add())
+        assert await tabs_b.tick() == 1
+        assert await tabs_a.tick() == 1
+        assert here.html("counter") == '<p id="counter">2</p>'
+        assert await tabs_a.tick() == 0 and await tabs_b.tick() == 0
+
+
+async def test_pushes_reach_the_tab_in_the_other_process(tmp_path: Path) -> None:
+    a, b = make_lith(tmp_path), make_lith(tmp_path)
+    async with Tabs(a) as tabs_a, Tabs(b) as tabs_b:
+        there, bystander = await tabs_b.open("counter", tab="there"), await tabs_b.open("counter", tab="by")
+        frame = Frame("lith-error", '<div id="lith-error">n: too big</div>', {"done": 3})
+        assert a.hub.push(there.id, frame) == 0  # no stream of that tab in a
+        # The push travels in a's writer's next batch; b takes it at its next tick.
+        async with asyncio.timeout(5):
+            while not there.read():
+                await asyncio.sleep(0.01)
+                await tabs_b.tick()
+        got = there.received[-1]
+        assert (got.key, got.html, got.signals) == (frame.key, frame.html, frame.signals)
+        assert sse_event(got) == sse_event(frame)
+        assert bystander.read() == []
+
+
+async def test_an_idle_poll_asks_only_data_version(tmp_path: Path) -> None:
+    a, b = make_lith(tmp_path), make_lith(tmp_path)
+    async with Tabs(a) as tabs_a, Tabs(b):
+        assert isinstance(b.feed, SqliteFeed)
+        statements: list[str] = []
+        b.feed._conn.set_trace_callback(statements.append)  # type: ignore[union-attr]
+        for _ in range(5):
+            b.hub.poll()
+        assert statements == ["PRAGMA data_version"] * 5
+        statements.clear()
+        await tabs_a.do(Add())
+        b.hub.poll()
+        b.hub.poll()
+        assert statements[0] == "PRAGMA data_version"
+        assert any("FROM lith_feed" in s for s in statements)
+        assert statements[-1] == "PRAGMA data_version"
+        assert len(statements) == 3  # the second poll: nothing new, no query
+
+
+async def test_a_hub_behind_the_pruned_feed_renders_everything_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    a = make_lith(tmp_path, feed=SqliteFeed(tmp_path / "app.db", keep=4, prune_every=2))
+    b = make_lith(tmp_path)
+    async with Tabs(a) as tabs_a, Tabs(b) as tabs_b:
+        there = await tabs_b.open("counter", "note/{tab}", tab="there")
+        for i in range(10):  # ten batches: b's hub polls none of them
+            await tabs_a.do(Note(tab="someone-else", text=str(i)))
+        with sqlite3.connect(tmp_path / "app.db") as conn:
+            assert conn.execute("SELECT seq FROM lith_feed").fetchall() == [(7,), (8,), (9,), (10,)]
+        caplog.set_level(logging.INFO, logger="fastapi_lith.feed")
+        assert await tabs_b.tick() == 2  # a gap: both views render, though no topic of theirs
+        assert isinstance(b.feed, SqliteFeed) and (b.feed.gaps, b.feed.reads) == (1, 4)
+        assert "feed: 6 entries missed, every view renders again" in caplog.messages
+        assert await tabs_b.tick() == 0
+        await tabs_a.do(Add())
+        assert await tabs_b.tick() == 1  # caught up: topics again
+        assert there.html("counter") == '<p id="counter">1</p>'
+        assert (b.feed.gaps, b.feed.reads) == (1, 5)
+        for i in range(6):  # behind again: entry 12 pruned
+            await tabs_a.do(Note(tab="someone-else", text=str(i)))
+        assert await tabs_b.tick() == 2
+        assert (b.feed.gaps, b.feed.reads) == (2, 10)
+        assert "feed: 1 entries missed, every view renders again" in caplog.messages
+
+
+async def test_a_poll_whose_read_fails_reads_the_change_at_the_next_tick(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The version moves on only with the rows read: a failed read of the table loses nothing."""
+    a, b = make_lith(tmp_path), make_lith(tmp_path)
+    async with Tabs(a) as tabs_a, Tabs(b) as tabs_b:
+        there = await tabs_b.open("counter")
+        assert isinstance(b.feed, SqliteFeed) and b.feed._conn is not None
+        conn = b.feed._conn
+        running: list[str] = []
+        faults = [1]  # SQLite interrupts the next read of the feed table, once
+
+        def interrupt() -> int:
+            if faults and running and "FROM lith_feed" in running[-1]:
+                faults.pop()
+                return 1
+            return 0
+
+        conn.set_trace_callback(running.append)
+        conn.set_progress_handler(interrupt, 1)
+        await tabs_a.do(Add())
+        caplog.set_level(logging.DEBUG, logger="fastapi_lith.feed")
+        assert await tabs_b.tick() == 0  # data_version moved, the read was interrupted
+        assert caplog.messages == ["feed poll deferred: interrupted"]
+        assert not faults and b.feed.changed == 1
+        assert await tabs_b.tick() == 1  # no commit since: the same change is read again
+        assert there.html("counter") == '<p id="counter">1</p>'
+        conn.set_progress_handler(None, 1)
+        conn.set_trace_callback(None)
+
+
+async def test_a_failing_feed_write_rolls_back_its_batch(tmp_path: Path) -> None:
+    """The entry is written inside the batch: no commit that other processes never hear of."""
+    a, b = make_lith(tmp_path), make_lith(tmp_path)
+    async with Tabs(a) as tabs_a, Tabs(b) as tabs_b:
+        there = await tabs_b.open("counter")
+        with sqlite3.connect(tmp_path / "app.db") as conn:  # a feed write that SQLite refuses
+            conn.execute(
+                "CREATE TRIGGER refuse BEFORE INSERT ON lith_feed BEGIN SELECT RAISE(ABORT, 'no feed'); END"
+            )
+        with pytest.raises(sqlite3.IntegrityError, match="no feed"):
+            await tabs_a.do(Add())
+        with sqlite3.connect(tmp_path / "app.db") as conn:
+            assert conn.execute("SELECT n FROM counter").fetchone()[0] == 0
+            conn.execute("DROP TRIGGER refuse")
+        assert await tabs_a.do(Add()) is None
+        assert await tabs_b.tick() == 1
+        assert there.html("counter") == '<p id="counter">1</p>'
+
+
+async def test_the_hub_reads_the_feed_on_a_read_only_connection_that_close_closes(tmp_path: Path) -> None:
+    lith = make_lith(tmp_path)
+    async with Tabs(lith):
+        assert isinstance(lith.feed, SqliteFeed) and lith.feed._conn is not None
+        conn = lith.feed._conn
+        with pytest.raises(sqlite3.OperationalError, match="readonly"):  # the event loop never writes
+            conn.execute("DELETE FROM lith_feed")
+    assert lith.feed._conn is None and lith.feed._lock_fd is None
+    with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+        conn.execute("SELECT 1")
+
+
+async def test_a_hub_skips_only_its_own_entries_among_other_processes(tmp_path: Path) -> None:
+    a, b = make_lith(tmp_path), make_lith(tmp_path)
+    async with Tabs(a) as tabs_a, Tabs(b) as tabs_b:
+        there = await tabs_b.open("counter", "note/{tab}", tab="there")
+        await tabs_a.do(Add())
+        await tabs_b.do(Note(tab="someone-else", text="b's own"))
+        await tabs_a.do(Note(tab=there.id, text="after the entry of b"))
+        assert await tabs_b.tick() == 2  # a's two entries, either side of b's own
+        assert there.html("note/{tab}") == '<p id="note">after the entry of b</p>'
+        assert isinstance(b.feed, SqliteFeed) and (b.feed.changed, b.feed.reads) == (1, 3)
+        await tabs_a.do(Add())
+        assert await tabs_b.tick() == 1
+        assert b.feed.changed == 2
+
+
+async def test_writers_of_two_processes_take_turns_without_busy_errors(tmp_path: Path) -> None:
+    a, b = make_lith(tmp_path), make_lith(tmp_path)
+    async with Tabs(a) as tabs_a, Tabs(b) as tabs_b:
+        async def producer(tabs: Tabs) -> None:
+            for _ in range(30):
+                await tabs.do(Add())
+
+        results = await asyncio.gather(
+            *(producer(tabs) for tabs in (tabs_a, tabs_b) for _ in range(10)), return_exceptions=True
+        )
+        assert [r for r in results if r is not None] == []
+        assert a.writer.batches > 1 and b.writer.batches > 1
+    with sqlite3.connect(tmp_path / "app.db") as conn:
+        assert conn.execute("SELECT n FROM counter").fetchone()[0] == 600
+
+
+async def test_processes_starting_at_once_migrate_once(tmp_path: Path) -> None:
+    liths = [make_lith(tmp_path) for _ in range(4)]
+    async with asyncio.TaskGroup() as group:
+        for lith in liths:
+            group.create_task(lith.writer.start())
+    for lith in liths:
+        await lith.writer.close()
+    with sqlite3.connect(tmp_path / "app.db") as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+        assert conn.execute("SELECT count(*) FROM counter").fetchone()[0] == 1
+
+
+async def test_a_local_feed_writes_nothing_to_the_database(tmp_path: Path) -> None:
+    lith = make_lith(tmp_path, feed=LocalFeed())
+    async with Tabs(lith) as tabs:
+        tab = await tabs.open("counter")
+        await tabs.do(Add())
+        assert await tabs.tick() == 1
+        assert tab.html("counter") == '<p id="counter">1</p>'
+    with sqlite3.connect(tmp_path / "app.db") as conn:
+        assert conn.execute("SELECT name FROM sqlite_master WHERE name = 'lith_feed'").fetchall() == []
+
+
+@pytest.mark.parametrize("feed", [SqliteFeed, LocalFeed])
+async def test_a_rejected_command_publishes_nothing(tmp_path: Path, feed: type) -> None:
+    class Fails(Command):
+        def apply(self, tx: Tx) -> None:
+            tx.touch("counter")
+            raise ValueError("no")
+
+    lith = make_lith(tmp_path, feed=feed(tmp_path / "app.db") if feed is SqliteFeed else feed())
+    async with Tabs(lith) as tabs:
+        with pytest.raises(ValueError):
+            await tabs.do(Fails())
+    with sqlite3.connect(tmp_path / "app.db") as conn:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+        if "lith_feed" in tables:
+            assert conn.execute("SELECT count(*) FROM lith_feed").fetchone()[0] == 0
+
+
+async def test_the_lock_file_is_held_while_a_batch_runs(tmp_path: Path) -> None:
+    import fcntl
+    import os
+
+    seen: list[str] = []
+
+    class Probe(Command):
+        def apply(self, tx: Tx) -> None:
+            fd = os.open(tmp_path / "app.db-lock", os.O_RDWR)
+            try:  # another process's writer, trying to take its turn now
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                seen.append("held")
+            else:
+                seen.append("free")
+            finally:
+                os.close(fd)
+
+    lith = make_lith(tmp_path)
+    async with Tabs(lith) as tabs:
+        await tabs.do(Probe())
+        fd = os.open(tmp_path / "app.db-lock", os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # between batches: free
+        finally:
+            os.close(fd)
+    assert seen == ["held"]
+
+
+async def test_a_hub_on_its_timer_hears_another_process_with_no_commit_of_its_own(tmp_path: Path) -> None:
+    from fastapi_lith.engine.streams import Stream
+
+    a, b = make_lith(tmp_path), make_lith(tmp_path)
+    async with a.lifespan(), b.lifespan():
+        stream = Stream("t1")
+        subscription = await b.hub.open(stream, ["counter"])
+        assert [f.html for f in stream.take()] == ['<p id="counter">0</p>']
+        await a.writer.do(Add())
+        frames = await asyncio.wait_for(stream.next(), 10)  # b polls the feed every tick
+        assert [f.html for f in frames] == ['<p id="counter">1</p>']
+        subscription.close()

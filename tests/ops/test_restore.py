@@ -1,0 +1,378 @@
+"""ops/verify.py, ops/restore.py and ops/locks.py: checking copies, and restoring one in place of a
+database that a real running app holds open (refused) or not (done)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from contextlib import closing
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support import REPO
+from tests.support.browser import Server
+from fastapi_lith.cli import main
+from fastapi_lith.ops import Backups, backup, restore, verify
+from fastapi_lith.ops.files import checksum_path
+
+SAME_ORIGIN = {"Datastar-Request": "true", "Sec-Fetch-Site": "same-origin"}
+
+
+def cli(*args: str | Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """`python -m fastapi_lith ...` in a process of its own."""
+    return subprocess.run(
+        [sys.executable, "-m", "fastapi_lith", *map(str, args)],
+        cwd=REPO, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def run(capsys: pytest.CaptureFixture[str]) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """The same command in this process (a new one costs a second of imports): for the
+    cases where no other process is the point."""
+
+    def call(*args: str | Path) -> subprocess.CompletedProcess[str]:
+        capsys.readouterr()
+        code = main([str(a) for a in args])
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, out, err)
+
+    return call
+
+
+def rows(path: Path) -> list[int]:
+    with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
+        return [r[0] for r in conn.execute("SELECT n FROM seq ORDER BY n")]
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# --------------------------------------------------------------------------- verify
+
+
+@pytest.fixture
+def copy(tmp_path: Path) -> Path:
+    db_path = tmp_path / "app.db"
+    conn = sqlite3.connect(db_path)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("CREATE TABLE note (id INTEGER PRIMARY KEY, body TEXT)")
+    conn.execute("CREATE INDEX note_body ON note (body)")
+    conn.executemany("INSERT INTO note (body) VALUES (?)", [(f"note {i} " * 20,) for i in range(3000)])
+    conn.execute("PRAGMA user_version = 7")
+    conn.commit()
+    info = backup(db_path, f"{tmp_path}/backups/")
+    conn.close()
+    return info.path
+
+
+def flip(path: Path, offset: int, count: int = 16) -> None:
+    data = bytearray(path.read_bytes())
+    for i in range(offset, offset + count):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_verify_reports_version_size_integrity_and_checksum(copy: Path, run: Callable[..., subprocess.CompletedProcess[str]]) -> None:
+    done = run("verify", copy)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "version    7" in done.stdout
+    assert f"size       {copy.stat().st_size:,} bytes" in done.stdout
+    assert "integrity  ok" in done.stdout and "checksum   ok" in done.stdout
+    header = copy.read_bytes()[:20]
+    assert header[18:20] == b"\x01\x01"  # a rollback-journal file: opens read-only as it is
+    before = sorted(p.name for p in copy.parent.iterdir())
+    done = run("verify", "--json", copy)
+    report = json.loads(done.stdout)
+    assert report["ok"] and report["version"] == 7 and report["integrity"] == ["ok"]
+    assert sorted(p.name for p in copy.parent.iterdir()) == before  # read-only: no -wal, no -shm
+
+
+def test_verify_says_so_when_bytes_in_the_middle_of_a_copy_changed(copy: Path, run: Callable[..., subprocess.CompletedProcess[str]]) -> None:
+    size = copy.stat().st_size
+    flip(copy, size // 2 + 1000)  # inside a page: rows whose bytes changed
+    done = run("verify", copy)
+    assert done.returncode == 1
+    assert "checksum   MISMATCH" in done.stdout and "BAD: do not restore this copy" in done.stdout
+
+
+def test_verify_without_a_checksum_finds_a_damaged_page(copy: Path, run: Callable[..., subprocess.CompletedProcess[str]]) -> None:
+    checksum_path(copy).unlink()
+    with closing(sqlite3.connect(copy)) as conn:
+        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+    flip(copy, (pages // 2) * page_size, 12)  # the b-tree header of the page in the middle
+    done = run("verify", copy)
+    assert done.returncode == 1, done.stdout
+    assert "integrity  FAILED" in done.stdout and "checksum   none" in done.stdout
+
+
+def test_verify_reports_what_it_found_for_a_person_and_as_data(copy: Path, tmp_path: Path) -> None:
+    sound = verify(copy)
+    sidecar = checksum_path(copy).name
+    assert sound.ok and sound.problems() == []
+    assert sound.lines()[-2:] == [f"  checksum   ok ({sidecar})", "  verdict    ok"]
+    assert sound.as_dict() == {
+        "path": str(copy), "ok": True, "version": 7, "size": copy.stat().st_size,
+        "page_size": sound.page_size, "pages": sound.pages, "freelist": 0,
+        "integrity": ["ok"], "checksum": "ok", "error": None,
+    }  # fmt: skip
+    assert sound.pages * sound.page_size == sound.size
+    unchecked = verify(copy, checksum=False)
+    assert unchecked.ok and unchecked.checksum == "skipped"
+    assert unchecked.lines()[0] == str(copy) and "  integrity  ok" in unchecked.lines()
+    assert "  checksum   not checked" in unchecked.lines()
+    digest = checksum_path(copy).read_text()
+    checksum_path(copy).write_text("")  # an empty sidecar matches nothing
+    assert verify(copy).checksum == "mismatch"
+    checksum_path(copy).write_text(digest)
+    flip(copy, copy.stat().st_size // 2 + 1000)
+    changed = verify(copy)
+    assert changed.checksum == "mismatch"
+    assert changed.problems()[-1] == f"checksum mismatch: the file changed after the copy was taken ({sidecar})"
+    assert changed.lines()[-1] == "  verdict    BAD: do not restore this copy"
+    missing = verify(tmp_path / "nothing.db")
+    assert (missing.ok, missing.error, missing.checksum) == (False, "no such file", "skipped")
+    assert missing.problems() == ["no such file"]
+
+
+def test_verify_finds_an_index_out_of_step_with_its_table(tmp_path: Path) -> None:
+    """The damage `quick_check` cannot see: rows changed while their index was not kept up."""
+    path = tmp_path / "board.db"
+    with closing(sqlite3.connect(path)) as conn:
+        conn.executescript(
+            "CREATE TABLE card (id INTEGER PRIMARY KEY, title TEXT, lane TEXT);"
+            "CREATE INDEX card_lane ON card (lane);"
+        )
+        conn.executemany("INSERT INTO card (title, lane) VALUES (?, ?)", [(f"t{i}", "todo") for i in range(200)])
+        conn.commit()
+        index = conn.execute("SELECT * FROM sqlite_schema WHERE name = 'card_lane'").fetchone()
+        conn.execute("PRAGMA writable_schema = ON")  # hide the index from SQLite for a moment
+        conn.execute("DELETE FROM sqlite_schema WHERE name = 'card_lane'")
+        conn.commit()
+    with closing(sqlite3.connect(path)) as conn:
+        conn.execute("UPDATE card SET lane = 'done' WHERE id <= 25")  # the index keeps 'todo'
+        conn.execute("PRAGMA writable_schema = ON")
+        conn.execute("INSERT INTO sqlite_schema VALUES (?, ?, ?, ?, ?)", index)
+        conn.commit()
+    with closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("PRAGMA quick_check").fetchall() == [("ok",)]
+        assert conn.execute("SELECT count(*) FROM card WHERE lane = 'done'").fetchone()[0] == 0  # through the index
+    report = verify(path)
+    assert not report.ok and report.checksum == "missing"
+    lines = [f"row {i} missing from index card_lane" for i in range(1, 26)]
+    assert report.integrity == lines
+    assert report.problems() == ["integrity_check: " + "; ".join(lines[:5])]  # the first five
+    shown = report.lines()
+    assert "  integrity  FAILED (25 problems)" in shown
+    assert [line for line in shown if line.startswith("    row")] == [f"    {line}" for line in lines[:20]]
+
+
+def test_verify_of_a_file_that_is_not_a_database(tmp_path: Path, run: Callable[..., subprocess.CompletedProcess[str]]) -> None:
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(os.urandom(8192))
+    done = run("verify", junk)
+    assert done.returncode == 1 and "not a readable SQLite database" in done.stdout
+    assert not (tmp_path / "nothing.db").exists()
+    assert run("verify", tmp_path / "nothing.db").returncode == 1
+    assert not (tmp_path / "nothing.db").exists()  # read-only: never creates a file
+
+
+# --------------------------------------------------------------------------- restore
+
+
+def count(db_path: Path) -> int:
+    with closing(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)) as conn:
+        return conn.execute("SELECT count FROM counter").fetchone()[0]
+
+
+def add(server: Server, n: int) -> None:
+    response = httpx.post(f"{server.url}/add", json={"tab": "t1", "n": n}, headers=SAME_ORIGIN)
+    assert response.status_code == 204, response.text
+
+
+def test_restore_refuses_the_database_of_a_running_app_then_restores_it_stopped(
+    tmp_path: Path, run: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
+    db_path = tmp_path / "counter.db"
+    log = tmp_path / "server.log"
+    with Server("examples.counter.app:app", cwd=REPO, env={"COUNTER_DB": str(db_path)}, log_path=log) as server:
+        add(server, 5)
+        done = run("backup", db_path, f"{tmp_path}/backups/")  # a copy of the live database
+        assert done.returncode == 0, done.stderr
+        (copy,) = (tmp_path / "backups").glob("counter-*Z.db")
+        add(server, 2)
+        assert count(db_path) == 7
+
+        # BEGIN EXCLUSIVE is no test of "in use": in WAL mode an idle app holds no write lock.
+        probe = sqlite3.connect(db_path, timeout=0.1, isolation_level=None)
+        probe.execute("BEGIN EXCLUSIVE")
+        probe.execute("ROLLBACK")
+        probe.close()
+
+        before = sha(db_path)
+        done = cli("restore", copy, db_path)  # from a shell, as an operator would
+        assert done.returncode == 1
+        assert f"pid {server.pid}" in done.stderr and "stop the app first" in done.stderr
+        assert "nothing was replaced" in done.stderr
+        assert sha(db_path) == before and count(db_path) == 7
+        assert run("migrate", db_path, "--migrations", REPO / "examples/counter/migrations").returncode == 1
+
+        server.stop()
+        done = run("restore", copy, db_path)
+        assert done.returncode == 0, done.stderr
+        assert count(db_path) == 5
+        assert not Path(f"{db_path}-wal").exists() and not Path(f"{db_path}-shm").exists()
+        (replaced,) = tmp_path.glob("counter.db.replaced-*")
+        assert count(replaced) == 7 and "kept as" in done.stdout
+        assert not list(tmp_path.glob(".*.tmp"))
+
+        server.start()
+        page = httpx.get(server.url + "/").text
+        assert '<p id="counter" class="count">5</p>' in page
+        add(server, 1)
+        assert count(db_path) == 6
+
+
+def test_restore_refuses_a_corrupt_copy_and_changes_nothing(copy: Path, tmp_path: Path, run: Callable[..., subprocess.CompletedProcess[str]]) -> None:
+    target = tmp_path / "app.db"
+    before = sha(target)
+    flip(copy, copy.stat().st_size // 2 + 1000)
+    done = run("restore", copy, target)
+    assert done.returncode == 1 and "not a sound copy" in done.stderr and "checksum mismatch" in done.stderr
+    assert sha(target) == before
+    assert not list(tmp_path.glob(".*.tmp")) and not list(tmp_path.glob("app.db.replaced-*"))
+
+
+CRASH = """
+import os, signal, sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("PRAGMA wal_autocheckpoint = 0")  # everything stays in the -wal
+conn.execute("INSERT INTO note (body) VALUES ('written just before the crash')")
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_restore_moves_the_stale_wal_of_a_crashed_app_aside_with_the_old_database(
+    copy: Path, tmp_path: Path, run: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
+    target = tmp_path / "app.db"
+    with closing(sqlite3.connect(target)) as conn:
+        expected_old = conn.execute("SELECT count(*) FROM note").fetchone()[0] + 1
+    proc = subprocess.run([sys.executable, "-c", CRASH, str(target)], timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    assert Path(f"{target}-wal").stat().st_size > 0  # committed frames, never checkpointed
+
+    done = run("restore", copy, target)
+    assert done.returncode == 0, done.stderr
+    with closing(sqlite3.connect(f"file:{target}?mode=ro", uri=True)) as conn:
+        assert conn.execute("SELECT count(*) FROM note").fetchone()[0] == 3000
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 7
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    (replaced,) = tmp_path.glob("app.db.replaced-*[0-9]Z")
+    with closing(sqlite3.connect(replaced)) as conn:  # the old database, whole, with its -wal
+        assert conn.execute("SELECT count(*) FROM note").fetchone()[0] == expected_old
+
+
+def test_backup_and_restore_refuse_missing_files_without_creating_any(tmp_path: Path, run: Callable[..., subprocess.CompletedProcess[str]]) -> None:
+    done = run("backup", tmp_path / "missing.db", tmp_path / "out.db")
+    assert done.returncode == 1 and "no such database" in done.stderr
+    assert not (tmp_path / "missing.db").exists() and not (tmp_path / "out.db").exists()
+    done = run("restore", tmp_path / "missing.db", tmp_path / "app.db")
+    assert done.returncode == 1 and "no such file" in done.stderr
+    assert not (tmp_path / "app.db").exists()
+
+
+def test_restore_in_process_refuses_while_this_process_holds_the_database(copy: Path, tmp_path: Path) -> None:
+    target = tmp_path / "app.db"
+    conn = sqlite3.connect(target)
+    conn.execute("SELECT 1 FROM sqlite_master").fetchall()
+    try:
+        with pytest.raises(Exception, match="this process has"):
+            restore(copy, target)
+    finally:
+        conn.close()
+
+
+def test_restoring_twice_in_one_second_keeps_both_replaced_databases(
+    copy: Path, tmp_path: Path, run: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
+    target = tmp_path / "app.db"
+    for _ in range(2):
+        done = run("restore", copy, target)
+        assert done.returncode == 0, done.stderr
+    assert len(list(tmp_path.glob("app.db.replaced-*"))) == 2
+
+
+def test_verify_reads_a_plain_copy_of_a_wal_database_without_writing_beside_it(tmp_path: Path) -> None:
+    path = tmp_path / "plain.db"
+    with closing(sqlite3.connect(path)) as conn:
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("CREATE TABLE t (x)")
+        conn.commit()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain.db"]
+    report = verify(path)
+    assert report.ok and report.checksum == "missing"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain.db"]
+
+
+# --------------------------------------------------------------------------- without fcntl
+
+NO_FCNTL = """
+import sys
+sys.modules["fcntl"] = None  # what a platform without it looks like: `import fcntl` fails
+import fastapi_lith, fastapi_lith.cli, fastapi_lith.ops
+from fastapi_lith import Lith
+from fastapi_lith.exceptions import LithError
+lith = Lith(sys.argv[1], backup_folder=sys.argv[2])
+try:
+    fastapi_lith.ops.restore(sys.argv[3], sys.argv[1])
+except LithError as exc:
+    print(type(exc).__name__, exc)
+sys.exit(fastapi_lith.cli.main(["verify", sys.argv[3]]))
+"""
+
+
+def test_without_fcntl_the_package_imports_and_only_the_lock_check_says_it_cannot_run(copy: Path, tmp_path: Path) -> None:
+    target = tmp_path / "app.db"
+    before = sha(target)
+    done = subprocess.run(
+        [sys.executable, "-c", NO_FCNTL, str(target), str(tmp_path / "timed"), str(copy)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr  # verify needs no locks
+    first = done.stdout.splitlines()[0]
+    assert first.startswith("BackupError ") and "needs POSIX locks (fcntl)" in first, done.stdout
+    assert "verdict    ok" in done.stdout
+    assert sha(target) == before  # refused before anything was replaced
+async def test_several_processes_of_one_app_take_each_copy_once(tmp_path: Path) -> None:
+    """`--workers N`: every process runs the timer, one copies; when it stops, another takes over."""
+    db_path = tmp_path / "app.db"
+    with closing(sqlite3.connect(db_path)) as conn:
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("CREATE TABLE t (x)")
+    folder = tmp_path / "backups"
+    first, second = Backups(db_path, folder, every=3600, keep=5), Backups(db_path, folder, every=3600, keep=5)
+    await first.start()
+    await second.start()
+    try:
+        async with asyncio.timeout(30):
+            while not first.taken:  # counted once the copy has its checksum: it is in the folder first
+                await asyncio.sleep(0.02)
+        assert (first.taken, second.taken) == (1, 0) and len(first.copies()) == 1
+        assert not second.lead()  # and could not take one: the first holds the lock
+        await first.stop()  # the copying process ends: the other one leads from now on
+        assert second.lead()
+    finally:
+        await first.stop()
+        await second.stop()

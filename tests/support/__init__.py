@@ -1,0 +1,11 @@
+"""What the tests share: the browser and PostgreSQL harnesses, the helper apps they serve and
+their migrations, and the board the encoder tests and benchmarks render."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+SUPPORT = Path(__file__).resolve().parent
+"""This folder: uvicorn serves a helper app (`streamapp:app`, ...) with it as the working directory."""
+REPO = SUPPORT.parent.parent
+"""The checkout: the examples, docs and deploy files the tests run."""

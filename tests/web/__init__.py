@@ -1,0 +1,1 @@
+"""The web layer (fastapi_lith/web/): the guard, origin, headers and forms, over HTTP."""

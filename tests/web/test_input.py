@@ -1,0 +1,251 @@
+"""What a client can send a command route, over a real uvicorn and a real SQLite file: any
+nesting of JSON, a `Rejected` a hand-written route lets through, forms and uploads, and a route
+with its own body limit. Each refusal is HTML, reaches the acting tab, and writes nothing."""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support import REPO, SUPPORT
+from tests.support.browser import Server
+
+SAME_ORIGIN = {"Datastar-Request": "true", "Sec-Fetch-Site": "same-origin"}
+JSON = {**SAME_ORIGIN, "Content-Type": "application/json"}
+ERROR = '<div id="lith-error" role="alert" class="lith-error"><ul><li>'
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path]]:
+    db = tmp_path_factory.mktemp("input") / "input.db"
+    server = Server("inputapp:app", cwd=REPO, env={"INPUT_DB": str(db), "PYTHONPATH": str(SUPPORT)})
+    server.start()
+    yield server, db
+    server.close()
+
+
+def rows(db: Path) -> tuple[int, int]:
+    """How many notes and uploads the database holds."""
+    with sqlite3.connect(db) as conn:
+        return conn.execute("SELECT (SELECT count(*) FROM note), (SELECT count(*) FROM upload)").fetchone()
+
+
+class TabStream:
+    """A tab's identity-encoded stream, read on a thread, for the tests to wait on."""
+
+    def __init__(self, server: Server, tab: str, views: str = "outcome/{tab}") -> None:
+        self.data = b""
+        self._client = httpx.Client(timeout=None)
+        url = f"{server.url}/lith/stream?views={views.format(tab=tab)}&tab={tab}"
+        self._cm = self._client.stream("GET", url, headers={"Accept-Encoding": "identity"})
+        response = self._cm.__enter__()
+        assert response.status_code == 200
+        self._thread = threading.Thread(target=self._read, args=(response,), daemon=True)
+        self._thread.start()
+
+    def _read(self, response: httpx.Response) -> None:
+        try:
+            for chunk in response.iter_raw():
+                self.data += chunk
+        except httpx.HTTPError:
+            pass
+
+    def wait_for(self, pattern: str) -> None:
+        deadline = time.monotonic() + 10
+        while not re.search(pattern, self.data.decode()):
+            assert time.monotonic() < deadline, f"{pattern!r} never came: {self.data[-2000:]!r}"
+            time.sleep(0.01)
+
+    def told(self, says: str, op: int) -> None:
+        """The tab got the error fragment saying `says`, and `done` set to `op`."""
+        self.wait_for(f'datastar-patch-elements\ndata: elements <div id="lith-error"[^\n]*{re.escape(says)}')
+        self.wait_for(r'datastar-patch-signals\ndata: signals \{"done": ?%d\}' % op)
+
+    def close(self) -> None:
+        self._cm.__exit__(None, None, None)
+        self._client.close()
+
+
+@pytest.fixture
+def stream(served: tuple[Server, Path], request: pytest.FixtureRequest) -> Iterator[TabStream]:
+    tab = re.sub(r"[^A-Za-z0-9_-]", "_", request.node.name)[-64:]
+    tab_stream = TabStream(served[0], tab)
+    tab_stream.tab = tab  # type: ignore[attr-defined]
+    tab_stream.wait_for('data-signals:done="0"')
+    yield tab_stream
+    tab_stream.close()
+
+
+DEEP = 1000  # past Python's recursion limit: `json.loads` raises RecursionError
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[" * DEEP + b"]" * DEEP,
+        b'{"":[' * (DEEP // 2) + b"]}" * (DEEP // 2),
+        b'{"tab": "TAB", "op": 5, "text": ' + b"[" * DEEP + b"]" * DEEP + b"}",
+    ],
+    ids=["list", "object", "a-field"],
+)
+def test_json_nested_past_the_recursion_limit_is_a_4xx_and_the_connection_stays(
+    served: tuple[Server, Path], stream: TabStream, body: bytes
+) -> None:
+    server, db = served
+    before = rows(db)
+    with httpx.Client() as client:  # one keep-alive connection for both requests
+        response = client.post(f"{server.url}/notes", content=body.replace(b"TAB", stream.tab.encode()), headers=JSON)  # type: ignore[attr-defined]
+        assert response.status_code == 400, response.text
+        assert response.text.startswith(ERROR) and "error parsing the body" in response.text
+        again = client.post(f"{server.url}/notes", json={"tab": "t", "text": "after"}, headers=SAME_ORIGIN)
+        assert again.status_code == 204
+    if b"TAB" in body:  # the tab named at the top level is told, though the body nests too deep
+        stream.told("error parsing the body", 5)
+    assert rows(db) == (before[0] + 1, before[1])
+    assert "Traceback" not in server.output
+
+
+def test_a_hand_written_route_answers_rejected_as_lith_command_does(
+    served: tuple[Server, Path], stream: TabStream
+) -> None:
+    server, db = served
+    before = rows(db)
+    tab = stream.tab  # type: ignore[attr-defined]
+    kept = httpx.post(f"{server.url}/notes/by-hand", json={"tab": tab, "op": 1, "text": "hi"}, headers=SAME_ORIGIN)
+    assert (kept.status_code, kept.json()) == (200, 2)  # the route's own answer, with the result
+    # A tab command: 204, the tab's outcome view says why (as `lith.command` answers it).
+    refused = httpx.post(f"{server.url}/notes/by-hand", json={"tab": tab, "op": 2, "text": "no"}, headers=SAME_ORIGIN)
+    assert refused.status_code == 204, refused.text
+    stream.wait_for(r"Notes cannot say no\.")
+    # Any other command: 409 with the message, as HTML, as `lith.command` answers it.
+    purge = httpx.post(f"{server.url}/purge/by-hand", json={"confirm": False}, headers=SAME_ORIGIN)
+    assert purge.status_code == 409
+    assert purge.text == f"{ERROR}Say confirm to purge.</li></ul></div>"
+    assert rows(db) == (before[0] + 1, before[1])
+    assert "Traceback" not in server.output
+
+
+def test_a_route_has_its_own_body_limit_and_the_others_keep_the_apps(
+    served: tuple[Server, Path], stream: TabStream
+) -> None:
+    server, db = served
+    before = rows(db)
+    tab = stream.tab  # type: ignore[attr-defined]
+    note = {"tab": tab, "op": 3, "text": "x" * 10_000}  # over the app's 4 KiB, under the route's 64 KiB
+    small = httpx.post(f"{server.url}/notes", json=note, headers=SAME_ORIGIN)
+    assert small.status_code == 413 and "at most 4096 bytes" in small.text
+    stream.told("at most 4096 bytes", 3)
+    assert httpx.post(f"{server.url}/big-notes", json={**note, "op": 4}, headers=SAME_ORIGIN).status_code == 204
+    huge = httpx.post(f"{server.url}/big-notes", json={**note, "op": 5, "text": "x" * 100_000}, headers=SAME_ORIGIN)
+    assert huge.status_code == 413 and "at most 65536 bytes" in huge.text
+    stream.told("at most 65536 bytes", 5)
+    assert rows(db) == (before[0] + 1, before[1])
+
+
+@pytest.mark.parametrize("encoding", ["urlencoded", "multipart"])
+def test_a_forms_refusals_reach_its_tab(served: tuple[Server, Path], stream: TabStream, encoding: str) -> None:
+    server, db = served
+    before = rows(db)
+    tab = stream.tab  # type: ignore[attr-defined]
+
+    def post(op: int, text: str) -> httpx.Response:
+        fields = {"tab": tab, "op": str(op), "text": text}
+        if encoding == "multipart":  # httpx sends fields as multipart once a file is there
+            return httpx.post(f"{server.url}/notes/form", data=fields, files={"none": ("", b"")}, headers=SAME_ORIGIN)
+        return httpx.post(f"{server.url}/notes/form", data=fields, headers=SAME_ORIGIN)
+
+    assert post(1, "from a form").status_code == 204
+    invalid = post(2, "")  # FastAPI reads an empty field as a missing one
+    assert invalid.status_code == 422 and invalid.text.startswith(ERROR)
+    assert "<strong>text</strong>: Field required" in invalid.text
+    stream.told("Field required", 2)
+    too_large = post(3, "x" * 10_000)
+    assert too_large.status_code == 413
+    stream.told("at most 4096 bytes", 3)
+    assert rows(db) == (before[0] + 1, before[1])
+    assert "Traceback" not in server.output
+
+
+def upload(server: Server, tab: str, op: int, title: str, size: int) -> httpx.Response:
+    fields = {"tab": tab, "op": str(op), "title": title}  # httpx sends the fields before the file
+    files = {"file": ("photo.jpg", b"\xff" * size, "image/jpeg")}
+    return httpx.post(f"{server.url}/upload", data=fields, files=files, headers=SAME_ORIGIN)
+
+
+def test_an_upload_over_its_own_limit_or_with_a_bad_field_tells_its_tab(
+    served: tuple[Server, Path], stream: TabStream
+) -> None:
+    server, db = served
+    before = rows(db)
+    tab = stream.tab  # type: ignore[attr-defined]
+    assert upload(server, tab, 1, "cat", 20_000).status_code == 204  # five times the app's limit
+    stream.wait_for(r"Saved cat \(20000 bytes\)\.")
+    bad = upload(server, tab, 2, "a title far too long for it", 10)
+    assert bad.status_code == 422 and "<strong>title</strong>: String should have at most 20 characters" in bad.text
+    stream.told("String should have at most 20 characters", 2)
+    big = upload(server, tab, 3, "dog", 200_000)
+    assert big.status_code == 413 and "at most 65536 bytes" in big.text
+    stream.told("at most 65536 bytes", 3)
+    assert rows(db) == (before[0], before[1] + 1)
+    assert "Traceback" not in server.output
+
+
+def test_a_declared_length_over_the_limit_is_refused_before_the_body(served: tuple[Server, Path]) -> None:
+    """Without Datastar there is no tab to tell: 413 before a byte of the body is read."""
+    server, _ = served
+    headers = {"Sec-Fetch-Site": "same-origin", "Content-Type": "application/json", "Content-Length": "100000"}
+    with httpx.Client() as client:
+        response = client.post(f"{server.url}/big-notes", content=json.dumps({"tab": "t"}).ljust(100_000).encode(), headers=headers)
+    assert response.status_code == 413 and "at most 65536 bytes" in response.text
+
+
+def test_an_upload_form_in_a_page_shows_each_refusal_and_stops_pending(
+    new_page: Any, server_factory: Any, tmp_path: Path
+) -> None:
+    """Datastar posts the form as multipart (`contentType: 'form'`, the form's enctype); the tab
+    and op travel as hidden fields, so a refusal reaches this page, not just the response."""
+    from playwright.sync_api import expect
+
+    from tests.support.browser import wait_for_datastar
+
+    server = server_factory("inputapp:app", cwd=REPO, env={"INPUT_DB": str(tmp_path / "input.db"), "PYTHONPATH": str(SUPPORT)})
+    page = new_page()
+    page.goto(server.url + "/")
+    wait_for_datastar(page)
+    button = page.get_by_role("button", name="Upload")
+    error = page.locator("#lith-error")
+
+    def send(title: str, size: int) -> None:
+        page.get_by_label("title").fill(title)
+        page.get_by_label("file").set_input_files({"name": "photo.jpg", "mimeType": "image/jpeg", "buffer": b"\xff" * size})
+        button.click()
+
+    send("cat", 20_000)
+    expect(page.locator("#uploads")).to_have_text("cat: 20000")
+    expect(page.locator("#outcome .message")).to_have_text("Saved cat (20000 bytes).")
+    expect(button).not_to_have_class(re.compile("pending"))
+    send("a title far too long for it", 10)
+    expect(error).to_contain_text("title: String should have at most 20 characters")
+    expect(button).not_to_have_class(re.compile("pending"))
+    send("dog", 200_000)
+    expect(error).to_contain_text("The request is too large: at most 65536 bytes.")
+    expect(button).not_to_have_class(re.compile("pending"))
+    assert rows(tmp_path / "input.db") == (0, 1)
+
+
+def test_a_routes_own_limit_is_checked_where_it_is_written() -> None:
+    from fastapi_lith import MaxBody, SettingError
+
+    assert MaxBody(1).limit == 1
+    for bad in (0, -1, 1.5, "64k", True):
+        with pytest.raises(SettingError, match="max_body must be an integer"):
+            MaxBody(bad)  # type: ignore[arg-type]
