@@ -11,8 +11,9 @@ import pytest
 
 import fastapi_lith
 from fastapi_lith import exceptions
+from tests.support import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 # What a recipe or an example may import besides `fastapi_lith` itself.
 PUBLIC_SUBPACKAGES = {"fastapi_lith.ops", "fastapi_lith.testing"}
 
