@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 import re
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
@@ -36,6 +37,12 @@ from .web.layer import WebLayer, WebSettings
 from .web.page import DATASTAR_CDN
 
 log = logging.getLogger("fastapi_lith")
+
+
+def _kept_by(part: str, name: str) -> Any:
+    """A `Lith` attribute that is `name` of the part at the dotted path `part`."""
+    holder = operator.attrgetter(part)
+    return property(lambda self: getattr(holder(self), name), lambda self, value: setattr(holder(self), name, value))
 
 class Lith:
     """A live app on one SQLite file.
@@ -131,7 +138,7 @@ class Lith:
             raise SettingError(f"hub must be Hub or a function that builds one, not {hub!r}")
         if writer is not None and replica is not None:  # Litestream checkpoints the WAL itself
             writer.wal_autocheckpoint = WRITER_CHECKPOINT_PAGES
-        self.tick = settings.number("tick", tick, low=0.001)
+        tick = settings.number("tick", tick, low=0.001)
         # Every tab's outcome: the last message and the `done` signal (see commands.py).
         if not isinstance(outcome_hint, str):
             raise SettingError(f"outcome_hint must be a string, not {outcome_hint!r}")
@@ -151,7 +158,7 @@ class Lith:
         )
         if not isinstance(readers, db.Readers):
             readers = settings.number("readers", readers, low=1, integer=True)
-        self.engine = Engine(self.backend, engine_writer, self.feed, self.views, readers=readers, hub=hub, tick=self.tick)
+        self.engine = Engine(self.backend, engine_writer, self.feed, self.views, readers=readers, hub=hub, tick=tick)
         config = WebSettings(
             same_origin_only=same_origin_only, max_body=max_body, error_id=error_id, messages=messages,
             keepalive=keepalive, hibernate_after=hibernate_after, send_timeout=send_timeout,
@@ -198,16 +205,17 @@ class Lith:
         self._serving: FastAPI | None = None
         self._running = False
 
-    # Settings other parts read, by their old names.
-    error_id = property(lambda self: self.web.settings.error_id)
-    max_body = property(lambda self: self.web.settings.max_body)
-    messages = property(lambda self: self.web.settings.messages)
-    keepalive = property(lambda self: self.web.settings.keepalive)
-    hibernate_after = property(lambda self: self.web.settings.hibernate_after)
-    send_timeout = property(lambda self: self.web.settings.send_timeout)
-    encoder_settings = property(lambda self: self.web.settings.encoders)
-    datastar_url = property(lambda self: self.web.settings.datastar_url)
-    datastar_integrity = property(lambda self: self.web.settings.datastar_integrity)
+    # Settings kept by the part that uses them, read (and, in tests, set) through the Lith.
+    tick = _kept_by("engine", "tick")
+    error_id = _kept_by("web.settings", "error_id")
+    max_body = _kept_by("web.settings", "max_body")
+    messages = _kept_by("web.settings", "messages")
+    keepalive = _kept_by("web.settings", "keepalive")
+    hibernate_after = _kept_by("web.settings", "hibernate_after")
+    send_timeout = _kept_by("web.settings", "send_timeout")
+    encoder_settings = _kept_by("web.settings", "encoders")
+    datastar_url = _kept_by("web.settings", "datastar_url")
+    datastar_integrity = _kept_by("web.settings", "datastar_integrity")
 
     @property
     def router(self) -> APIRouter:

@@ -46,42 +46,46 @@ class WriterDependency:
     """`lith.writer`: a FastAPI dependency for command routes, and, for one engine, the writer
     itself elsewhere (`await lith.writer.do(cmd)` in a background task; its counters).
 
-    `current` is the web layer's request -> engine dependency: one `Lith`'s engine, or the
-    request's account. FastAPI reads the signature, so each instance carries its own.
+    `current`, from the web layer, is its request -> engine dependency (one `Lith`'s engine, or
+    the request's account), and then only a route it guarded is served (`guarded`); FastAPI
+    reads the signature, so each instance carries its own. Without it, `writer` serves alone.
     """
 
     def __init__(
-        self, current: Callable[..., Any], *, writer: Writer | None = None, same_origin_only: bool = True
+        self, writer: Writer | None = None, *, current: Callable[..., Any] | None = None, same_origin_only: bool = True
     ) -> None:
         self.writer = writer
         self.same_origin_only = same_origin_only
+        self.guarded = current is not None
         kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
-        self.__signature__ = inspect.Signature([
-            inspect.Parameter("request", kind, annotation=Request),
-            inspect.Parameter("engine", kind, default=Depends(current), annotation=Any),
-        ])  # fmt: skip
+        params = [inspect.Parameter("request", kind, annotation=Request)]
+        if current is not None:
+            params.append(inspect.Parameter("engine", kind, default=Depends(current), annotation=Any))
+        self.__signature__ = inspect.Signature(params)
 
-    async def __call__(self, request: Request, engine: Engine) -> Writer | KeyedWriter:
+    async def __call__(self, request: Request, engine: Engine | None = None) -> Writer | KeyedWriter:
         """Refuse cross-site and non-Datastar requests (see origin.py); non-browser clients and
         tests turn that off (`same_origin_only=False`). Key the request's commands by its
         `Idempotency-Key`, if any. A route the web layer did not guard (no body limit, no HTML
         errors: see guard.py) is refused loudly rather than served unbounded."""
-        if request.scope.get(GUARD_KEY) is not self:
+        if self.guarded and request.scope.get(GUARD_KEY) is not self:
             raise LithError(
                 f"{request.method} {request.url.path} takes Depends(lith.writer) but is not guarded "
                 "(body limit, HTML errors): include lith.router (or accounts.router) in the app that "
                 "serves it, app.include_router(lith.router), and add its routes before the app starts"
             )
+        request.state.lith_command = True
+        writer = engine.writer if engine is not None else self._writer()
         if self.same_origin_only:
             reason = cross_site_reason(request)
             if reason:
                 raise HTTPException(403, reason)
         key = request.headers.get("idempotency-key")
         if key is None:
-            return engine.writer
+            return writer
         if not IDEMPOTENCY_KEY.fullmatch(key):
             raise HTTPException(400, "Idempotency-Key must be 1 to 200 visible ASCII characters")
-        return KeyedWriter(engine.writer, key)
+        return KeyedWriter(writer, key)
 
     async def do(self, cmd: Command, *, key: str | None = None) -> Any:
         return await self._writer().do(cmd, key=key)

@@ -40,7 +40,7 @@ from .page import DATASTAR_CDN, DATASTAR_NOTICE
 from .sse import stream_response
 
 
-@dataclass(frozen=True)
+@dataclass
 class WebSettings:
     """The web layer's settings, each checked once, here (`Lith`'s docstring lists them)."""
 
@@ -98,7 +98,7 @@ class WebLayer:
         self.engine_of = engine_of
         self.views = views
         self.router = router
-        self.writer = WriterDependency(current, writer=writer, same_origin_only=config.same_origin_only)
+        self.writer = WriterDependency(writer, current=current, same_origin_only=config.same_origin_only)
         router.add_api_route(stream_path, self._stream_endpoint(), methods=["GET"], include_in_schema=False)
 
     # -- the app: guard its command routes ----------------------------------------------------
