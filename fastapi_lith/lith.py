@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import operator
 import re
@@ -120,12 +121,14 @@ class Lith:
         self.backend = open_backend(path)
         self.path = self.backend.path  # None on PostgreSQL
         if writer is not None:
-            given = [name for name, value, default in (
-                ("migrations", migrations, None), ("synchronous", synchronous, "NORMAL"),
-                ("batch_size", batch_size, 512), ("cached_statements", cached_statements, 512),
-                ("statement_cache", statement_cache, True),
-                ("repeat_window", repeat_window, 3600.0), ("feed", feed, None),
-            ) if value != default]  # fmt: skip
+            passed = {
+                "migrations": migrations, "synchronous": synchronous, "batch_size": batch_size,
+                "cached_statements": cached_statements, "statement_cache": statement_cache,
+                "repeat_window": repeat_window, "feed": feed,
+            }  # fmt: skip
+            # Each default is written once, in the signature above.
+            defaults = inspect.signature(Lith.__init__).parameters
+            given = [name for name, value in passed.items() if value != defaults[name].default]
             if given:
                 raise SettingError(f"{', '.join(given)}: set on the Writer passed as writer=, not on Lith")
             if not isinstance(writer, Writer) or writer.path != self.path:
