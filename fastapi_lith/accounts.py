@@ -33,7 +33,6 @@ from .exceptions import AccountUnavailable, LithError, SettingError, UnknownAcco
 from .lith import Lith
 from .web.layer import WebLayer
 
-
 _current: ContextVar[Account | None] = ContextVar("lith_account", default=None)
 
 

@@ -8,9 +8,9 @@ closes idle ones).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-import weakref
 from typing import Any, Protocol
 
 from htpy import Element
@@ -82,8 +82,9 @@ class Engine:
         self.feed = feed
         self.views = views
         self.tick = tick
-        self._readers = readers if isinstance(readers, Readers) else None  # the app's: not closed here
-        self._reader_count = 0 if self._readers is not None else int(readers)
+        # The app's own Readers are not closed here; a count is opened at each start.
+        self._readers: Readers | None = readers if isinstance(readers, Readers) else None
+        self._reader_count = readers if isinstance(readers, int) else 0
         self._make_hub = hub
         self._hub: Hub | None = None
         self._async_engine: AsyncEngine | None = None

@@ -34,7 +34,14 @@ from ..engine.views import Views
 from ..engine.writer import Writer
 from ..exceptions import SettingError, ViewError
 from .dependency import WriterDependency
-from .guard import GuardedRoute, Messages, add_error_handlers, command_endpoint, command_routes, error_handlers
+from .guard import (
+    GuardedRoute,
+    Messages,
+    add_error_handlers,
+    command_endpoint,
+    command_routes,
+    error_handlers,
+)
 from .origin import same_origin_reason
 from .page import DATASTAR_CDN, DATASTAR_NOTICE
 from .sse import stream_response
