@@ -35,7 +35,6 @@ from .ops.litestream import WRITER_CHECKPOINT_PAGES
 from .ops.replica import Replica
 from .web.guard import Messages
 from .web.layer import WebLayer, WebSettings
-from .web.page import DATASTAR_CDN
 
 log = logging.getLogger("fastapi_lith")
 
@@ -74,18 +73,18 @@ class Lith:
         batch_size: int = 512,
         cached_statements: int = 512,
         statement_cache: bool = True,
-        same_origin_only: bool = True,
-        max_body: int = 64 * 1024,
-        error_id: str = "lith-error",
+        same_origin_only: bool = WebSettings.same_origin_only,
+        max_body: int = WebSettings.max_body,
+        error_id: str = WebSettings.error_id,
         prefix: str = "/lith",
         tick: float = 0.05,
-        keepalive: float = 15.0,
-        hibernate_after: float = 30.0,
-        send_timeout: float = 10.0,
+        keepalive: float = WebSettings.keepalive,
+        hibernate_after: float = WebSettings.hibernate_after,
+        send_timeout: float = WebSettings.send_timeout,
         zstd_window_log: int | None = None,
         brotli_quality: int = 4,
         gzip_level: int = 6,
-        datastar_url: str = DATASTAR_CDN,
+        datastar_url: str = WebSettings.datastar_url,
         datastar_integrity: str | None = None,
         backup_folder: str | Path | None = None,
         backup_every: float = 3600.0,

@@ -49,7 +49,10 @@ from .sse import stream_response
 
 @dataclass
 class WebSettings:
-    """The web layer's settings, each checked once, here (`Lith`'s docstring lists them)."""
+    """The web layer's settings, each checked once, here (`Lith`'s docstring lists them).
+
+    Each default is written here only: `Lith`'s signature reads its own from this class.
+    """
 
     same_origin_only: bool = True
     max_body: int = 64 * 1024
