@@ -39,6 +39,10 @@ from .web.layer import WebLayer, WebSettings
 log = logging.getLogger("fastapi_lith")
 
 
+# The writer's settings keep the writer's defaults, written once, in engine/writer.py.
+_WRITER = {name: p.default for name, p in inspect.signature(Writer).parameters.items()}
+
+
 def _kept_by(part: str, name: str) -> Any:
     """A `Lith` attribute that is `name` of the part at the dotted path `part`."""
     holder = operator.attrgetter(part)
@@ -68,11 +72,11 @@ class Lith:
         writer: Writer | None = None,
         hub: Callable[..., Hub] = Hub,
         migrations: str | Path | None = None,
-        synchronous: db.Synchronous = "NORMAL",
+        synchronous: db.Synchronous = _WRITER["synchronous"],
         readers: int | db.Readers = 2,
-        batch_size: int = 512,
-        cached_statements: int = 512,
-        statement_cache: bool = True,
+        batch_size: int = _WRITER["batch_size"],
+        cached_statements: int = _WRITER["cached_statements"],
+        statement_cache: bool = _WRITER["statement_cache"],
         same_origin_only: bool = WebSettings.same_origin_only,
         max_body: int = WebSettings.max_body,
         error_id: str = WebSettings.error_id,
@@ -89,7 +93,7 @@ class Lith:
         backup_folder: str | Path | None = None,
         backup_every: float = 3600.0,
         backup_keep: int = 24,
-        repeat_window: float = 3600.0,
+        repeat_window: float = _WRITER["repeat_window"],
         messages: Messages | None = None,
         outcome_hint: str = "",
         replica: str | None = None,
