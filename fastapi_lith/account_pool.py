@@ -25,7 +25,7 @@ from . import settings
 from .lith import Lith
 from .exceptions import AccountUnavailable, AlreadyRunning, LithError, SettingError, UnknownAccount
 from .engine.feed import Feed
-from .engine.views import Views
+from .engine.engine import Engine, app_views
 
 log = logging.getLogger("fastapi_lith.accounts")
 
@@ -45,13 +45,16 @@ class Account:
     ready: asyncio.Future[None] | None = None  # the opening: migrate, start the writer and hub
     _stack: AsyncExitStack = field(default_factory=AsyncExitStack)
 
+    @property
+    def engine(self) -> Engine:
+        """Its writer, readers and hub: what the web layer serves for it."""
+        return self.lith.engine
+
     def idle(self) -> bool:
-        """Nothing would notice it closing: no request, no stream, no queued command."""
-        lith = self.lith
+        """Nothing would notice it closing: no request, no `use`, no stream (engine.py)."""
         if self.leases or self.ready is None or not self.ready.done():
             return False
-        hub = lith._hub
-        return not (hub is not None and hub.streams) and not lith.writer._queue
+        return self.engine.is_idle()
 
 
 class AccountPool:
@@ -70,11 +73,13 @@ class AccountPool:
         self.migrations = migrations
         self.max_open = settings.number("max_open", max_open, low=1, integer=True)
         self.idle_after = settings.number("idle_after", idle_after, low=0.01)
-        for fixed in ("path", "feed", "prefix"):
+        for fixed in ("path", "feed", "prefix", "views"):
             if fixed in lith_settings:
                 raise SettingError(f"{fixed} is set per account by Accounts, not a setting")
         self._settings = lith_settings
-        self.views = Views()
+        # One set of views for every account, the built-in outcome view among them.
+        hint = lith_settings.get("outcome_hint", "")
+        self.views = app_views(hint if isinstance(hint, str) else "")  # a bad hint: the probe says so
         self._open: OrderedDict[str, Account] = OrderedDict()  # least recently used first
         self._closing: dict[str, asyncio.Task[None]] = {}
         self._reaper: asyncio.Task[None] | None = None
@@ -140,9 +145,7 @@ class AccountPool:
             extra["replica"] = extra["replica"].replace("{account}", name)
         # One process serves every account, so the hub hears of commits from its own writer:
         # the base feed, which polls nothing.
-        lith = Lith(self.folder / f"{name}{SUFFIX}", migrations=self.migrations, feed=Feed(), **extra)
-        lith.views = self.views
-        return lith
+        return Lith(self.folder / f"{name}{SUFFIX}", migrations=self.migrations, feed=Feed(), views=self.views, **extra)
 
     # -- open, use, close --------------------------------------------------------------------
 

@@ -12,31 +12,26 @@ never creates an account: an unknown one is a 404.
 from __future__ import annotations
 
 import re
-import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException
+from fastapi import APIRouter, Depends, FastAPI, HTTPException
 from fastapi import Path as PathParam
 from markupsafe import Markup
 from sqlalchemy.ext.asyncio import AsyncConnection
 from starlette.requests import Request
-from starlette.responses import Response
 
 from . import settings
-from .lith import Lith
-from .exceptions import AccountUnavailable, LithError, SettingError, UnknownAccount, ViewError
-from .web.guard import BodyLimit, add_error_handlers, add_storage_error_handler
-from .web.origin import same_origin_reason
-from .engine.commands import TAB_ID
-from .engine.frames import Frame
 from .account_pool import Account, AccountPool
+from .engine.commands import Command
+from .engine.engine import Engine, register_view
 from .engine.views import Render, Topics
-from .engine.writer import Writer
-
+from .exceptions import AccountUnavailable, LithError, SettingError, UnknownAccount
+from .lith import Lith
+from .web.layer import WebLayer
 
 _current: ContextVar[Account | None] = ContextVar("lith_account", default=None)
 
@@ -51,8 +46,8 @@ class Accounts(AccountPool):
 
     ```python
     accounts = Accounts("accounts/", migrations=Path(__file__).parent / "migrations")  # accounts/NAME.db
-    app = FastAPI(lifespan=accounts.lifespan)
-    accounts.install(app)
+    app = FastAPI()
+    app.include_router(accounts.router)  # routes declared on it later are served too
 
     @accounts.router.post("/add", status_code=204)                # POST /a/{account}/add
     async def add(cmd: Add, writer: Writer = Depends(accounts.writer)) -> None:
@@ -61,7 +56,8 @@ class Accounts(AccountPool):
 
     Routes on `accounts.router` live under `prefix` (`/a/{account}`) and know their account:
     `Depends(accounts.writer)`, `Depends(accounts.db)`, `accounts.render` and
-    `accounts.connect` use it. `account=` takes a FastAPI dependency returning the name instead
+    `accounts.connect` use it: the same web layer as `Lith`'s (web/layer.py), over the
+    request's account's engine. `account=` takes a FastAPI dependency returning the name instead
     (a subdomain, the session), with `prefix=""`. Any other keyword is a `Lith` setting, the
     same for every account; `backup_folder` holds one sub-folder per account, and `replica`
     may name the account as `{account}` (one Litestream process per open account).
@@ -85,29 +81,43 @@ class Accounts(AccountPool):
         if account is None and "{account}" not in prefix:
             raise SettingError("prefix must hold '{account}', or pass account= (a dependency returning the name)")
         self.prefix = prefix
-        self._installed: weakref.WeakSet[FastAPI] = weakref.WeakSet()
         # Every setting is checked now, by building (not starting) one account's Lith.
         probe = self._lith("settings-check")
-        self.error_id, self.max_body = probe.error_id, probe.max_body
-        self.messages, self.datastar_url = probe.messages, probe.datastar_url
         self.current = self._resolver(account or path_account)
-        self.writer = self._writer_dependency()
+        self.router = APIRouter(
+            prefix=prefix, dependencies=[Depends(self.current)], include_in_schema=False, lifespan=self.lifespan
+        )
+        # The same web layer as one Lith's, its engine the request's account's.
+        self.web = WebLayer(
+            probe.web.settings, current=self._engine_dependency(), engine_of=_engine_of, views=self.views,
+            router=self.router, stream_path="/lith/stream",
+        )
+        self.writer = self.web.writer
+        self.encoder = self.web.encoder
+        self.same_origin = self.web.same_origin
+        self.datastar = self.web.datastar  # the script and its notice, as `lith.datastar()`
         self.db = self._db_dependency()
-        self.router = APIRouter(prefix=prefix, dependencies=[Depends(self.current)], include_in_schema=False)
-        self.router.add_api_route("/lith/stream", self._stream_endpoint(), methods=["GET"])
+        self._serving: FastAPI | None = None
+
+    @property
+    def datastar_url(self) -> str:
+        return self.web.settings.datastar_url
 
     @asynccontextmanager
     async def lifespan(self, app: FastAPI | None = None) -> AsyncIterator[None]:
-        """Serve accounts; on exit close every open one (each writer drained)."""
-        if app is not None:
-            if app not in self._installed:
-                raise LithError("accounts.install(app) was not called: call it right after app = FastAPI(lifespan=...)")
-            # Included now, not at install: the app's routes on accounts.router are declared by then.
-            if not getattr(app.state, "lith_accounts_routes", False):
-                app.include_router(self.router)
-                app.state.lith_accounts_routes = True
-        async with self.serve():
+        """Serve accounts; on exit close every open one (each writer drained). With `app`, guard
+        its command routes first; nested in the same app's lifespan, it does nothing more."""
+        if app is not None and self._serving is app:
             yield
+            return
+        if app is not None:
+            self.web.guard(app)
+        async with self.serve():
+            self._serving = app
+            try:
+                yield
+            finally:
+                self._serving = None
 
     # -- what routes use ---------------------------------------------------------------------
 
@@ -129,12 +139,12 @@ class Accounts(AccountPool):
 
         return current
 
-    def _writer_dependency(self) -> Callable[..., Awaitable[Writer]]:
-        async def writer(request: Request, account: Account = Depends(self.current)) -> Writer:
-            """`Depends(accounts.writer)`: the account's writer, guarded as `Depends(lith.writer)`."""
-            return await account.lith.writer(request)
+    def _engine_dependency(self) -> Callable[..., Awaitable[Engine]]:
+        async def engine(account: Account = Depends(self.current)) -> Engine:
+            """The request's account's engine: what the web layer serves."""
+            return account.engine
 
-        return writer
+        return engine
 
     def _db_dependency(self) -> Callable[..., AsyncIterator[AsyncConnection]]:
         async def db(account: Account = Depends(self.current)) -> AsyncIterator[AsyncConnection]:
@@ -143,14 +153,6 @@ class Accounts(AccountPool):
                 yield conn
 
         return db
-
-    async def same_origin(self, request: Request) -> None:
-        """`Depends(accounts.same_origin)`: as `lith.same_origin`, for a route of no account
-        (a form that creates one)."""
-        if self._settings.get("same_origin_only", True):
-            reason = same_origin_reason(request)
-            if reason:
-                raise HTTPException(403, reason)
 
     def account(self) -> Account:
         """The account of the request being handled (on `accounts.router`)."""
@@ -164,7 +166,13 @@ class Accounts(AccountPool):
 
     def view(self, key: str, *, topics: Topics = ()) -> Callable[[Render], Render]:
         """`@accounts.view(...)`: as `@lith.view`, a view every account has, on its own data."""
-        return self.views.register(key, topics)
+        return register_view(self.views, key, topics)
+
+    def command(
+        self, path: str, command: type[Command], *, dependencies: list[Any] | None = None, max_body: int | None = None
+    ) -> None:
+        """`POST {prefix}path` on `accounts.router`: as `lith.command`, in the request's account."""
+        self.web.command(self.router, path, command, dependencies=dependencies or (), max_body=max_body)
 
     async def render(self, key: str, **params: Any) -> Markup:
         """A view's HTML in the request's account, for a page's first paint."""
@@ -176,38 +184,17 @@ class Accounts(AccountPool):
 
     def connect(self, *keys: str, tab: str) -> str:
         """The `data-init` expression that opens a tab's stream of `keys` in the request's account."""
-        if not TAB_ID.fullmatch(tab):
-            raise ViewError(f"bad tab id {tab!r}: 1 to 64 letters, digits, '-' or '_'")
-        lith = self.account().lith
-        expression = lith.connect(*keys, tab=tab)
-        return expression.replace(f"'{lith.prefix}/stream?", f"'{self.url('/lith/stream')}?", 1)
-
-    def _stream_endpoint(self) -> Callable[..., Any]:
-        async def stream(request: Request, accept_encoding: str | None = Header(None)) -> Response:
-            """`GET {prefix}/lith/stream?views=…&tab=…`: one SSE response per tab, per account."""
-            lith = self.account().lith
-            return await lith.open_stream(request, await lith.encoder(accept_encoding))
-
-        return stream
-
-    # -- the app -----------------------------------------------------------------------------
+        return self.web.connect(self.url("/lith/stream"), *keys, tab=tab)
 
     def install(self, app: FastAPI) -> None:
-        """As `lith.install`: the body limit on command routes and HTML errors for them.
+        """As `lith.install`: `app.include_router(accounts.router)`, and HTML errors for a
+        Datastar request to any route of `app`."""
+        self.web.install(app)
 
-        The routes of `accounts.router` (with the stream route) join the app when it starts.
-        """
-        app.add_middleware(BodyLimit, writer=self.writer, max_body=self.max_body)
-        add_error_handlers(app, error_id=self.error_id, messages=self.messages, push=self._push)
-        add_storage_error_handler(app, error_id=self.error_id, push=self._push)
-        self._installed.add(app)
 
-    def _push(self, request: Request, tab: str, frame: Frame) -> None:
-        account: Account | None = getattr(request.state, "lith_account", None)
-        hub = account.lith._hub if account is not None else None
-        if hub is not None:
-            hub.push(tab, frame)
+def _engine_of(request: Request) -> Engine | None:
+    account: Account | None = getattr(request.state, "lith_account", None)
+    return account.engine if account is not None else None
 
 
 _PREFIX = re.compile(r"(/([A-Za-z0-9._~-]+|\{account\}))+")
-

@@ -12,8 +12,8 @@ from pydantic import Field
 from fastapi_lith import Db, Lith, Rejected, TabCommand, Tx, delegate, new_tab, send, tab_signals
 
 lith = Lith("board.db", migrations=Path(__file__).parent / "board" / "migrations")
-app = FastAPI(lifespan=lith.lifespan)
-lith.install(app)
+app = FastAPI()
+app.include_router(lith.router)
 
 
 class FinishCard(TabCommand):

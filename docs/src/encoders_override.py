@@ -11,8 +11,8 @@ from fastapi_lith import BrotliEncoder, Encoder, make_encoder, negotiate
 # --8<-- [end:imports]
 
 lith = Lith("app.db")
-app = FastAPI(lifespan=lith.lifespan)
-lith.install(app)
+app = FastAPI()
+app.include_router(lith.router)
 
 
 def force_gzip() -> None:

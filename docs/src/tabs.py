@@ -13,8 +13,8 @@ lith = Lith(
     migrations=Path(__file__).parent / "counter" / "migrations",
     outcome_hint="Nothing added from this tab yet.",   # the outcome view before the first click
 )
-app = FastAPI(lifespan=lith.lifespan)
-lith.install(app)
+app = FastAPI()
+app.include_router(lith.router)
 
 
 # --8<-- [start:command]

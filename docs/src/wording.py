@@ -21,8 +21,8 @@ lith = Lith(
     messages=lambda error: WORDING.get(error["type"]),
 )
 # --8<-- [end:wording]
-app = FastAPI(lifespan=lith.lifespan)
-lith.install(app)
+app = FastAPI()
+app.include_router(lith.router)
 
 
 class Add(Command):

@@ -6,7 +6,6 @@
 """
 
 import os
-import secrets
 from pathlib import Path
 from urllib.parse import parse_qs
 
@@ -16,7 +15,9 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 from pydantic import Field
 
-from fastapi_lith import ACCOUNT_NAME, Accounts, Command, Db, SecurityHeaders, Tx, Writer
+from fastapi_lith import (
+    ACCOUNT_NAME, Accounts, Db, Rejected, SecurityHeaders, TabCommand, Tx, Writer, new_tab, pending, send, tab_signals,
+)
 
 # --8<-- [start:accounts]
 accounts = Accounts(
@@ -32,27 +33,31 @@ note = sa.table("note", sa.column("id"), sa.column("text"))
 ADD = counter.update().where(counter.c.id == 1).values(count=counter.c.count + sa.bindparam("n"))
 COUNT = sa.select(counter.c.count).where(counter.c.id == 1)
 NOTES = sa.select(note.c.id, note.c.text).order_by(note.c.id.desc()).limit(20)
+NEWEST = sa.select(note.c.text).order_by(note.c.id.desc()).limit(1)
 
 
-class Add(Command):
+# A person's click: a TabCommand carries its tab and op, and the tab's outcome view (built in,
+# in every account) says what happened and releases the button that sent it.
+class Add(TabCommand):
     n: int = Field(1, ge=1, le=100)
-    tab: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
-    op: int = 0
 
     def apply(self, tx: Tx) -> int:
         tx.execute(ADD, {"n": self.n})
         tx.touch("counter")
-        return tx.scalar(COUNT)
+        count = tx.scalar(COUNT)
+        self.say(f"Added {self.n}: the count is {count}.")
+        return count
 
 
-class Note(Command):
+class Note(TabCommand):
     text: str = Field(min_length=1, max_length=200)
-    tab: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
-    op: int = 0
 
     def apply(self, tx: Tx) -> None:
+        if tx.scalar(NEWEST) == self.text:
+            raise Rejected("That note is already the newest one.")  # the tab is told why
         tx.execute(note.insert().values(text=self.text))
         tx.touch("notes")
+        self.say("Note added.")
 
 
 # --8<-- [start:views]
@@ -69,9 +74,9 @@ def notes_view(db: Db) -> h.Element:
     return h.ul("#notes")[(h.li[row["text"]] for row in db.all(NOTES))]
 
 
-app = FastAPI(lifespan=accounts.lifespan, docs_url=None, redoc_url=None, openapi_url=None)  # no API docs in production
+app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)  # no API docs in production
 app.add_middleware(SecurityHeaders, datastar_url=accounts.datastar_url)  # CSP, nosniff, no framing
-accounts.install(app)  # the body limit and HTML errors; accounts.router joins at start-up
+app.include_router(accounts.router)  # /a/{account}/..., the stream, the lifespan; routes added below too
 
 
 # --8<-- [start:routes]
@@ -82,9 +87,7 @@ async def add(cmd: Add, writer: Writer = Depends(accounts.writer)) -> None:
 # --8<-- [end:routes]
 
 
-@accounts.router.post("/note", status_code=204)
-async def add_note(cmd: Note, writer: Writer = Depends(accounts.writer)) -> None:
-    await writer.do(cmd)
+accounts.command("/note", Note)           # POST /a/{account}/note: validated, applied, 204
 
 
 STYLE = """
@@ -92,30 +95,33 @@ body { font: 16px/1.5 system-ui, sans-serif; max-width: 36rem; margin: 2rem auto
 .count { font-size: 3rem; margin: .5rem 0; font-variant-numeric: tabular-nums; }
 button { font: inherit; padding: .4rem 1rem; border: 0; border-radius: .4rem; background: #2563eb; color: white; }
 input { font: inherit; padding: .3rem .5rem; }
-.lith-error { color: #b42318; }
+.lith-error, .failed { color: #b42318; }
+.pending { opacity: .6; }
 """
 
 
 # --8<-- [start:page]
 @accounts.router.get("/", response_class=HTMLResponse)
 async def board() -> str:
-    tab = secrets.token_urlsafe(9)
+    tab = new_tab()
     name = accounts.account().name
+    note = send(accounts.url("/note"), text="$text")
     return str(
         h.html[
             h.head[h.title[name], h.style[STYLE], h.script(type="module", src=accounts.datastar_url)],
             h.body(
-                data_signals=f"{{tab: '{tab}', op: 0, n: 1, text: ''}}",
-                data_init=accounts.connect("counter", "notes", tab=tab),  # this account's stream
+                tab_signals(tab, n=1, text=""),
+                # This account's stream: its views and the tab's outcome (the message, `done`).
+                data_init=accounts.connect("counter", "notes", "outcome/{tab}", tab=tab),
             )[
                 h.h1[f"Team {name}"],
                 await accounts.render("counter"),      # first paint, from this account's file
-                h.button("#add", {"data-on:click": f"$op++; @post('{accounts.url('/add')}')"})["Add one"],
-                h.form({"data-on:submit__prevent": f"$op++; @post('{accounts.url('/note')}'); $text = ''"})[
+                h.button("#add", {"data-on:click": send(accounts.url("/add"), n="$n")}, pending())["Add one"],
+                h.form({"data-on:submit__prevent": note})[
                     h.input("#text", {"data-bind:text": True, "placeholder": "A note"}),
                     h.button["Add note"],
                 ],
-                h.div("#lith-error"),
+                await accounts.render("outcome/{tab}", tab=tab),
                 await accounts.render("notes"),
                 h.p[h.a(href="/")["All teams"]],
             ],

@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from email.message import Message as _Header
 from typing import Any
 
@@ -67,79 +67,98 @@ class MaxBody:
         return f"MaxBody({self.limit})"
 
 
-class BodyLimit:
-    """ASGI middleware: the body of a request to a route that takes the writer stops at
-    `max_body` bytes (or the route's own `MaxBody`), 413 at once.
+class GuardedRoute:
+    """A command route's ASGI app, wrapped: its body bounded, its errors answered as HTML.
 
     FastAPI reads the body before any dependency runs, so `Depends(lith.writer)` sees it too
-    late; the bound wraps `receive` instead. When the body is first read, routing is done and
-    `scope["route"]` names the route: it is bounded if `writer` (or a `MaxBody`) is among the
-    route's dependencies (looked up once per route and remembered), so any FastAPI route that
-    takes `Depends(lith.writer)` is covered and every other route is left alone. A body is
-    refused as soon as it passes the limit, so memory holds at most the limit plus one chunk; a
-    `Content-Length` over the limit is refused before a byte is read, unless Datastar sent it:
-    then the start of the body is read, for the tab to tell. Only the first `max_body` bytes
-    are kept for the error handlers, whatever the route's limit: the tab and op come first.
+    late; the bound wraps `receive` instead, and the route's own errors go to `handlers` (the
+    web layer's, over the app's), which Starlette looks up in the request's scope. Wrapping
+    the route rather than the app leaves the host app's middleware stack as it was built, and
+    every other route alone. A body is refused as soon as it passes `limit`, so memory holds at
+    most the limit plus one chunk; a `Content-Length` over the limit is refused before a byte is
+    read, unless Datastar sent it: then the start of the body is read, for the tab to tell. Only
+    the first `keep` bytes are kept for the error handlers, whatever the limit: the tab and op
+    come first.
     """
 
-    def __init__(self, app: ASGIApp, *, writer: object, max_body: int) -> None:
+    def __init__(self, app: ASGIApp, *, owner: object, limit: int, keep: int, handlers: Mapping[Any, Any]) -> None:
         self.app = app
-        self.writer = writer
-        self.max_body = max_body
-        self._routes: dict[int, int | None] = {}
+        self.owner = owner  # the writer dependency whose guard this is
+        self.limit = limit
+        self.keep = keep
+        self.handlers = dict(handlers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit: int | None = None  # the route's, decided at the first read, once routing is done
-        started = declared_over = False
+        limit, keep = self.limit, self.keep
         chunks: list[bytes] = []
         size = kept = 0
+        state = scope.setdefault("state", {})
+        state["lith_command"] = True  # what the handlers and the writer dependency look for
+        state["lith_body"] = chunks
+        scope[GUARD_KEY] = self.owner
+        app_handlers, status_handlers = scope.get("starlette.exception_handlers", ({}, {}))
+        scope["starlette.exception_handlers"] = (
+            {**app_handlers, **self.handlers},
+            {code: h for code, h in status_handlers.items() if not 400 <= code < 600},
+        )
+        headers = Headers(scope=scope)
+        length = headers.get("content-length")
+        declared_over = False
+        if length is not None and length.isascii() and length.isdigit() and int(length) > limit:
+            if headers.get("datastar-request") != "true":  # no tab to tell
+                await self._refuse(scope, receive, send, BodyTooLarge(limit, b""))
+                return
+            declared_over = True  # read the start, to find its tab
 
         async def bounded_receive() -> Message:
-            nonlocal limit, started, declared_over, size, kept
-            if not started:
-                started = True
-                limit = self.route_limit(scope.get("route"))
-                if limit is not None:
-                    # A command's request, as the writer dependency would mark it; the start of
-                    # the body is kept for the error handlers: the tab and op of a refusal.
-                    state = scope.setdefault("state", {})
-                    state["lith_command"] = True
-                    state["lith_body"] = chunks
-                    headers = Headers(scope=scope)
-                    length = headers.get("content-length")
-                    if length is not None and length.isascii() and length.isdigit() and int(length) > limit:
-                        if headers.get("datastar-request") != "true":  # no tab to tell
-                            raise BodyTooLarge(limit, b"")
-                        declared_over = True  # read the start, to find its tab
+            nonlocal size, kept
             message = await receive()
-            if limit is not None and message["type"] == "http.request":
+            if message["type"] == "http.request":
                 chunk = message.get("body", b"")
                 size += len(chunk)
-                if kept < self.max_body:
-                    chunks.append(chunk[: self.max_body - kept])
+                if kept < keep:
+                    chunks.append(chunk[: keep - kept])
                     kept += len(chunks[-1])
-                if size > limit or (declared_over and (kept >= self.max_body or not message.get("more_body"))):
+                if size > limit or (declared_over and (kept >= keep or not message.get("more_body"))):
                     raise BodyTooLarge(limit, b"".join(chunks))
             return message
 
         await self.app(scope, bounded_receive, send)
 
-    def route_limit(self, route: Any) -> int | None:
-        """The body limit of a route that takes the writer, or None for any other route."""
-        if route is None:
-            return None
-        key = id(route)
-        if key not in self._routes:
-            self._routes[key] = _limit_of(getattr(route, "dependant", None), self.writer, self.max_body)
-        return self._routes[key]
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, exc: BodyTooLarge) -> None:
+        response = await self.handlers[HTTPException](Request(scope, receive), exc)
+        await response(scope, receive, send)
 
 
-def _limit_of(dependant: Any, writer: object, default: int) -> int | None:
-    """Walk a route's dependency tree: None without the writer or a `MaxBody`, else the smallest
-    `MaxBody` found (the app's `max_body` if none)."""
+# Set in a guarded route's scope: the writer dependency refuses to run without it.
+GUARD_KEY = "lith.guard"
+
+
+def command_routes(routes: Sequence[Any], writer: object) -> Iterator[tuple[Any, int | None]]:
+    """Every FastAPI route among `routes` (included routers too) whose dependencies hold
+    `writer` or a `MaxBody`, as (the object whose `app` serves it, `MaxBody`'s limit or None).
+
+    A route of an included router is served by its inclusion's own app (FastAPI builds one per
+    inclusion), so that is the one to wrap; a route added after start-up gets a new one, which
+    the writer dependency finds unguarded and refuses.
+    """
+    from fastapi.routing import APIRoute, _iter_routes_with_context
+
+    for route, context in _iter_routes_with_context(routes):
+        if not isinstance(route, APIRoute):
+            continue
+        holder = route if context is None else context
+        found, limit = _limit_of(holder.dependant, writer)
+        if found:
+            yield holder, limit
+
+
+def _limit_of(dependant: Any, writer: object) -> tuple[bool, int | None]:
+    """Walk a route's dependency tree: whether it holds the writer or a `MaxBody`, and the
+    smallest `MaxBody` found (None: the app's `max_body`)."""
     found, limits = False, []
     stack = [dependant] if dependant is not None else []
     while stack:
@@ -149,9 +168,7 @@ def _limit_of(dependant: Any, writer: object, default: int) -> int | None:
         elif isinstance(dep.call, MaxBody):
             limits.append(dep.call.limit)
         stack.extend(dep.dependencies)
-    if not found and not limits:
-        return None
-    return min(limits) if limits else default
+    return found or bool(limits), (min(limits) if limits else None)
 
 
 def is_command_request(request: Request) -> bool:
@@ -161,19 +178,28 @@ def is_command_request(request: Request) -> bool:
     )
 
 
-def add_error_handlers(
-    app: FastAPI, *, error_id: str, messages: Messages | None, push: Callable[[Request, str, Frame], None]
-) -> None:
+Push = Callable[[Request, str, Frame], None]
+
+
+def add_error_handlers(app: FastAPI, *, error_id: str, messages: Messages | None, push: Push) -> None:
+    """`error_handlers` on the whole app: a Datastar request to any route gets HTML errors."""
+    for exc_class, handler in error_handlers(app.exception_handlers, error_id=error_id, messages=messages, push=push).items():
+        app.add_exception_handler(exc_class, handler)
+
+
+def error_handlers(
+    app_handlers: Mapping[Any, Any], *, error_id: str, messages: Messages | None, push: Push
+) -> dict[Any, Callable[[Request, Exception], Any]]:
     """On a command request (one Datastar sent, or one the writer dependency marked) a 4xx
     answer becomes an HTML fragment, also `push`ed to the acting tab with `done` set (the
     request says where the tab lives: one app, or one account of many). A `Rejected` that a
     route lets through is answered as `lith.command` answers it, and a command the route built
     itself (from form fields) that fails validation is a 422 like FastAPI's own. Other requests
     get the app's handlers as they were (FastAPI's own by default)."""
-    validation_fallback = app.exception_handlers.get(RequestValidationError, request_validation_exception_handler)
-    http_fallback = app.exception_handlers.get(HTTPException, http_exception_handler)
-    pydantic_fallback = app.exception_handlers.get(ValidationError)
-    rejected_fallback = app.exception_handlers.get(Rejected)
+    validation_fallback = app_handlers.get(RequestValidationError, request_validation_exception_handler)
+    http_fallback = app_handlers.get(HTTPException, http_exception_handler)
+    pydantic_fallback = app_handlers.get(ValidationError)
+    rejected_fallback = app_handlers.get(Rejected)
 
     def tell(request: Request, exc: Exception, html: str) -> None:
         tab, op = acting_tab(received_body(request, exc), request.headers.get("content-type"))
@@ -204,15 +230,29 @@ def add_error_handlers(
         conflict = refusal(exc)
         return Response(status_code=204) if conflict is None else await on_http_error(request, conflict)
 
-    app.add_exception_handler(RequestValidationError, on_validation_error)
-    app.add_exception_handler(ValidationError, on_validation_error)
-    app.add_exception_handler(HTTPException, on_http_error)
-    app.add_exception_handler(Rejected, on_rejected)
-
     async def on_bad_parameter(request: Request, exc: Exception) -> Response:
         return await http_fallback(request, HTTPException(400, str(exc)))  # type: ignore[misc]
 
-    app.add_exception_handler(BadParameter, on_bad_parameter)
+    async def on_storage_error(request: Request, exc: Exception) -> Response:
+        headers = {"Retry-After": "5"}
+        if not is_command_request(request):
+            return PlainTextResponse(STORAGE_MESSAGE, status_code=503, headers=headers)
+        html = http_error_fragment(HTTPException(503, STORAGE_MESSAGE), error_id)
+        tab, op = acting_tab(received_body(request, exc))
+        if tab is not None:
+            push(request, tab, Frame(error_id, html, {"done": op} if op is not None else None))
+        return HTMLResponse(html, status_code=503, headers=headers)
+
+    return {
+        RequestValidationError: on_validation_error,
+        ValidationError: on_validation_error,
+        HTTPException: on_http_error,
+        Rejected: on_rejected,
+        BadParameter: on_bad_parameter,
+        # A full disk: no command is at fault, so a 503, and on a command request the HTML
+        # fragment is pushed to the acting tab with `done`, like a refused command.
+        StorageError: on_storage_error,
+    }
 
 
 def refusal(exc: Exception) -> HTTPException | None:
@@ -225,23 +265,6 @@ def refusal(exc: Exception) -> HTTPException | None:
 
 
 STORAGE_MESSAGE = "The app cannot save changes right now, so nothing changed. Try again in a moment."
-
-
-def add_storage_error_handler(app: FastAPI, *, error_id: str, push: Callable[[Request, str, Frame], None]) -> None:
-    """A `StorageError` (a full disk: no command is at fault) answers 503, and on a command
-    request the HTML fragment is pushed to the acting tab with `done`, like a refused command."""
-
-    async def on_storage_error(request: Request, exc: Exception) -> Response:
-        headers = {"Retry-After": "5"}
-        if not is_command_request(request):
-            return PlainTextResponse(STORAGE_MESSAGE, status_code=503, headers=headers)
-        html = http_error_fragment(HTTPException(503, STORAGE_MESSAGE), error_id)
-        tab, op = acting_tab(received_body(request, exc))
-        if tab is not None:
-            push(request, tab, Frame(error_id, html, {"done": op} if op is not None else None))
-        return HTMLResponse(html, status_code=503, headers=headers)
-
-    app.add_exception_handler(StorageError, on_storage_error)
 
 
 def received_body(request: Request, exc: Exception) -> Any:

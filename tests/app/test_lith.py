@@ -318,19 +318,89 @@ def test_install_guards_a_command_route_behind_a_nested_dependency(host: tuple[S
         assert conn.execute("SELECT text FROM note").fetchall() == [("kept",)]
 
 
-async def test_a_lifespan_without_install_says_what_is_missing(tmp_path: Path) -> None:
-    from fastapi import FastAPI
+# -- the design card's app: `app.include_router(lith.router)` is enough ----------------------
 
-    from fastapi_lith import Lith, LithError
 
-    lith = Lith(tmp_path / "app.db")
-    app = FastAPI(lifespan=lith.lifespan)
-    with pytest.raises(LithError, match=r"lith.install\(app\) was not called"):
-        async with lith.lifespan(app):
-            pass
-    lith.install(app)
-    async with lith.lifespan(app):
-        pass
+@pytest.fixture(scope="module", params=["router", "lifespan", "install"])
+def card_app(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path]]:
+    """tests/routerapp.py served three ways: include_router alone, with the lifespan, install."""
+    folder = tmp_path_factory.mktemp(f"card-{request.param}")
+    (folder / "migrations").mkdir()
+    (folder / "migrations" / "0001_init.sql").write_text(
+        "CREATE TABLE counter (id INTEGER PRIMARY KEY, count INTEGER NOT NULL); INSERT INTO counter VALUES (1, 0);"
+    )
+    env = {
+        "ROUTER_APP_DB": str(folder / "card.db"), "ROUTER_APP_MIGRATIONS": str(folder / "migrations"),
+        "ROUTER_APP_WAY": request.param, "PYTHONPATH": str(REPO / "tests"),
+    }
+    server = Server("routerapp:app", cwd=REPO, env=env)
+    server.start()
+    yield server, folder / "card.db"
+    server.close()
+
+
+ROUTES = ["/add", "/early/add", "/late/add"]
+
+
+def test_the_design_cards_app_starts_its_engine_once(card_app: tuple[Server, Path]) -> None:
+    server, db = card_app
+    before = count(db)
+    for n, path in enumerate(ROUTES, 1):
+        response = httpx.post(f"{server.url}{path}", json={"tab": "t1", "op": n, "n": n})
+        assert response.status_code == 204, (path, response.text)
+    assert count(db) == before + 6
+    assert httpx.get(f"{server.url}/starts").json() == 1  # the app's lifespan and the router's: one start
+
+
+@pytest.mark.parametrize("path", ROUTES)
+def test_the_design_cards_command_routes_are_guarded(card_app: tuple[Server, Path], path: str) -> None:
+    server, db = card_app
+    before = count(db)
+    tab = "guard" + path.replace("/", "-")
+    stream = StreamReader(server, tab)
+    try:
+        stream.wait_for('id="outcome"')
+        too_big = httpx.post(f"{server.url}{path}", json={"tab": tab, "op": 3, "padding": "x" * 2000}, headers=SAME_ORIGIN)
+        assert too_big.status_code == 413 and too_big.text.startswith('<div id="lith-error"'), too_big.text
+        stream.wait_for(r'data: elements <div id="lith-error"[^\n]*The request is too large')
+        stream.wait_for(r'datastar-patch-signals\ndata: signals \{"done": ?3\}')
+        invalid = httpx.post(f"{server.url}{path}", json={"tab": tab, "op": 4, "n": 500}, headers=SAME_ORIGIN)
+        assert invalid.status_code == 422 and "<strong>n</strong>" in invalid.text, invalid.text
+        stream.wait_for(r'datastar-patch-signals\ndata: signals \{"done": ?4\}')
+        rejected = httpx.post(f"{server.url}{path}", json={"tab": tab, "op": 5, "n": 13}, headers=SAME_ORIGIN)
+        assert rejected.status_code == 204, rejected.text  # a tab command: its outcome view says why
+        stream.wait_for("13 is unlucky")
+    finally:
+        stream.close()
+    assert count(db) == before
+    conflict = httpx.post(f"{server.url}/plain", json={"n": 2})
+    assert conflict.status_code == 409 and "no 2" in conflict.text
+
+
+async def test_a_route_taking_the_writer_that_was_not_guarded_fails_loudly(tmp_path: Path) -> None:
+    """A route added once the app runs has no guard: it is refused, never served unbounded."""
+    from fastapi import Depends, FastAPI
+
+    from fastapi_lith import Lith, LithError, Writer
+
+    lith = Lith(tmp_path / "app.db", same_origin_only=False)
+    app = FastAPI()
+    app.include_router(lith.router)
+
+    @app.post("/early", status_code=204)
+    async def early(writer: Writer = Depends(lith.writer)) -> None:
+        return None
+
+    transport = httpx.ASGITransport(app=app)
+    async with lith.lifespan(app), httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+
+        @app.post("/later", status_code=204)
+        async def later(writer: Writer = Depends(lith.writer)) -> None:
+            return None
+
+        assert (await client.post("/early")).status_code == 204
+        with pytest.raises(LithError, match="POST /later takes Depends\\(lith.writer\\) but is not guarded"):
+            await client.post("/later")
 
 
 @pytest.mark.parametrize(

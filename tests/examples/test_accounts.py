@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sqlite3
 import threading
@@ -11,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Page, Route, expect
 
 from tests.support import REPO
 from tests.support.browser import Server, wait_for_datastar
@@ -33,6 +34,64 @@ def create(server: Server, name: str) -> None:
 def count(folder: Path, name: str) -> int:
     with sqlite3.connect(folder / f"{name}.db") as conn:
         return conn.execute("SELECT count FROM counter").fetchone()[0]
+
+
+def test_a_tab_command_in_an_account_tells_its_tab_through_the_built_in_outcome_view(
+    server_factory: Callable[..., Server], tmp_path: Path
+) -> None:
+    """Every account has the built-in `outcome/{tab}` view: its stream opens (not a 400), a
+    command that lands sets `done` and shows its message, and a `Rejected` one answers 204 (not
+    a 500) and tells the tab why."""
+    server = serve(server_factory, tmp_path / "accounts")
+    create(server, "alpha")
+    query = {"views": "counter,outcome/t1", "tab": "t1"}
+    with httpx.Client(base_url=server.url, headers=SAME_ORIGIN, timeout=30) as client:
+        with client.stream("GET", "/a/alpha/lith/stream", params=query, headers={"Accept-Encoding": "identity"}) as stream:
+            assert stream.status_code == 200, stream.read()
+            chunks = stream.iter_text()
+            seen = ""
+
+            def until(text: str) -> None:
+                nonlocal seen
+                while text not in seen:
+                    seen += next(chunks)
+
+            until('id="outcome"')
+            assert client.post("/a/alpha/add", json={"tab": "t1", "op": 1, "n": 2}).status_code == 204
+            until('data-signals:done="1"')
+            until("Added 2: the count is 2.")
+            assert client.post("/a/alpha/note", json={"tab": "t1", "op": 2, "text": "hello"}).status_code == 204
+            until('data-signals:done="2"')
+            again = client.post("/a/alpha/note", json={"tab": "t1", "op": 3, "text": "hello"})
+            assert again.status_code == 204, again.text
+            until('data-signals:done="3"')
+            until("That note is already the newest one.")
+
+
+def test_a_tab_command_in_an_account_releases_its_button_and_shows_its_message(
+    new_page: Callable[..., Page], server_factory: Callable[..., Server], tmp_path: Path
+) -> None:
+    server = serve(server_factory, tmp_path / "accounts")
+    create(server, "acme")
+    page = new_page()
+    page.goto(f"{server.url}/a/acme/")
+    wait_for_datastar(page)
+    button = page.get_by_role("button", name="Add one")
+    held: list[Route] = []
+    page.route("**/a/acme/add", lambda route: held.append(route))
+    with page.expect_request("**/a/acme/add"):
+        button.click()
+    expect(button).to_have_class(re.compile("pending"))  # until its op lands
+    held[0].continue_()
+    expect(page.locator("#outcome .message")).to_have_text("Added 1: the count is 1.")
+    expect(button).not_to_have_class(re.compile("pending"))
+    expect(button).not_to_have_attribute("aria-busy", re.compile(".*"))
+    page.unroute("**/a/acme/add")
+    for _ in range(2):  # the second is refused: the same note as the newest
+        page.locator("#text").fill("twice")
+        page.get_by_role("button", name="Add note").click()
+    expect(page.locator("#outcome .message")).to_have_text("That note is already the newest one.")
+    expect(page.locator("#notes li")).to_have_text(["twice"])
 
 
 def test_two_teams_side_by_side_never_see_each_others_changes(

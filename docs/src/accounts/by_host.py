@@ -33,8 +33,8 @@ def counter(db: Db) -> h.Element:
     return h.p("#counter")[db.scalar("SELECT count FROM counter")]
 
 
-app = FastAPI(lifespan=accounts.lifespan)
-accounts.install(app)
+app = FastAPI()
+app.include_router(accounts.router)
 
 
 @accounts.router.get("/", response_class=HTMLResponse)

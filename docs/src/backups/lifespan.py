@@ -24,4 +24,4 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 
 app = FastAPI(lifespan=lifespan)
-lith.install(app)
+app.include_router(lith.router)  # nested in the lifespan above, it starts nothing twice

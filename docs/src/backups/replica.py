@@ -15,8 +15,8 @@ lith = Lith(
     replica_sync_interval=1.0,  # the most a dead disk loses, in seconds (the default)
 )
 # --8<-- [end:settings]
-app = FastAPI(lifespan=lith.lifespan)
-lith.install(app)
+app = FastAPI()
+app.include_router(lith.router)
 
 
 # --8<-- [start:health]

@@ -15,5 +15,5 @@ lith = Lith(
     backup_keep=48,
 )
 # --8<-- [end:settings]
-app = FastAPI(lifespan=lith.lifespan)
-lith.install(app)
+app = FastAPI()
+app.include_router(lith.router)

@@ -13,8 +13,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from fastapi_lith import Command, Db, Lith, Rejected, Tx, Writer, fragment
 
 lith = Lith("board.db", migrations=Path(__file__).parent / "migrations")
-app = FastAPI(lifespan=lith.lifespan)
-lith.install(app)
+app = FastAPI()
+app.include_router(lith.router)
 
 card = sa.table("card", sa.column("id"), sa.column("board_id"), sa.column("title"), sa.column("lane"))
 

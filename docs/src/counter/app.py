@@ -37,8 +37,10 @@ def counter_view(db: Db) -> h.Element:
 # --8<-- [end:view]
 
 
-app = FastAPI(lifespan=lith.lifespan)     # migrates, starts the writer, the readers, the hub
-lith.install(app)                        # the stream route, the body limit, HTML errors
+app = FastAPI()
+app.include_router(lith.router)           # the stream route, and the lifespan: migrates, starts
+                                          # the writer, the readers, the hub, and guards every
+                                          # route taking the writer (body limit, HTML errors)
 
 
 # --8<-- [start:route]

@@ -23,8 +23,8 @@ from fastapi_lith import (
 )
 
 lith = Lith("photos.db", migrations=Path(__file__).parent / "migrations")
-app = FastAPI(lifespan=lith.lifespan)
-lith.install(app)
+app = FastAPI()
+app.include_router(lith.router)
 
 
 class AddPhoto(TabCommand):

@@ -12,8 +12,8 @@ from fastapi_lith import Lith
 STATIC = Path(__file__).parent / "static"  # holds datastar.js (datastar_from_pypi.sh, or curl from the CDN)
 
 lith = Lith("app.db", datastar_url="/static/datastar.js")
-app = FastAPI(lifespan=lith.lifespan)
-lith.install(app)
+app = FastAPI()
+app.include_router(lith.router)
 app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
 
