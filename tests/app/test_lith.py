@@ -323,7 +323,7 @@ def test_install_guards_a_command_route_behind_a_nested_dependency(host: tuple[S
 
 @pytest.fixture(scope="module", params=["router", "lifespan", "install"])
 def card_app(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path]]:
-    """tests/routerapp.py served three ways: include_router alone, with the lifespan, install."""
+    """tests/support/routerapp.py served three ways: include_router alone, with the lifespan, install."""
     folder = tmp_path_factory.mktemp(f"card-{request.param}")
     (folder / "migrations").mkdir()
     (folder / "migrations" / "0001_init.sql").write_text(
@@ -331,7 +331,7 @@ def card_app(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     )
     env = {
         "ROUTER_APP_DB": str(folder / "card.db"), "ROUTER_APP_MIGRATIONS": str(folder / "migrations"),
-        "ROUTER_APP_WAY": request.param, "PYTHONPATH": str(REPO / "tests"),
+        "ROUTER_APP_WAY": request.param, "PYTHONPATH": str(SUPPORT),
     }
     server = Server("routerapp:app", cwd=REPO, env=env)
     server.start()
