@@ -2,7 +2,7 @@
 
 Everything an app needs is here; other modules are the library's own, except
 `fastapi_lith.testing` (virtual tabs), `fastapi_lith.ops` (backups) and, for scripts,
-`fastapi_lith.db.connect` / `migrate`.
+`fastapi_lith.backends.sqlite.db.open_sqlite` / `migrate`.
 """
 
 from .account_pool import ACCOUNT_NAME, Account
@@ -35,7 +35,8 @@ from .web.guard import MaxBody
 from .engine.frames import Frame
 from .engine.streams import Stream
 from .engine.views import fragment
-from .engine.writer import Tx, Writer
+from .engine.tx import Tx
+from .backends.sqlite.writer import SqliteWriter as Writer
 
 __all__ = [
     # the app, its commands and views

@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .engine import db
-from .exceptions import LithError
+from .backends.sqlite import db
+from .engine.db import find_migrations
+from .exceptions import LithError, MigrationError
 from .ops import InUse, backup, files, holders, litestream, restore, verify
 from .ops.files import open_ro
 from .ops.replica import Replica
@@ -44,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except (LithError, db.MigrationError) as exc:  # a MigrationError is a LithError too
+    except (LithError, MigrationError) as exc:  # a MigrationError is a LithError too
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except sqlite3.Error as exc:
@@ -151,15 +152,15 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    migrations = db.find_migrations(args.migrations)  # a missing folder fails before any file is made
+    migrations = find_migrations(args.migrations)  # a missing folder fails before any file is made
     if args.db.exists():
         busy = holders(args.db)
         if busy:
-            raise db.MigrationError(
+            raise MigrationError(
                 f"{args.db} is open in another process ({'; '.join(busy)}): a running app migrates "
                 f"itself when it starts; stop it to migrate from the shell"
             )
-    conn = db.connect(args.db)
+    conn = db.open_sqlite(args.db)
     try:
         before, after = db.migrate(conn, args.migrations)
     finally:
@@ -173,7 +174,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    migrations = db.find_migrations(args.migrations)
+    migrations = find_migrations(args.migrations)
     if args.db.exists():
         with open_ro(args.db) as conn:
             version = db.user_version(conn)
@@ -393,15 +394,15 @@ def cmd_accounts_restore(args: argparse.Namespace) -> int:
 
 
 def cmd_accounts_migrate(args: argparse.Namespace) -> int:
-    db.find_migrations(args.migrations)  # a missing folder fails before any file is touched
+    find_migrations(args.migrations)  # a missing folder fails before any file is touched
     names = _accounts_in(args.folder, args.accounts)
 
     def migrate(name: str) -> str:
         path = args.folder / f"{name}.db"
         busy = holders(path)
         if busy:
-            raise db.MigrationError(f"open in another process ({'; '.join(busy)}): the app migrates it when it opens it")
-        conn = db.connect(path)
+            raise MigrationError(f"open in another process ({'; '.join(busy)}): the app migrates it when it opens it")
+        conn = db.open_sqlite(path)
         try:
             before, after = db.migrate(conn, args.migrations)
         finally:

@@ -20,7 +20,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from starlette.requests import Request
 from starlette.responses import Response
 
-from .engine import db, encoders, outcomes
+from .engine import encoders, outcomes
+from .backends.sqlite import db
+from .engine.readers import Readers
 from . import settings
 from .engine.commands import TAB_ID, Command, _Touch
 from .engine.db import Db
@@ -66,7 +68,7 @@ class Lith:
         hub: Callable[..., Hub] = Hub,
         migrations: str | Path | None = None,
         synchronous: db.Synchronous = "NORMAL",
-        readers: int | db.Readers = 2,
+        readers: int | Readers = 2,
         batch_size: int = 512,
         cached_statements: int = 512,
         statement_cache: bool = True,
@@ -158,7 +160,7 @@ class Lith:
         self.writer = WriterDependency(
             engine_writer, same_origin_only=settings.flag("same_origin_only", same_origin_only)
         )
-        self._readers = readers if isinstance(readers, db.Readers) else None  # the app's: not closed here
+        self._readers = readers if isinstance(readers, Readers) else None  # the app's: not closed here
         self._reader_count = 0 if self._readers else settings.number("readers", readers, low=1, integer=True)
         self.max_body = settings.number("max_body", max_body, low=1, integer=True)
         self.keepalive = settings.number("keepalive", keepalive, low=0.001)

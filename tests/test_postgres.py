@@ -90,7 +90,7 @@ async def test_batches_keep_order_and_savepoints(pg_url: str, migrations: Path) 
         assert seqs == sorted(seqs)
         # Compiled once for PostgreSQL's dialect, prepared once on the write connection.
         assert writer.statements.misses == 1 and writer.statements.dialect.name == "postgresql"
-        prepared = [r[0] for r in writer._pg.execute("SELECT statement FROM pg_prepared_statements")]
+        prepared = [r[0] for r in writer.store._pg.execute("SELECT statement FROM pg_prepared_statements")]
         assert sum(sql.startswith("INSERT INTO log") for sql in prepared) == 1
         # A failing command rolls back alone: the duplicate, and the counter going negative.
         results = await asyncio.gather(

@@ -377,7 +377,7 @@ async def test_a_cancelled_writer_task_tells_each_caller_the_truth(
     writer = Writer(tmp_path / "app.db", migrations=migrations)
     await writer.start()
     task = writer._task
-    assert task is not None and writer._conn is not None
+    assert task is not None and writer.store._conn is not None
     if point == "idle":
         task.cancel()
         await asyncio.wait((task,))
@@ -396,7 +396,7 @@ async def test_a_cancelled_writer_task_tells_each_caller_the_truth(
             if blocks:
                 assert GATE.release.wait(10)
 
-    writer._conn.set_trace_callback(trace)
+    writer.store._conn.set_trace_callback(trace)
     gate = {"first command": "v0", "last command": "v4"}.get(point, "")
     batch = [asyncio.ensure_future(writer.do(Gated(value=f"v{i}", gate=gate))) for i in range(5)]
     await wait_for(GATE.reached)  # the batch is on the writer thread
@@ -415,7 +415,7 @@ async def test_a_cancelled_writer_task_tells_each_caller_the_truth(
         await asyncio.sleep(0.01)
         GATE.release.set()
     outcomes = await asyncio.gather(*batch, *later, return_exceptions=True)
-    writer._conn.set_trace_callback(None)
+    writer.store._conn.set_trace_callback(None)
     assert not any(isinstance(o, asyncio.CancelledError) for o in outcomes), outcomes
     assert outcomes[:5] == ["v0", "v1", "v2", "v3", "v4"]  # taken: committed, and told so
     assert all(isinstance(o, WriterClosed) for o in outcomes[5:]), outcomes[5:]  # never taken
@@ -831,7 +831,7 @@ async def test_a_writer_built_without_settings_uses_the_documented_defaults(tmp_
     await w.start()
     try:
         pragmas = await w._thread.run(  # type: ignore[union-attr]
-            lambda: [w._conn.execute(f"PRAGMA {p}").fetchone()[0] for p in ("synchronous", "wal_autocheckpoint")]  # type: ignore[union-attr]
+            lambda: [w.store._conn.execute(f"PRAGMA {p}").fetchone()[0] for p in ("synchronous", "wal_autocheckpoint")]  # type: ignore[union-attr]
         )
         assert pragmas == [1, 1000]  # NORMAL
         # One thread owns the connection, and both it and the task say what they are in a
@@ -846,7 +846,7 @@ async def test_a_writer_built_without_settings_uses_the_documented_defaults(tmp_
     full = Writer(tmp_path / "app.db", migrations=migrations, synchronous="FULL")
     await full.start()
     try:
-        assert await full._thread.run(lambda: full._conn.execute("PRAGMA synchronous").fetchone()[0]) == 2  # type: ignore[union-attr]
+        assert await full._thread.run(lambda: full.store._conn.execute("PRAGMA synchronous").fetchone()[0]) == 2  # type: ignore[union-attr]
     finally:
         await full.close()
 

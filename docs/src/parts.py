@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from fastapi_lith import Lith, Writer
-from fastapi_lith.engine.db import Readers
+from fastapi_lith.backends.sqlite.db import SqliteReaders
 from fastapi_lith.engine.hub import Hub
 
 MIGRATIONS = Path(__file__).parent / "counter" / "migrations"
@@ -11,5 +11,5 @@ MIGRATIONS = Path(__file__).parent / "counter" / "migrations"
 
 def make_lith(path: Path) -> Lith:
     writer = Writer(path, migrations=MIGRATIONS, batch_size=1)   # its settings are its own
-    readers = Readers(path, size=1)                                # opened and closed by the caller
+    readers = SqliteReaders(path, size=1)                                # opened and closed by the caller
     return Lith(path, writer=writer, readers=readers, hub=Hub, tick=0.01)

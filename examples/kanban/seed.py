@@ -14,7 +14,7 @@ import random
 from pathlib import Path
 
 from fastapi_lith import Db
-from fastapi_lith.engine.db import connect, migrate
+from fastapi_lith.backends.sqlite.db import migrate, open_sqlite
 
 from . import schema as s
 
@@ -84,7 +84,7 @@ def seed(path: str | Path, cards: int = 200) -> int:
     of `cards` cards; returns its id."""
     if isinstance(path, str) and "://" in path:
         return _seed_postgres(path, cards)
-    conn = connect(path)
+    conn = open_sqlite(path)
     try:
         migrate(conn, MIGRATIONS)
         conn.execute("BEGIN IMMEDIATE")
@@ -102,13 +102,13 @@ def _seed_postgres(url: str, cards: int) -> int:
         DIALECT,
         MIGRATION_LOCK,
         PgDb,
-        connect as pg_connect,
         find_folder,
+        open_postgres,
     )
     from fastapi_lith.backends.postgres.db import migrate as pg_migrate
     from fastapi_lith.engine.statements import StatementCache
 
-    conn = pg_connect(url)
+    conn = open_postgres(url)
     try:
         conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK,))
         try:

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import quote
 
-from ..engine import db
+from ..backends.sqlite import db
 from ..exceptions import LithError
 
 STAMP_FORMAT = "%Y%m%dT%H%M%SZ"

@@ -35,7 +35,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..engine import db
+from ..backends.sqlite import db
 from . import files, litestream
 
 if TYPE_CHECKING:
