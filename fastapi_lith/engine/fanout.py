@@ -16,14 +16,10 @@ import asyncio
 import os
 import queue
 import threading
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from . import streams as _streams  # streams imports this module: its names are read at call time
-
-if TYPE_CHECKING:
-    from .encoders import Encoder
-    from .frames import Frame
-    from .streams import Stream
+from .encoders import Encoder
+from .frames import Frame, sse_event
 
 __all__ = ["Fanout", "shared"]
 
@@ -33,8 +29,18 @@ _PER_WORKER = 16
 # CPU than compressing a few kilobytes (bench/send.py).
 INLINE_BELOW = 4096
 
-_Job = tuple["Stream", "Encoder", list["Frame"]]
-_Result = tuple["Stream", "bytes | BaseException"]
+
+
+class Stream(Protocol):
+    """What the fan-out asks of a stream (streams.py's `Stream`, which imports this module)."""
+
+    def _start_encode(self) -> tuple[Stream, Encoder, list[Frame]] | None: ...
+
+    def _encoded(self, out: bytes | BaseException) -> None: ...
+
+
+_Job = tuple[Stream, Encoder, list[Frame]]
+_Result = tuple[Stream, "bytes | BaseException"]
 
 
 class Fanout:
@@ -70,7 +76,7 @@ class Fanout:
                 jobs.append(job)
                 continue
             try:
-                out: bytes | BaseException = job[1].encode(*map(_streams.sse_event, job[2]))
+                out: bytes | BaseException = job[1].encode(*map(sse_event, job[2]))
             except BaseException as exc:  # noqa: BLE001 - raised in that stream's body
                 out = exc
             self.encodes += 1
@@ -101,7 +107,7 @@ class Fanout:
             results: list[_Result] = []
             for stream, encoder, frames in jobs:
                 try:  # a frame's event is formatted here, off the loop, by its first stream
-                    results.append((stream, encoder.encode(*map(_streams.sse_event, frames))))
+                    results.append((stream, encoder.encode(*map(sse_event, frames))))
                 except BaseException as exc:  # noqa: BLE001 - raised in that stream's body
                     results.append((stream, exc))
             try:
