@@ -112,7 +112,7 @@ class PgStore:
     (with other clients of the database, or between writers that do not take turns), waiting a
     random 1 ms up to `backoff` seconds (doubling) between runs.
 
-    A batch goes out in pipeline mode (see pgpipeline.py), first without savepoints: every
+    A batch goes out in pipeline mode (see pipeline.py), first without savepoints: every
     command going through, or failing before it sent a statement, is the common case, and each
     SAVEPOINT and RELEASE costs the server a subtransaction. A command that fails after sending
     one (a read counts) has no savepoint to roll back to: the batch then runs again with a
