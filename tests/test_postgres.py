@@ -221,6 +221,17 @@ def test_lith_picks_the_backend_from_what_it_is_given(pg_url: str, tmp_path: Pat
     assert Lith(tmp_path / "app.db").path == tmp_path / "app.db"
 
 
+def test_a_postgres_writer_names_its_database_not_a_file(pg_url: str) -> None:
+    from fastapi_lith import Lith
+    from fastapi_lith.backends.postgres.feed import NotifyFeed
+
+    writer = PgWriter(pg_url, feed=NotifyFeed(pg_url))
+    assert writer.path is None and writer.describe().startswith("postgresql database ") and "@" not in writer.describe()
+    # Before, its path was the URL as a file path, so Lith refused it as a writer of another database.
+    lith = Lith(pg_url, writer=writer)
+    assert lith.writer.writer is writer and lith.feed is writer.feed
+
+
 async def test_lith_on_postgres_renders_what_commands_wrote(pg_url: str, migrations: Path) -> None:
     from fastapi_lith import Db, Lith
     from fastapi_lith.testing import Tabs

@@ -1202,3 +1202,11 @@ def test_the_engine_and_the_backends_import_no_cycle_and_the_engine_no_backend()
             if target not in seen:
                 seen.add(target)
                 todo.extend(edges.get(target, ()))
+
+
+def test_a_sqlite_writer_names_its_file(tmp_path: Path) -> None:
+    writer = Writer(tmp_path / "app.db", synchronous="FULL", wal_autocheckpoint=50)
+    assert writer.path == tmp_path / "app.db" and writer.describe() == "app.db"
+    assert (writer.synchronous, writer.wal_autocheckpoint) == ("FULL", 50)
+    writer.wal_autocheckpoint = 10_000  # as Lith sets it while Litestream replicates, before start
+    assert writer.store.wal_autocheckpoint == 10_000

@@ -191,7 +191,7 @@ class Writer:
             if not batch:
                 continue
             started = time.perf_counter()
-            # The batch is SQLite's now: a cancel of this task cannot cancel `outcome`, so it
+            # The batch is the store's now: a cancel of this task cannot cancel `outcome`, so it
             # lands once the COMMIT's outcome is in, and each caller still learns the truth.
             outcome = thread.submit(self._apply, batch, keys if keyed else None, settled=True)
             try:

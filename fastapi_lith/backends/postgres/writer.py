@@ -42,9 +42,6 @@ OUTCOMES_SCHEMA = """
 CREATE TABLE IF NOT EXISTS lith_outcome (key text PRIMARY KEY, at double precision NOT NULL, outcome bytea);
 CREATE INDEX IF NOT EXISTS lith_outcome_at ON lith_outcome (at);
 """
-# A keyed command claims its key before it applies: a second process sending the same key at
-# the same moment waits on the row until the first commits, then finds it taken. (Looking first
-# and inserting after, as on SQLite where one writer holds the file, would apply both.)
 CLAIM_OUTCOME = (
     "INSERT INTO lith_outcome (key, at, outcome) VALUES (%s, %s, NULL) ON CONFLICT (key) DO UPDATE"
     " SET at = excluded.at, outcome = NULL WHERE lith_outcome.at < %s RETURNING 1"
@@ -78,10 +75,10 @@ class _Retry(Exception):
 
 
 class _Outcomes:
-    """`lith_outcome` on PostgreSQL. A keyed command claims its key before it applies: a second
-    process sending the same key at the same moment waits on the row until the first commits,
-    then finds it taken. (Looking first and inserting after, as on SQLite where one writer holds
-    the file, would apply both.)"""
+    """`lith_outcome` on PostgreSQL. A keyed command claims its key before it applies
+    (`CLAIM_OUTCOME`): a second process sending the same key at the same moment waits on the row
+    until the first commits, then finds it taken. (Looking first and inserting after, as on
+    SQLite where one writer holds the file, would apply both.)"""
 
     __slots__ = ("cur",)
 
