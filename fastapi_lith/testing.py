@@ -20,7 +20,7 @@ from typing import Any
 from .lith import Lith
 from .engine.frames import Frame
 from .engine.streams import Stream
-from .engine.writer import Command
+from .engine.commands import Command
 
 
 class Tab:

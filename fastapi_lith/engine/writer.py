@@ -26,9 +26,7 @@ from .statements import StatementCache
 from .storage import Probe, StorageState
 from .store import Batch, Store
 from .threads import Threads
-from .tx import Topics, Tx
-
-__all__ = ["Command", "Subscriber", "Topics", "Tx", "Writer"]
+from .tx import Topics
 
 log = logging.getLogger("fastapi_lith.writer")
 
@@ -43,6 +41,7 @@ class Writer:
     file, backends/postgres/writer.py's `PgWriter`), passing its store and the feed.
     """
 
+    @settings.checked()
     def __init__(
         self,
         store: Store,
