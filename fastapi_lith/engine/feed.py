@@ -113,7 +113,7 @@ class Outbox:
                     return
                 except StorageError:  # a full disk: the writer has logged why, once
                     pass
-                except Exception:  # noqa: BLE001 - a lost push must not break the app
+                except Exception:  # a lost push must not break the app
                     log.exception("could not forward %d pushes", len(pushes))
         finally:
             self._sending = None

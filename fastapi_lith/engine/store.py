@@ -60,7 +60,7 @@ class Batch:
     the store also forgets outcomes older than that in this batch's transaction.
     """
 
-    __slots__ = ("cmds", "keys", "window", "now", "since", "prune", "results", "errors", "repeats", "topics", "outcomes")
+    __slots__ = ("cmds", "errors", "keys", "now", "outcomes", "prune", "repeats", "results", "since", "topics", "window")
 
     def __init__(self, cmds: list[Command], keys: list[str | None] | None, window: float, prune: bool) -> None:
         self.cmds = cmds
@@ -116,8 +116,15 @@ class Batch:
 class Store(Protocol):
     """One backend's write connection, used by the writer's one thread only."""
 
-    dialect: Dialect  # what the statement cache compiles commands' statements for
-    path: Path | None  # the database file, None for a server
+    @property
+    def dialect(self) -> Dialect:
+        """What the statement cache compiles commands' statements for."""
+        ...
+
+    @property
+    def path(self) -> Path | None:
+        """The database file, None for a server."""
+        ...
 
     def describe(self) -> str:
         """What the store writes to, for logs and errors (never a password)."""

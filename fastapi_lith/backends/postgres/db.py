@@ -25,8 +25,8 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg import pq
-from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy import TextClause, text
+from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy.sql import ClauseElement
 
 from ...engine.db import Db, pending_migrations

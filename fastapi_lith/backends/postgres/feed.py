@@ -24,9 +24,9 @@ from typing import Any
 
 import psycopg
 
-from .db import dsn
 from ...engine.feed import Applier, Changes, Feed, Outbox, Push
 from ...engine.frames import Frame
+from .db import dsn
 
 log = logging.getLogger("fastapi_lith.pgfeed")
 

@@ -22,8 +22,18 @@ from ...engine.outcomes import TAB_KEEP
 from ...engine.statements import StatementCache
 from ...engine.store import Batch
 from ...engine.writer import Writer
+from .db import (
+    DIALECT,
+    MIGRATION_LOCK,
+    PgTx,
+    describe,
+    find_folder,
+    migrate,
+    open_postgres,
+    rollback,
+)
 from .pipeline import Replay, WriterConnection, WriterCursor, deallocate_owed
-from .db import DIALECT, MIGRATION_LOCK, PgTx, describe, find_folder, migrate, open_postgres, rollback
+
 log = logging.getLogger("fastapi_lith.postgres")
 
 # The transaction-scoped advisory lock that writers of all processes take turns on (see PgWriter).

@@ -70,7 +70,7 @@ class SqliteStore:
         self.path: Path | None = Path(path)
         self.file = Path(path)
         self.migrations = migrations
-        self.synchronous = settings.choice("synchronous", synchronous, db.SYNCHRONOUS)
+        self.synchronous: db.Synchronous = settings.choice("synchronous", synchronous, db.SYNCHRONOUS)  # type: ignore[assignment]
         self.cached_statements = cached_statements
         # SQLite's default; raised while Litestream replicates, since it checkpoints itself.
         self.wal_autocheckpoint = wal_autocheckpoint
