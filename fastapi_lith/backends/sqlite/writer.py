@@ -67,8 +67,7 @@ class SqliteStore:
         cached_statements: int = 512,
         wal_autocheckpoint: int = 1000,
     ) -> None:
-        self.path: Path | None = Path(path)
-        self.file = Path(path)
+        self.path = Path(path)
         self.migrations = migrations
         self.synchronous: db.Synchronous = settings.choice("synchronous", synchronous, db.SYNCHRONOUS)  # type: ignore[assignment]
         self.cached_statements = cached_statements
@@ -79,7 +78,7 @@ class SqliteStore:
         self._statements: StatementCache | None = None
 
     def describe(self) -> str:
-        return self.file.name
+        return self.path.name
 
     def open(self, feed: Feed, statements: StatementCache, forget_before: float) -> None:
         self._feed, self._statements = feed, statements
@@ -87,7 +86,7 @@ class SqliteStore:
         # both want the file to themselves.
         with feed.turn():
             conn = db.open_sqlite(
-                self.file,
+                self.path,
                 synchronous=self.synchronous,
                 cached_statements=self.cached_statements if statements.enabled else 0,
             )
@@ -96,7 +95,7 @@ class SqliteStore:
                 if self.migrations is not None:
                     before, after = db.migrate(conn, self.migrations)
                     if after != before:
-                        log.info("%s: migrated from version %d to %d", self.file.name, before, after)
+                        log.info("%s: migrated from version %d to %d", self.path.name, before, after)
                 conn.executescript(f"BEGIN IMMEDIATE;{OUTCOMES_SCHEMA};{TABS_SCHEMA};COMMIT;")
                 self._prune(conn.cursor(), forget_before)
                 feed.setup(conn)
