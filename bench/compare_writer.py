@@ -45,7 +45,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="shorter windows (noisier)")
     args = ap.parse_args()
     new = HERE.parent
-    found = print_conditions(loop="asyncio", tmpdir=Path(tempfile.gettempdir()), sources=("fastapi_lith/engine/writer.py",))
+    found = print_conditions(loop="asyncio", tmpdir=Path(tempfile.gettempdir()), sources=("fastapi_lith/engine/writer.py", "fastapi_lith/backends/sqlite/writer.py"))
     old_rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=args.old, capture_output=True, text=True).stdout.strip()
     new_rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=new, capture_output=True, text=True).stdout.strip()
     print(f"old {old_rev}, new {new_rev} (+ uncommitted changes, if any); {args.rounds} rounds, "

@@ -884,7 +884,7 @@ RULES_READER = (
     ("reader: read transaction (BEGIN/COMMIT), pool, wake the loop", ("Readers.call", "thread.py")),
 )
 RULES_WRITER = (
-    ("writer: SQLite (statements, COMMIT)", ("Db.execute", "cur.execute", "Writer._apply (fastapi_lith/engine/writer.py:2")),
+    ("writer: SQLite (statements, COMMIT)", ("Db.execute", "cur.execute", "SqliteStore._transaction", "Writer._apply (fastapi_lith/engine/writer.py")),
     ("writer: pool, wake the loop", ("",)),
 )
 

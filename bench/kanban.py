@@ -1012,7 +1012,7 @@ GROUPS = {
 _IDLE = (
     ("threading.py", "wait"), ("queue.py", "get"), ("concurrent/futures/thread.py", "_worker"),
     ("aiosqlite/core.py", "_connection_worker_thread"), ("selectors.py", "select"),
-    ("fastapi_lith/engine/db.py", "_work"),  # a lith Workers thread blocked on its SimpleQueue
+    ("fastapi_lith/engine/threads.py", "_work"),  # a lith Threads thread blocked on its SimpleQueue
 )
 
 

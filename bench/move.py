@@ -21,16 +21,16 @@ sys.path.insert(0, str(Path.cwd()))
 
 from examples.kanban.commands import MoveCard  # noqa: E402
 from examples.kanban.seed import seed  # noqa: E402
-from fastapi_lith.engine.db import connect  # noqa: E402
+from fastapi_lith.backends.sqlite.db import open_sqlite  # noqa: E402
 from fastapi_lith.engine.statements import StatementCache  # noqa: E402
-from fastapi_lith.engine.writer import Tx  # noqa: E402
+from fastapi_lith.engine.tx import Tx  # noqa: E402
 
 
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "move.db"
         board = seed(db, cards=200)
-        conn = connect(db)
+        conn = open_sqlite(db)
         cards = [r[0] for r in conn.execute("SELECT id FROM card")]
         lanes = [r[0] for r in conn.execute("SELECT id FROM lane WHERE board_id = ?", (board,))]
         rng = random.Random(1)

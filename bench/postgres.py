@@ -114,10 +114,10 @@ def answer(proc: subprocess.Popen[str]) -> dict[str, Any]:
 
 def fresh(server: Any, folder: Path) -> str:
     """A new database, migrated as the app would: the naive route finds the same tables."""
-    from fastapi_lith.backends.postgres.db import connect, migrate
+    from fastapi_lith.backends.postgres.db import migrate, open_postgres
 
     url = server.create_database("bench")
-    with connect(url) as conn:
+    with open_postgres(url) as conn:
         migrate(conn, folder)
     return url
 
@@ -191,9 +191,9 @@ def writer_run(url: str, folder: Path, config: str, duration: float, warmup: flo
                    producers=producers, start=start, warmup=warmup, duration=duration, refuse=refuse)
              for _ in range(processes)]
     results = [answer(p) for p in procs]
-    from fastapi_lith.backends.postgres.db import connect
+    from fastapi_lith.backends.postgres.db import open_postgres
 
-    with connect(url) as conn:  # every acknowledged command there, once: a check, not a timing
+    with open_postgres(url) as conn:  # every acknowledged command there, once: a check, not a timing
         events, counted = conn.execute("SELECT (SELECT count(*) FROM event), (SELECT sum(count) FROM counter)").fetchone()
     acknowledged = sum(r["acknowledged"] for r in results)
     if not events == counted == acknowledged:

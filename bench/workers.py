@@ -53,7 +53,8 @@ sys.path[:0] = [str(ROOT), str(HERE)]
 from markupsafe import Markup  # noqa: E402
 from conditions import load_average, percentile, print_conditions  # noqa: E402
 from fastapi_lith import Command, Db, Frame, Lith, Stream, Tx, Writer  # noqa: E402
-from fastapi_lith.engine.feed import Feed, LocalFeed, SqliteFeed  # noqa: E402
+from fastapi_lith.backends.sqlite.feed import SqliteFeed  # noqa: E402
+from fastapi_lith.engine.feed import Feed, LocalFeed  # noqa: E402
 
 ROWS = 1000
 SCHEMA = f"""

@@ -64,6 +64,7 @@ from conditions import (  # noqa: E402
 )
 from fastapi_lith import Command, TabCommand, Tx, Writer  # noqa: E402
 from fastapi_lith.engine.statements import compile_statement  # noqa: E402
+from fastapi_lith.engine.store import Batch  # noqa: E402
 
 try:
     import uvloop
@@ -194,10 +195,9 @@ def check_total(path: Path, expected_at_least: int) -> None:
 # -- ours ---------------------------------------------------------------------------------------
 
 
-def _no_database(batch: list[Command], keys: Any = None) -> tuple[list[Any], list[BaseException | None], frozenset[str], int]:
-    """Stands in for `Writer._apply` in the `looponly` diagnostic: no SQL, only the hop."""
-    n = len(batch)
-    return [None] * n, [None] * n, frozenset(("counter",)), 0
+def _no_database(batch: Batch) -> None:
+    """Stands in for the store's `run` in the `looponly` diagnostic: no SQL, only the hop."""
+    batch.topics = frozenset(("counter",))
 
 
 async def _ours(path: Path, sync: str, producers: int, cache: bool, warmup: float, duration: float,
@@ -205,7 +205,7 @@ async def _ours(path: Path, sync: str, producers: int, cache: bool, warmup: floa
     writer = Writer(path, migrations=path.parent / "migrations", synchronous=sync, statement_cache=cache)
     await writer.start()
     if loop_only:  # diagnostic: what the event loop side alone allows (the batch hop stays)
-        writer._apply = _no_database  # type: ignore[method-assign]
+        writer.store.run = _no_database  # type: ignore[method-assign]
     writer_clock = writer_thread_clock(writer)
     phase = Phase()
     latencies: list[float] = []
@@ -528,7 +528,7 @@ def tables(results: dict[tuple[str, str, int], list[dict[str, Any]]], syncs: lis
                 )
     if has & {"looponly", "looponly_uv"}:
         lines.append("")
-        lines.append("Diagnostic: the event loop side alone (`Writer._apply` replaced by a no-op; the hop to the "
+        lines.append("Diagnostic: the event loop side alone (the store's `run` replaced by a no-op; the hop to the "
                      "writer thread stays):\n")
         lines.append("| sync | P | ours cmd/s | loop side alone, asyncio cmd/s | loop CPU µs/cmd "
                      "| loop side alone, uvloop cmd/s | loop CPU µs/cmd |")
@@ -608,7 +608,7 @@ def main_bench(args: argparse.Namespace) -> None:
     found = print_conditions(
         loop="asyncio (main figures), uvloop (extra column)" if "uvloop" in variants else "asyncio",
         tmpdir=tmp,
-        sources=("fastapi_lith/engine/writer.py", "fastapi_lith/engine/statements.py", "fastapi_lith/engine/db.py"),
+        sources=("fastapi_lith/engine/writer.py", "fastapi_lith/backends/sqlite/writer.py", "fastapi_lith/engine/statements.py", "fastapi_lith/engine/db.py"),
     )
     print(f"SQL per command: {ADD_SQL}  (params {ADD_ORDER}), {ROWS} rows, a savepoint each")
     print(f"repeats {args.reps}, warm-up {args.warmup} s, window {args.duration} s per run; "
@@ -745,12 +745,12 @@ WRITER_THREAD_RULES: list[Rule] = [
     (lambda f, fi, ln, t: f.endswith(".execute") and fi.startswith("fastapi_lith/"),
      lambda f, fi, ln, t: f"{f} ({where(fi, ln)})"),
     (lambda f, fi, ln, t: f == "Add.apply", lambda f, fi, ln, t: "Add.apply body (bench command: params dict)"),
-    (lambda f, fi, ln, t: f == "Writer._apply" and "SAVEPOINT" in t, lambda f, fi, ln, t: f"SAVEPOINT ({where(fi, ln)})"),
-    (lambda f, fi, ln, t: f == "Writer._apply" and "RELEASE" in t and "ROLLBACK" not in t,
+    (lambda f, fi, ln, t: f == "SqliteStore._transaction" and "SAVEPOINT" in t, lambda f, fi, ln, t: f"SAVEPOINT ({where(fi, ln)})"),
+    (lambda f, fi, ln, t: f == "SqliteStore._transaction" and "RELEASE" in t and "ROLLBACK" not in t,
      lambda f, fi, ln, t: f"RELEASE ({where(fi, ln)})"),
-    (lambda f, fi, ln, t: f == "Writer._apply" and "COMMIT" in t, lambda f, fi, ln, t: f"COMMIT ({where(fi, ln)})"),
-    (lambda f, fi, ln, t: f == "Writer._apply" and "BEGIN" in t, lambda f, fi, ln, t: f"BEGIN IMMEDIATE ({where(fi, ln)})"),
-    (lambda f, fi, ln, t: f == "Writer._apply", lambda f, fi, ln, t: f"_apply loop ({where(fi, ln)})"),
+    (lambda f, fi, ln, t: f == "SqliteStore._transaction" and "COMMIT" in t, lambda f, fi, ln, t: f"COMMIT ({where(fi, ln)})"),
+    (lambda f, fi, ln, t: f == "SqliteStore._transaction" and "BEGIN" in t, lambda f, fi, ln, t: f"BEGIN IMMEDIATE ({where(fi, ln)})"),
+    (lambda f, fi, ln, t: f == "SqliteStore._transaction", lambda f, fi, ln, t: f"_transaction loop ({where(fi, ln)})"),
     (lambda f, fi, ln, t: f in HAND_BACK,
      lambda f, fi, ln, t: "hand-back to the loop (set_result → call_soon_threadsafe → self-pipe write)"),
     (lambda f, fi, ln, t: f == "_worker", lambda f, fi, ln, t: "waiting for the next batch (SimpleQueue.get)"),
@@ -835,7 +835,7 @@ def summarize_profile(raw: Path, rate: int, top: int = 16) -> tuple[str, dict[st
 
 def main_profile(args: argparse.Namespace) -> None:
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    print_conditions(loop="asyncio", sources=("fastapi_lith/engine/writer.py", "fastapi_lith/engine/statements.py", "fastapi_lith/engine/db.py"))
+    print_conditions(loop="asyncio", sources=("fastapi_lith/engine/writer.py", "fastapi_lith/backends/sqlite/writer.py", "fastapi_lith/engine/statements.py", "fastapi_lith/engine/db.py"))
     out_dir = Path(args.profile_dir or tempfile.mkdtemp(prefix="lith-profile-"))
     out_dir.mkdir(parents=True, exist_ok=True)
     target = [sys.executable, str(Path(__file__).resolve()), "--profile-target",

@@ -1,15 +1,19 @@
 """fastapi-lith: live, multiplayer HTML apps for FastAPI on SQLite and Datastar.
 
 Everything an app needs is here, the parts it may replace too (`Hub`, `Readers`, a feed, an
-encoder) and, for scripts, `connect` / `migrate` / `open_backend`; other modules are the
+encoder) and, for scripts, `open_sqlite` / `migrate` / `open_backend`; other modules are the
 library's own, except `fastapi_lith.testing` (virtual tabs) and `fastapi_lith.ops` (backups).
 """
 
 from .account_pool import ACCOUNT_NAME, Account
 from .accounts import Accounts
 from .backends import open_backend
+from .backends.sqlite.db import SqliteReaders as Readers
+from .backends.sqlite.db import migrate, open_sqlite
+from .backends.sqlite.feed import SqliteFeed
+from .backends.sqlite.writer import SqliteWriter as Writer
 from .engine.commands import Command, TabCommand, TabId
-from .engine.db import Db, Readers, connect, migrate
+from .engine.db import Db
 from .engine.encoders import (
     BrotliEncoder,
     Encoder,
@@ -19,12 +23,12 @@ from .engine.encoders import (
     make_encoder,
     negotiate,
 )
-from .engine.feed import Feed, LocalFeed, SqliteFeed
+from .engine.feed import Feed, LocalFeed
 from .engine.frames import Frame
 from .engine.hub import Hub
 from .engine.streams import Stream
+from .engine.tx import Tx
 from .engine.views import fragment
-from .engine.writer import Tx, Writer
 from .exceptions import (
     AccountUnavailable,
     AlreadyRunning,
@@ -73,7 +77,7 @@ __all__ = [
     "Hub", "Readers", "Feed", "LocalFeed", "SqliteFeed",
     "Encoder", "IdentityEncoder", "ZstdEncoder", "BrotliEncoder", "GzipEncoder", "make_encoder", "negotiate",
     # for scripts: a database opened and migrated as the app does
-    "connect", "migrate", "open_backend",
+    "open_sqlite", "migrate", "open_backend",
     # errors: every one is a LithError
     "LithError", "AccountUnavailable", "AlreadyRunning", "BackupError", "BadParameter", "CommandError",
     "DatabaseError", "EncoderClosed", "InUse", "MigrationError", "MissingParameter", "NotOneRow", "NotRunning",

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .engine import db
+from .backends.sqlite import db
+from .engine.db import find_migrations
 from .exceptions import LithError, MigrationError, ReplicaError
 from .ops import InUse, backup, files, holders, litestream, restore, verify
 from .ops.files import open_ro
@@ -151,7 +152,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    migrations = db.find_migrations(args.migrations)  # a missing folder fails before any file is made
+    migrations = find_migrations(args.migrations)  # a missing folder fails before any file is made
     if args.db.exists():
         busy = holders(args.db)
         if busy:
@@ -159,7 +160,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
                 f"{args.db} is open in another process ({'; '.join(busy)}): a running app migrates "
                 f"itself when it starts; stop it to migrate from the shell"
             )
-    conn = db.connect(args.db)
+    conn = db.open_sqlite(args.db)
     try:
         before, after = db.migrate(conn, args.migrations)
     finally:
@@ -173,7 +174,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    migrations = db.find_migrations(args.migrations)
+    migrations = find_migrations(args.migrations)
     if args.db.exists():
         with open_ro(args.db) as conn:
             version = db.user_version(conn)
@@ -395,7 +396,7 @@ def cmd_accounts_restore(args: argparse.Namespace) -> int:
 
 
 def cmd_accounts_migrate(args: argparse.Namespace) -> int:
-    db.find_migrations(args.migrations)  # a missing folder fails before any file is touched
+    find_migrations(args.migrations)  # a missing folder fails before any file is touched
     names = _accounts_in(args.folder, args.accounts)
 
     def migrate(name: str) -> str:
@@ -403,7 +404,7 @@ def cmd_accounts_migrate(args: argparse.Namespace) -> int:
         busy = holders(path)
         if busy:
             raise MigrationError(f"open in another process ({'; '.join(busy)}): the app migrates it when it opens it")
-        conn = db.connect(path)
+        conn = db.open_sqlite(path)
         try:
             before, after = db.migrate(conn, args.migrations)
         finally:

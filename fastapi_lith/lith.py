@@ -21,12 +21,15 @@ from starlette.responses import Response
 
 from . import settings
 from .backends import open_backend
-from .engine import db, encoders
+from .backends.sqlite import db
+from .backends.sqlite.writer import SqliteWriter
+from .engine import encoders
 from .engine.commands import Command, _Touch
 from .engine.encoders import Encoder
 from .engine.engine import Engine, app_views, register_view
 from .engine.feed import Feed
 from .engine.hub import Hub
+from .engine.readers import Readers
 from .engine.views import Render, Topics, Views
 from .engine.writer import Writer
 from .exceptions import AlreadyRunning, SettingError, WriterClosed
@@ -40,7 +43,7 @@ log = logging.getLogger("fastapi_lith")
 
 
 # The writer's settings keep the writer's defaults, written once, in engine/writer.py.
-_WRITER = {name: p.default for name, p in inspect.signature(Writer).parameters.items()}
+_WRITER = {name: p.default for name, p in inspect.signature(SqliteWriter).parameters.items()}
 
 
 def _kept_by(part: str, name: str) -> Any:
@@ -73,7 +76,7 @@ class Lith:
         hub: Callable[..., Hub] = Hub,
         migrations: str | Path | None = None,
         synchronous: db.Synchronous = _WRITER["synchronous"],
-        readers: int | db.Readers = 2,
+        readers: int | Readers = 2,
         batch_size: int = _WRITER["batch_size"],
         cached_statements: int = _WRITER["cached_statements"],
         statement_cache: bool = _WRITER["statement_cache"],
@@ -142,7 +145,7 @@ class Lith:
         self.feed = writer.feed if writer is not None else feed if feed is not None else self.backend.feed()
         if not callable(hub):
             raise SettingError(f"hub must be Hub or a function that builds one, not {hub!r}")
-        if writer is not None and replica is not None:  # Litestream checkpoints the WAL itself
+        if isinstance(writer, SqliteWriter) and replica is not None:  # Litestream checkpoints the WAL itself
             writer.wal_autocheckpoint = WRITER_CHECKPOINT_PAGES
         tick = settings.number("tick", tick, low=0.001)
         # Every tab's outcome: the last message and the `done` signal (see commands.py).
@@ -162,7 +165,7 @@ class Lith:
             wal_autocheckpoint=WRITER_CHECKPOINT_PAGES if replica is not None else 1000,
             feed=self.feed,
         )
-        if not isinstance(readers, db.Readers):
+        if not isinstance(readers, Readers):
             readers = settings.number("readers", readers, low=1, integer=True)
         self.engine = Engine(self.backend, engine_writer, self.feed, self.views, readers=readers, hub=hub, tick=tick)
         config = WebSettings(

@@ -14,10 +14,13 @@ from typing import Any
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from ..engine import db
-from ..exceptions import SettingError
-from ..engine.feed import Feed, SqliteFeed
+from ..engine.feed import Feed
+from ..engine.readers import Readers
 from ..engine.writer import Writer
+from ..exceptions import SettingError
+from .sqlite import db
+from .sqlite.feed import SqliteFeed
+from .sqlite.writer import SqliteWriter
 
 
 class SqliteBackend:
@@ -33,10 +36,10 @@ class SqliteBackend:
         return SqliteFeed(self.path)
 
     def writer(self, **settings: Any) -> Writer:
-        return Writer(self.path, **settings)
+        return SqliteWriter(self.path, **settings)
 
-    def readers(self, size: int) -> Any:
-        return db.Readers(self.path, size=size)
+    def readers(self, size: int) -> Readers:
+        return db.SqliteReaders(self.path, size=size)
 
     def engine(self) -> AsyncEngine:
         # aiosqlite for the handlers' ad hoc reads, every connection `query_only`.
@@ -74,9 +77,11 @@ class PostgresBackend:
         return NotifyFeed(self.url)
 
     def writer(self, **settings: Any) -> Writer:
+        for sqlite_only in ("synchronous", "wal_autocheckpoint"):  # the file's settings
+            settings.pop(sqlite_only, None)
         return self._writer_module.PgWriter(self.url, **settings)
 
-    def readers(self, size: int) -> Any:
+    def readers(self, size: int) -> Readers:
         return self._pg.PgReaders(self.url, size=size)
 
     def engine(self) -> AsyncEngine:

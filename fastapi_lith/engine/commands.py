@@ -12,16 +12,14 @@ import inspect
 import logging
 import re
 import time
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 from pydantic_core import PydanticCustomError
 
-from . import db, outcomes
 from ..exceptions import CommandError, Rejected
-
-if TYPE_CHECKING:
-    from .writer import Tx
+from . import db, outcomes
+from .tx import Tx
 
 # Tab ids come from the page; they name per-tab views and travel in URLs and commands.
 TAB_PATTERN = r"[A-Za-z0-9_-]{1,64}"

@@ -18,7 +18,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ..exceptions import AlreadyRunning, NotRunning
 from . import outcomes
-from .db import Db, Readers
+from .db import Db
+from .readers import Readers
 from .feed import Feed
 from .frames import Frame
 from .hub import Hub

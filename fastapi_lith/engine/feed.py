@@ -2,55 +2,41 @@
 
 In one process the writer tells its own hub after each commit, and nothing more is needed
 (`LocalFeed`). With several processes on one database (`uvicorn --workers N`, or two services on
-one file) each has its own writer and hub, so each batch also writes its topics to the feed
+one database) each has its own writer and hub, so each batch also writes its topics to the feed
 inside its own transaction: they exist exactly when the batch does, survive what it survives,
 and vanish with a rollback. Every hub asks the feed at each tick what other processes committed.
 
-`SqliteFeed` keeps the feed in a small table of the database itself. A hub learns that anything
-committed at all from `PRAGMA data_version` on a connection of its own, which costs no query of
-the table; only then it reads the entries after the last one it saw. The table is pruned to its
-newest `keep` entries, so a hub that finds a gap (it started, or fell further behind than that)
-renders every view once instead of replaying: a spare render is cheap, a stale tab is a bug.
-
-Writers of different processes take turns at the file through an OS lock (`flock` on a file
-beside the database) around each batch's transaction. SQLite's own busy handler would have a
-waiting writer sleep and poll in steps of up to 100 ms; the kernel wakes a waiting `flock` the
-moment the lock is released.
-
-The interface is the class `Feed`; a PostgreSQL feed puts NOTIFY behind `publish` and a LISTEN
-connection behind `poll`.
+The interface is the class `Feed`; each backend has its shared feed: a table and a file lock on
+SQLite (backends/sqlite/feed.py), NOTIFY and a LISTEN connection on PostgreSQL
+(backends/postgres/feed.py). Both carry frames pushed to other processes' tabs into the
+writer's next batch through an `Outbox`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import os
-import secrets
-import sqlite3
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import ConfigDict
 
-from . import db
 from ..exceptions import StorageError, WriterClosed
+from .commands import Command
 from .frames import Frame
-from .writer import Command, Tx, Writer
-
-
-try:
-    import fcntl
-except ImportError:  # not Unix: writers fall back on SQLite's busy handler
-    fcntl = None  # type: ignore[assignment]
+from .tx import Tx
 
 log = logging.getLogger("fastapi_lith.feed")
 
 Push = tuple[str, Frame]  # a frame for every stream of one tab, wherever that stream lives
+
+
+class Applier(Protocol):
+    """What a feed hands its forwarded pushes to: the writer."""
+
+    async def do(self, cmd: Command, *, key: str | None = None) -> Any: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,13 +63,13 @@ class Feed:
         """Held around each write transaction: writers of all processes take turns."""
         yield
 
-    def setup(self, conn: sqlite3.Connection) -> None:
+    def setup(self, conn: Any) -> None:
         """Create what the feed needs in the database (writer thread, in `turn`, once)."""
 
-    def publish(self, conn: sqlite3.Connection, topics: Collection[str], pushes: Sequence[Push] = ()) -> None:
+    def publish(self, conn: Any, topics: Collection[str], pushes: Sequence[Push] = ()) -> None:
         """Record a batch's topics and pushes inside its transaction, just before COMMIT."""
 
-    async def start(self, writer: Writer) -> None:
+    async def start(self, writer: Applier) -> None:
         """Begin listening; `writer` carries forwarded pushes into the feed."""
 
     def poll(self) -> Changes | None:
@@ -101,154 +87,42 @@ class LocalFeed(Feed):
     """One process on the database: commits reach the hub through the writer alone."""
 
 
-class SqliteFeed(Feed):
-    """The feed as a table in the database, for several processes on one SQLite file.
+class Outbox:
+    """Frames for other processes' tabs, carried into the writer's next batch, whatever else is
+    forwarded meanwhile riding along: one feed entry (`Feed.publish`) for all of them."""
 
-    `keep` entries are kept (pruned every `prune_every` batches); a hub further behind than
-    that renders everything once. The lock file is the database's name plus `-lock`.
-    """
-
-    shared = True
-    TABLE = "lith_feed"
-
-    def __init__(self, path: str | Path, *, keep: int = 4096, prune_every: int = 256) -> None:
-        self.path = Path(path)
-        self.lock_path = self.path.with_name(self.path.name + "-lock")
-        self.keep = keep
-        self.prune_every = prune_every
-        self.origin = secrets.token_hex(8)  # this process's entries: its hub heard them already
-        self._lock_fd: int | None = None
-        self._conn: sqlite3.Connection | None = None
-        self._version: int | None = None
-        self._last = 0  # the newest entry seen
-        self._writer: Writer | None = None
-        self._outbox: list[Push] = []
+    def __init__(self, feed: Feed) -> None:
+        self.feed = feed
+        self.writer: Applier | None = None
+        self._pushes: list[Push] = []
         self._sending: asyncio.Task[None] | None = None
-        # Counters the tests and benchmarks read.
-        self.changed = 0  # polls that found data_version changed, so read the table
-        self.reads = 0  # entries read
-        self.gaps = 0  # times entries were pruned before this hub read them
 
-    # -- the writer's side (writer thread) ---------------------------------------------------
-
-    @contextmanager
-    def turn(self) -> Iterator[None]:
-        if fcntl is None:
-            yield
-            return
-        fd = self._lock_fd
-        if fd is None:
-            fd = self._lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o660)
-        # flock belongs to this open file: it is released when the process dies, kill -9 too.
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-
-    def setup(self, conn: sqlite3.Connection) -> None:
-        conn.execute(
-            f"CREATE TABLE IF NOT EXISTS {self.TABLE} ("
-            " seq INTEGER PRIMARY KEY, origin TEXT NOT NULL, topics TEXT NOT NULL, pushes TEXT)"
-        )
-
-    def publish(self, conn: sqlite3.Connection, topics: Collection[str], pushes: Sequence[Push] = ()) -> None:
-        if not topics and not pushes:
-            return
-        sent = json.dumps([[tab, f.key, f.html, f.signals] for tab, f in pushes]) if pushes else None
-        # Rows are only ever deleted below the newest, so the next seq is always the next number:
-        # a gap in what a hub reads means entries were pruned before it saw them.
-        seq = conn.execute(
-            f"INSERT INTO {self.TABLE} (origin, topics, pushes) VALUES (?, ?, ?)",
-            (self.origin, json.dumps(sorted(topics)), sent),
-        ).lastrowid
-        if seq is not None and seq % self.prune_every == 0:
-            conn.execute(f"DELETE FROM {self.TABLE} WHERE seq <= ?", (seq - self.keep,))
-
-    # -- the hub's side (event loop) ---------------------------------------------------------
-
-    async def start(self, writer: Writer) -> None:
-        self._writer = writer
-        conn = db.connect(self.path, read_only=True, cached_statements=4)
-        # This connection is read on the event loop: never wait there, retry at the next tick.
-        conn.execute("PRAGMA busy_timeout = 0")
-        # A hub that starts has no frames yet: each view renders fresh as a stream opens it.
-        self._version = conn.execute("PRAGMA data_version").fetchone()[0]
-        self._last = conn.execute(f"SELECT coalesce(max(seq), 0) FROM {self.TABLE}").fetchone()[0]
-        self._conn = conn
-
-    def poll(self) -> Changes | None:
-        conn = self._conn
-        if conn is None:
-            return None
-        try:
-            # Changes whenever another connection committed: no query of the table until then.
-            version = conn.execute("PRAGMA data_version").fetchone()[0]
-            if version == self._version:
-                return None
-            self.changed += 1
-            rows = conn.execute(
-                f"SELECT seq, origin, topics, pushes FROM {self.TABLE} WHERE seq > ? ORDER BY seq",
-                (self._last,),
-            ).fetchall()
-        except sqlite3.OperationalError as exc:  # busy (a recovery) or locked: next tick
-            log.debug("feed poll deferred: %s", exc)
-            return None
-        self._version = version
-        if not rows:
-            return None
-        self.reads += len(rows)
-        everything = rows[0][0] != self._last + 1
-        if everything:
-            self.gaps += 1
-            log.info("feed: %d entries missed, every view renders again", rows[0][0] - self._last - 1)
-        self._last = rows[-1][0]
-        topics: set[str] = set()
-        pushes: list[Push] = []
-        for _, origin, touched, sent in rows:
-            if origin == self.origin:
-                continue
-            if not everything:
-                topics.update(json.loads(touched))
-            if sent:
-                pushes.extend((tab, Frame(key, html, signals)) for tab, key, html, signals in json.loads(sent))
-        if not topics and not pushes and not everything:
-            return None
-        return Changes(frozenset(topics), tuple(pushes), everything)
-
-    def forward(self, tab: str, frame: Frame) -> None:
-        # Into the writer's next batch, with whatever else is forwarded meanwhile.
-        self._outbox.append((tab, frame))
-        if self._sending is None and self._writer is not None:
+    def put(self, tab: str, frame: Frame) -> None:
+        self._pushes.append((tab, frame))
+        if self._sending is None and self.writer is not None:
             self._sending = asyncio.get_running_loop().create_task(self._send(), name="lith-feed-forward")
 
     async def _send(self) -> None:
-        assert self._writer is not None
+        assert self.writer is not None
         try:
-            while self._outbox:
-                pushes, self._outbox = self._outbox, []
+            while self._pushes:
+                pushes, self._pushes = self._pushes, []
                 try:
-                    await self._writer.do(_Forward.model_construct(feed=self, pushes=pushes))
+                    await self.writer.do(_Forward.model_construct(feed=self.feed, pushes=pushes))
                 except WriterClosed:
                     return
                 except StorageError:  # a full disk: the writer has logged why, once
                     pass
-                except Exception:  # noqa: BLE001 - a lost push must not break the app
+                except Exception:  # a lost push must not break the app
                     log.exception("could not forward %d pushes", len(pushes))
         finally:
             self._sending = None
 
-    async def close(self) -> None:
+    def close(self) -> None:
         if self._sending is not None:
             self._sending.cancel()
             self._sending = None
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
-        self._writer = None
+        self.writer = None
 
 
 class _Forward(Command):

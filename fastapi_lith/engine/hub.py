@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from statistics import quantiles
 from typing import Any
 
-from .db import Db, Readers
+from .db import Db
 from .feed import Feed, LocalFeed
+from .readers import Readers
 from .shutdown import end_on_exit_signal, forget
 from .frames import Frame
 from .streams import Stream, Subscription

@@ -1,9 +1,11 @@
-"""Linear writes: `Tx` and the one `Writer` that owns the write connection.
+"""Linear writes: the one `Writer` of a process, over its backend's `Store`.
 
 Every change is a command. The writer applies commands in arrival order, up to `batch_size` in
-one `BEGIN IMMEDIATE` transaction, each in its own savepoint, so a failing command rolls back
-alone. One thread owns the connection and gets whole batches, one thread hop per batch: the
-cost of a hop is paid once for hundreds of commands.
+one transaction, each in its own savepoint, so a failing command rolls back alone. One thread
+owns the write connection and gets whole batches, one thread hop per batch: the cost of a hop
+is paid once for hundreds of commands. What the transaction looks like is the store's (see
+store.py); the queue, the futures, the counters and the subscribers are the same on every
+backend, and live here.
 """
 
 from __future__ import annotations
@@ -11,91 +13,49 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import sqlite3
 import time
 from collections import deque
 from collections.abc import Callable
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from . import db
 from .. import settings
-from .commands import Command, run_apply
-from .db import Db
 from ..exceptions import Rejected, StorageError, WriterClosed
-from .outcomes import (
-    FIND_OUTCOME,
-    OUTCOMES_SCHEMA,
-    PRUNE_OUTCOMES,
-    PRUNE_TABS,
-    RECORD_OUTCOME,
-    TAB_KEEP,
-    TABS_SCHEMA,
-    dump_outcome,
-    load_outcome,
-)
-from .statements import DIALECT, StatementCache
-from .storage import Probe, StorageState, storage_cause
-
-if TYPE_CHECKING:
-    from .feed import Feed
+from .commands import Command
+from .feed import Feed
+from .statements import StatementCache
+from .storage import Probe, StorageState
+from .store import Batch, Store
+from .threads import Threads
+from .tx import Topics
 
 log = logging.getLogger("fastapi_lith.writer")
 
-Topics = frozenset[str]
 Subscriber = Callable[[Topics], None]
 
 
-class Tx(Db):
-    """What a command sees: the write connection inside its savepoint, and the topics it touches."""
-
-    __slots__ = ("_touched",)
-
-    def __init__(self, conn: sqlite3.Connection, cache: StatementCache) -> None:
-        super().__init__(conn, cache)
-        # One list for the whole batch: a rolled-back command's topics are cut off at its mark.
-        self._touched: list[str] = []
-
-    def touch(self, *topics: str) -> None:
-        """Mark topics changed: views that watch them render in the next tick, if this commits."""
-        for topic in topics:
-            if type(topic) is not str:  # a list here would fail the whole batch's commit
-                settings.topic_names("tx.touch", topics)
-        self._touched.extend(topics)
-
-
 class Writer:
-    """The only writer of one SQLite file.
+    """The only writer of one database in this process, over `store`.
 
     `await writer.do(cmd)` queues the command and returns `cmd.apply(tx)`'s result once the
-    batch holding it has committed.
+    batch holding it has committed. A backend builds one (`fastapi_lith.Writer` on a SQLite
+    file, backends/postgres/writer.py's `PgWriter`), passing its store and the feed.
     """
-
-    dialect = DIALECT  # what the statement cache compiles for: another backend names its own
 
     @settings.checked()
     def __init__(
         self,
-        path: str | Path,
+        store: Store,
         *,
-        migrations: str | Path | None = None,
-        synchronous: db.Synchronous = "NORMAL",
+        feed: Feed,
         batch_size: int = 512,
         cached_statements: int = 512,
         statement_cache: bool = True,
         repeat_window: float = 3600.0,
-        wal_autocheckpoint: int = 1000,
-        feed: Feed | None = None,
     ) -> None:
-        self.path = Path(path)
-        from .feed import LocalFeed  # here: feed.py builds on this module
-
-        # One process by default: its hub hears of commits through `subscribe` alone.
-        self.feed = feed if feed is not None else LocalFeed()
-        # SQLite's default; raised while Litestream replicates, since it checkpoints itself.
-        self.wal_autocheckpoint = wal_autocheckpoint
-        self.migrations = migrations
-        self.synchronous = settings.choice("synchronous", synchronous, db.SYNCHRONOUS)
+        self.store = store
+        self.path = store.path  # the file, None on a server: `describe()` names either
+        self.dialect = store.dialect  # what the statement cache compiles for
+        self.feed = feed
         self.batch_size = settings.number("batch_size", batch_size, low=1, integer=True)
         settings.number("cached_statements", cached_statements, low=0, integer=True)
         # How long a command's first outcome answers its repeats; 0 turns keys off.
@@ -103,12 +63,10 @@ class Writer:
         self.statements = StatementCache(
             cached_statements, enabled=settings.flag("statement_cache", statement_cache), dialect=self.dialect
         )
-        self._cached_statements = cached_statements if statement_cache else 0
         self._queue: deque[tuple[Command, str | None, asyncio.Future[Any]]] = deque()
         self._wake = asyncio.Event()
         self._subscribers: list[Subscriber] = []
-        self._conn: sqlite3.Connection | None = None
-        self._thread: db.Workers | None = None
+        self._thread: Threads | None = None
         self._task: asyncio.Task[None] | None = None
         self._closing = True
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -118,12 +76,16 @@ class Writer:
         self.commit_seconds: deque[float] = deque(maxlen=100_000)
         self.storage = StorageState()  # a full disk, a read-only file: see `probe`
 
+    def describe(self) -> str:
+        """What this writer writes to, for logs: the file's name, or the server's database."""
+        return self.store.describe()
+
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Open the write connection on the writer thread, migrate, start taking commands."""
         self._loop = asyncio.get_running_loop()
-        self._thread = db.Workers(1, "lith-writer")
+        self._thread = Threads(1, "lith-writer")
         try:
             await self._thread.run(self._open)
         except BaseException:
@@ -139,33 +101,11 @@ class Writer:
         gc.freeze()
 
     def _open(self) -> None:
-        # Processes starting at once take turns: switching a new file to WAL and migrating
-        # both want the file to themselves.
-        with self.feed.turn():
-            conn = db.connect(
-                self.path, synchronous=self.synchronous, cached_statements=self._cached_statements
-            )
-            try:
-                conn.execute(f"PRAGMA wal_autocheckpoint = {int(self.wal_autocheckpoint)}")
-                if self.migrations is not None:
-                    before, after = db.migrate(conn, self.migrations)
-                    if after != before:
-                        log.info("%s: migrated from version %d to %d", self.path.name, before, after)
-                conn.executescript(f"BEGIN IMMEDIATE;{OUTCOMES_SCHEMA};{TABS_SCHEMA};COMMIT;")
-                self._prune(conn.cursor())
-                self.feed.setup(conn)
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                conn.close()
-                raise
-        self._conn = conn
+        self.store.open(self.feed, self.statements, time.time() - self.repeat_window)
+        self._pruned()
 
-    def _prune(self, cur: sqlite3.Cursor) -> None:
-        """Forget outcomes older than the window (in the caller's transaction, if any)."""
-        now = time.time()
-        cur.execute(PRUNE_OUTCOMES, (now - self.repeat_window,))
-        cur.execute(PRUNE_TABS, (now - TAB_KEEP,))
+    def _pruned(self) -> None:
+        """Outcomes older than the window were just forgotten: when to forget again."""
         self._next_prune = time.monotonic() + min(self.repeat_window, 3600.0) / 4
 
     async def close(self) -> None:
@@ -182,14 +122,8 @@ class Writer:
         if not task.cancelled() and task.exception() is not None:
             log.error("the writer task failed", exc_info=task.exception())
         assert self._thread is not None
-        await self._thread.run(self._close_conn)
+        await self._thread.run(self.store.close)
         self._thread.close()
-
-    def _close_conn(self) -> None:
-        if self._conn is not None:
-            self._conn.execute("PRAGMA optimize")
-            self._conn.close()
-            self._conn = None
 
     def subscribe(self, fn: Subscriber) -> Callable[[], None]:
         """Call `fn(topics)` on the event loop after each commit that touched topics."""
@@ -256,7 +190,7 @@ class Writer:
             if not batch:
                 continue
             started = time.perf_counter()
-            # The batch is SQLite's now: a cancel of this task cannot cancel `outcome`, so it
+            # The batch is the store's now: a cancel of this task cannot cancel `outcome`, so it
             # lands once the COMMIT's outcome is in, and each caller still learns the truth.
             outcome = thread.submit(self._apply, batch, keys if keyed else None, settled=True)
             try:
@@ -289,12 +223,13 @@ class Writer:
                     fut.set_exception(exc)
             self.failed += len(futures)
             return
-        results, errors, topics, repeats = outcome.result()
+        batch: Batch = outcome.result()
+        results, errors, topics = batch.results, batch.errors, batch.topics
         self.storage.succeeded()
         self.commit_seconds.append(time.perf_counter() - started)
         self.batches += 1
         self.commands += len(futures)
-        self.repeats += repeats
+        self.repeats += batch.repeats
         for fut, result, error in zip(futures, results, errors):
             if fut.done():
                 continue
@@ -310,91 +245,10 @@ class Writer:
                 except Exception:
                     log.exception("commit subscriber %r failed", fn)
 
-    def _apply(
-        self, batch: list[Command], keys: list[str | None] | None
-    ) -> tuple[list[Any], list[BaseException | None], Topics, int]:
-        """Run one batch in this process's turn at the file (see `Feed.turn`), writer thread."""
-        with self.feed.turn():
-            try:
-                return self._transaction(batch, keys)
-            except BaseException:  # a full disk in a command, or at any statement of the batch
-                if self._conn is not None and self._conn.in_transaction:
-                    self._conn.execute("ROLLBACK")  # else the next batch's BEGIN would fail
-                raise
-
-    def _transaction(
-        self, batch: list[Command], keys: list[str | None] | None
-    ) -> tuple[list[Any], list[BaseException | None], Topics, int]:
-        """Run one batch in one transaction, each command in its own savepoint (writer thread).
-
-        `keys` (None when no command has one) are the idempotency keys: a key with an outcome
-        in the window answers with it instead of applying; a new one records its outcome in the
-        command's savepoint, or after rolling the command back, so both commit together.
-        """
-        conn = self._conn
-        assert conn is not None
-        n = len(batch)
-        errors: list[BaseException | None] = [None] * n
-        pending = range(n)
-        now = time.time()
-        since = now - self.repeat_window
-        while True:
-            results: list[Any] = [None] * n
-            repeats = 0
-            tx = Tx(conn, self.statements)
-            touched = tx._touched
-            cur = conn.cursor()
-            lost = None
-            cur.execute("BEGIN IMMEDIATE")
-            if time.monotonic() >= self._next_prune:
-                self._prune(cur)
-            for i in pending:
-                key = None if keys is None else keys[i]
-                if key is not None:
-                    row = cur.execute(FIND_OUTCOME, (key, since)).fetchone()
-                    if row is not None:  # a repeat: its first outcome, nothing applied
-                        ok, value = load_outcome(row[0])
-                        if ok:
-                            results[i] = value
-                        else:
-                            errors[i] = value
-                        repeats += 1
-                        continue
-                cur.execute("SAVEPOINT cmd")
-                mark = len(touched)
-                cmd = batch[i]
-                try:
-                    result = run_apply(cmd, tx)
-                    cmd._settled(tx, None)
-                    if key is not None:
-                        cur.execute(RECORD_OUTCOME, (key, now, dump_outcome(True, result)))
-                    results[i] = result
-                except Exception as exc:
-                    if storage_cause(exc) is not None:
-                        raise  # the disk's fault, not the command's: the whole batch fails
-                    errors[i] = exc
-                    del touched[mark:]
-                    if not conn.in_transaction:  # SQLite rolled the whole transaction back
-                        lost = i
-                        break
-                    cur.execute("ROLLBACK TO cmd")
-                    cur.execute("RELEASE cmd")
-                    cmd._settled(tx, exc)
-                    if key is not None:
-                        cur.execute(RECORD_OUTCOME, (key, now, dump_outcome(False, exc)))
-                else:
-                    cur.execute("RELEASE cmd")
-            if lost is None:
-                try:  # whatever fails here, the transaction must not stay open for the next batch
-                    topics = frozenset(touched)
-                    self.feed.publish(conn, topics)  # other processes' hubs read it once committed
-                    cur.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    raise
-                return results, errors, topics, repeats
-            # Rare: an error that ends the transaction (an interrupted statement; a full disk
-            # failed the batch above). The command that caused it keeps its error; the others
-            # run again from the start.
-            pending = [i for i in range(n) if errors[i] is None]
+    def _apply(self, cmds: list[Command], keys: list[str | None] | None) -> Batch:
+        """Run one batch through the store (writer thread)."""
+        batch = Batch(cmds, keys, self.repeat_window, prune=time.monotonic() >= self._next_prune)
+        self.store.run(batch)
+        if batch.prune:
+            self._pruned()
+        return batch

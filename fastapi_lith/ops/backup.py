@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from ..engine import db
+from ..backends.sqlite import db
 from ..exceptions import BackupError, SettingError
 from . import files
 from .files import checksum_path, copy_name
@@ -119,7 +119,7 @@ def backup(
 def copy_snapshot(source: Path, tmp: Path, method: Method) -> float:
     """Copy one snapshot of `source` into the new file `tmp`; returns the snapshot's seconds."""
     if method == "backup":
-        src = db.connect(source, read_only=True)
+        src = db.open_sqlite(source, read_only=True)
         try:
             dst = sqlite3.connect(tmp, isolation_level=None)
             try:

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import quote
 
-from ..engine import db
+from ..backends.sqlite import db
 
 STAMP_FORMAT = "%Y%m%dT%H%M%SZ"
 STAMP_RE = r"\d{8}T\d{6}Z"

@@ -35,7 +35,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Protocol
 
-from ..engine import db
+from ..backends.sqlite import db
 from ..exceptions import ReplicaError, SettingError
 from . import files, litestream
 

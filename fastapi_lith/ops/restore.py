@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..engine import db
+from ..backends.sqlite import db
 from ..exceptions import BackupError, InUse
 from . import files
 from .backup import copy_snapshot

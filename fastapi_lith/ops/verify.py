@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from ..engine import db
+from ..backends.sqlite import db
 from . import files
 from .files import checksum_path
 

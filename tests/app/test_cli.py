@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fastapi_lith.cli import build_parser, main
-from fastapi_lith.engine.db import MigrationError
+from fastapi_lith.exceptions import MigrationError
 from fastapi_lith.exceptions import LithError
 from fastapi_lith.ops import BackupError, InUse
 from fastapi_lith.scaffold import ProjectError, package_name

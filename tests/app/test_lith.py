@@ -467,12 +467,12 @@ def test_every_library_error_is_a_lith_error() -> None:
 
 async def test_an_apps_own_writer_readers_and_hub_are_used(tmp_path: Path) -> None:
     from fastapi_lith import Lith, SettingError, Writer
-    from fastapi_lith.engine.db import Readers
+    from fastapi_lith.backends.sqlite.db import SqliteReaders
     from fastapi_lith.engine.hub import Hub
 
     path = tmp_path / "parts.db"
     writer = Writer(path, cached_statements=7)
-    readers = Readers(path, size=1)
+    readers = SqliteReaders(path, size=1)
     built: list[Hub] = []
 
     def hub(*args: object, **kwargs: object) -> Hub:

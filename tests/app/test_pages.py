@@ -61,7 +61,7 @@ def names_in_the_code() -> set[str]:
 
 
 def resolves(dotted: str) -> bool:
-    """`fastapi_lith.ops` (a module) or `fastapi_lith.engine.db.connect` (a name in one)."""
+    """`fastapi_lith.ops` (a module) or `fastapi_lith.backends.sqlite.db.open_sqlite` (a name in one)."""
     module, _, attr = dotted.rpartition(".")
     try:
         return hasattr(importlib.import_module(module), attr) or importlib.util.find_spec(dotted) is not None

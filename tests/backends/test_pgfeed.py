@@ -7,7 +7,7 @@ import asyncio
 import psycopg
 
 from fastapi_lith import Frame
-from fastapi_lith.backends.postgres.db import connect
+from fastapi_lith.backends.postgres.db import open_postgres
 from fastapi_lith.engine.feed import Changes
 from fastapi_lith.backends.postgres.feed import LIMIT, NotifyFeed
 
@@ -31,7 +31,7 @@ async def changes(feed: NotifyFeed, want: int = 1, timeout: float = 10.0) -> Cha
 async def test_topics_are_delivered_on_commit_only(pg_url: str) -> None:
     sender, listener = NotifyFeed(pg_url), NotifyFeed(pg_url)
     await listener.start(None)  # type: ignore[arg-type]
-    conn = connect(pg_url)
+    conn = open_postgres(pg_url)
     try:
         sender.setup(conn)
         conn.execute("BEGIN")
@@ -61,7 +61,7 @@ async def test_topics_are_delivered_on_commit_only(pg_url: str) -> None:
 async def test_many_topics_and_a_large_push_arrive_whole(pg_url: str) -> None:
     sender, listener = NotifyFeed(pg_url), NotifyFeed(pg_url)
     await listener.start(None)  # type: ignore[arg-type]
-    conn = connect(pg_url)
+    conn = open_postgres(pg_url)
     try:
         sender.setup(conn)
         topics = {f"card:{i:06d}:lane" for i in range(3000)}  # ~60 kB: several payloads

@@ -90,7 +90,7 @@ async def test_batches_keep_order_and_savepoints(pg_url: str, migrations: Path) 
         assert seqs == sorted(seqs)
         # Compiled once for PostgreSQL's dialect, prepared once on the write connection.
         assert writer.statements.misses == 1 and writer.statements.dialect.name == "postgresql"
-        prepared = [r[0] for r in writer._pg.execute("SELECT statement FROM pg_prepared_statements")]
+        prepared = [r[0] for r in writer.store._pg.execute("SELECT statement FROM pg_prepared_statements")]
         assert sum(sql.startswith("INSERT INTO log") for sql in prepared) == 1
         # A failing command rolls back alone: the duplicate, and the counter going negative.
         results = await asyncio.gather(
@@ -219,6 +219,17 @@ def test_lith_picks_the_backend_from_what_it_is_given(pg_url: str, tmp_path: Pat
     with pytest.raises(SettingError, match="unknown database URL mysql://"):
         Lith("mysql://app@db/app")
     assert Lith(tmp_path / "app.db").path == tmp_path / "app.db"
+
+
+def test_a_postgres_writer_names_its_database_not_a_file(pg_url: str) -> None:
+    from fastapi_lith import Lith
+    from fastapi_lith.backends.postgres.feed import NotifyFeed
+
+    writer = PgWriter(pg_url, feed=NotifyFeed(pg_url))
+    assert writer.path is None and writer.describe().startswith("postgresql database ") and "@" not in writer.describe()
+    # Before, its path was the URL as a file path, so Lith refused it as a writer of another database.
+    lith = Lith(pg_url, writer=writer)
+    assert lith.writer.writer is writer and lith.feed is writer.feed
 
 
 async def test_lith_on_postgres_renders_what_commands_wrote(pg_url: str, migrations: Path) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from tests.support.browser import Server, ServerError
 from fastapi_lith import MigrationError
-from fastapi_lith.engine.db import Readers, connect, migrate, user_version
+from fastapi_lith.backends.sqlite.db import SqliteReaders, migrate, open_sqlite, user_version
 
 
 def write(folder: Path, name: str, sql: str) -> None:
@@ -24,11 +24,11 @@ def tables(conn: sqlite3.Connection) -> set[str]:
 
 
 def test_connection_pragmas(tmp_path: Path) -> None:
-    conn = connect(tmp_path / "a.db", synchronous="FULL")
+    conn = open_sqlite(tmp_path / "a.db", synchronous="FULL")
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
     assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
-    assert connect(tmp_path / "b.db").execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+    assert open_sqlite(tmp_path / "b.db").execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
 
 
 def test_fresh_database_gets_every_migration(tmp_path: Path) -> None:
@@ -36,7 +36,7 @@ def test_fresh_database_gets_every_migration(tmp_path: Path) -> None:
     write(mig, "0001_init.sql", "CREATE TABLE a (id INTEGER PRIMARY KEY);")
     write(mig, "0002_b.sql", "CREATE TABLE b (id INTEGER PRIMARY KEY);")
     write(mig, "README.md", "not a migration")
-    conn = connect(tmp_path / "app.db")
+    conn = open_sqlite(tmp_path / "app.db")
     assert migrate(conn, mig) == (0, 2)
     assert {"a", "b"} <= tables(conn)
     assert migrate(conn, mig) == (2, 2)  # idempotent
@@ -45,7 +45,7 @@ def test_fresh_database_gets_every_migration(tmp_path: Path) -> None:
 def test_incremental_migration_applies_only_the_new_ones(tmp_path: Path) -> None:
     mig = tmp_path / "migrations"
     write(mig, "0001_init.sql", "CREATE TABLE a (id INTEGER PRIMARY KEY);")
-    conn = connect(tmp_path / "app.db")
+    conn = open_sqlite(tmp_path / "app.db")
     migrate(conn, mig)
     conn.execute("INSERT INTO a VALUES (7)")
     write(mig, "0002_col.sql", "ALTER TABLE a ADD COLUMN name TEXT NOT NULL DEFAULT 'x';")
@@ -58,7 +58,7 @@ def test_failing_migration_stays_at_last_good_version(tmp_path: Path) -> None:
     write(mig, "0001_init.sql", "CREATE TABLE a (id INTEGER PRIMARY KEY);")
     write(mig, "0002_ok.sql", "CREATE TABLE b (id INTEGER PRIMARY KEY);")
     write(mig, "0003_bad.sql", "CREATE TABLE c (id INTEGER PRIMARY KEY);\nSELEKT nonsense;")
-    conn = connect(tmp_path / "app.db")
+    conn = open_sqlite(tmp_path / "app.db")
     with pytest.raises(MigrationError) as err:
         migrate(conn, mig)
     assert "0003_bad.sql" in str(err.value) and "syntax error" in str(err.value)
@@ -71,7 +71,7 @@ def test_failing_migration_stays_at_last_good_version(tmp_path: Path) -> None:
 def test_newer_database_is_refused(tmp_path: Path) -> None:
     mig = tmp_path / "migrations"
     write(mig, "0001_init.sql", "CREATE TABLE a (id INTEGER PRIMARY KEY);")
-    conn = connect(tmp_path / "app.db")
+    conn = open_sqlite(tmp_path / "app.db")
     conn.execute("PRAGMA user_version = 5")
     with pytest.raises(MigrationError, match="database version 5 is newer than the newest migration 1"):
         migrate(conn, mig)
@@ -82,14 +82,14 @@ def test_duplicate_numbers_are_refused(tmp_path: Path) -> None:
     write(mig, "0001_a.sql", "SELECT 1;")
     write(mig, "1_b.sql", "SELECT 1;")
     with pytest.raises(MigrationError, match="share version 1"):
-        migrate(connect(tmp_path / "app.db"), mig)
+        migrate(open_sqlite(tmp_path / "app.db"), mig)
 
 
 async def test_readers_cannot_write(tmp_path: Path) -> None:
-    conn = connect(tmp_path / "app.db")
+    conn = open_sqlite(tmp_path / "app.db")
     conn.execute("CREATE TABLE a (id INTEGER PRIMARY KEY)")
     conn.execute("INSERT INTO a VALUES (1)")
-    readers = Readers(tmp_path / "app.db", size=2)
+    readers = SqliteReaders(tmp_path / "app.db", size=2)
     try:
         assert await readers.run(lambda db: db.execute("SELECT id FROM a").fetchone()["id"]) == 1
         with pytest.raises(sqlite3.OperationalError, match="readonly|query_only|attempt to write"):
@@ -104,7 +104,7 @@ def test_a_database_one_version_ahead_is_refused_and_the_newest_is_not(tmp_path:
     mig = tmp_path / "migrations"
     write(mig, "0001_init.sql", "CREATE TABLE a (id INTEGER PRIMARY KEY);")
     write(mig, "0002_more.sql", "CREATE TABLE b (id INTEGER PRIMARY KEY);")
-    conn = connect(tmp_path / "app.db")
+    conn = open_sqlite(tmp_path / "app.db")
     assert migrate(conn, mig) == (0, 2)
     assert migrate(conn, mig) == (2, 2)  # at the newest version: nothing to do, no error
     conn.execute("PRAGMA user_version = 3")  # written by a newer app
@@ -113,9 +113,9 @@ def test_a_database_one_version_ahead_is_refused_and_the_newest_is_not(tmp_path:
 
 
 async def test_each_reader_thread_keeps_one_connection(tmp_path: Path) -> None:
-    conn = connect(tmp_path / "app.db")
+    conn = open_sqlite(tmp_path / "app.db")
     conn.execute("CREATE TABLE t (x)")
-    readers = Readers(tmp_path / "app.db", size=1)
+    readers = SqliteReaders(tmp_path / "app.db", size=1)
     try:
         first = await readers.run(lambda db: db.conn)
         again = await readers.run(lambda db: db.conn)
@@ -130,7 +130,7 @@ def test_a_file_that_cannot_use_wal_is_refused_with_the_mode_it_got() -> None:
     from fastapi_lith import DatabaseError
 
     with pytest.raises(DatabaseError, match=r"^:memory:: could not switch to WAL mode \(got 'memory'\)$"):
-        connect(":memory:")
+        open_sqlite(":memory:")
 
 
 def test_migration_files_are_found_by_their_number(tmp_path: Path) -> None:
@@ -205,7 +205,7 @@ def test_a_db_without_a_cache_of_its_own_compiles_core_statements(tmp_path: Path
     from fastapi_lith import Db
 
     table = sa.table("t", sa.column("a"), sa.column("b"))
-    conn = connect(tmp_path / "a.db")
+    conn = open_sqlite(tmp_path / "a.db")
     conn.execute("CREATE TABLE t (a, b)")
     db = Db(conn)
     db.execute(table.insert(), {"a": 1, "b": 2})  # the columns come from the parameters
@@ -216,16 +216,16 @@ def test_a_db_without_a_cache_of_its_own_compiles_core_statements(tmp_path: Path
 async def test_threads_are_named_daemons_and_only_settled_calls_refuse_cancel(tmp_path: Path) -> None:
     import threading
 
-    from fastapi_lith.engine.db import Workers
+    from fastapi_lith.engine.threads import Threads
 
-    connect(tmp_path / "a.db").close()
-    readers = Readers(tmp_path / "a.db")
+    open_sqlite(tmp_path / "a.db").close()
+    readers = SqliteReaders(tmp_path / "a.db")
     try:
         mine = [t for t in threading.enumerate() if t.name.startswith("lith-reader")]
         assert sorted(t.name for t in mine) == ["lith-reader-0", "lith-reader-1"] and all(t.daemon for t in mine)
     finally:
         readers.close()
-    workers = Workers(1, "w")
+    workers = Threads(1, "w")
     try:
         release = threading.Event()
         held = workers.submit(release.wait, 10)

@@ -15,7 +15,8 @@ import htpy as h
 import pytest
 
 from fastapi_lith import Command, Db, Frame, Lith, Tx
-from fastapi_lith.engine.feed import LocalFeed, SqliteFeed
+from fastapi_lith.backends.sqlite.feed import SqliteFeed
+from fastapi_lith.engine.feed import LocalFeed
 from fastapi_lith.engine.frames import sse_event
 from fastapi_lith.testing import Tabs
 

@@ -629,12 +629,12 @@ async def test_a_view_failing_its_first_render_does_not_keep_the_others_from_a_t
 
 
 async def test_the_hub_on_its_own_defaults_and_timer(tmp_path: Path) -> None:
-    from fastapi_lith.engine.db import Readers
+    from fastapi_lith.backends.sqlite.db import SqliteReaders
     from fastapi_lith.engine.feed import LocalFeed
     from fastapi_lith.engine.hub import Hub
     from fastapi_lith.engine.views import Views
 
-    readers = Readers(tmp_path / "none.db")
+    readers = SqliteReaders(tmp_path / "none.db")
     try:
         hub = Hub(Views(), readers)
         assert hub.interval == 0.05 and isinstance(hub.feed, LocalFeed)
@@ -648,7 +648,7 @@ async def test_the_hub_on_its_own_defaults_and_timer(tmp_path: Path) -> None:
 
 
 async def test_a_failing_feed_poll_is_logged_and_the_hub_goes_on(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from fastapi_lith.engine.feed import SqliteFeed
+    from fastapi_lith.backends.sqlite.feed import SqliteFeed
 
     class Flaky(SqliteFeed):
         failures = 1

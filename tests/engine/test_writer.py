@@ -377,7 +377,7 @@ async def test_a_cancelled_writer_task_tells_each_caller_the_truth(
     writer = Writer(tmp_path / "app.db", migrations=migrations)
     await writer.start()
     task = writer._task
-    assert task is not None and writer._conn is not None
+    assert task is not None and writer.store._conn is not None
     if point == "idle":
         task.cancel()
         await asyncio.wait((task,))
@@ -396,7 +396,7 @@ async def test_a_cancelled_writer_task_tells_each_caller_the_truth(
             if blocks:
                 assert GATE.release.wait(10)
 
-    writer._conn.set_trace_callback(trace)
+    writer.store._conn.set_trace_callback(trace)
     gate = {"first command": "v0", "last command": "v4"}.get(point, "")
     batch = [asyncio.ensure_future(writer.do(Gated(value=f"v{i}", gate=gate))) for i in range(5)]
     await wait_for(GATE.reached)  # the batch is on the writer thread
@@ -415,7 +415,7 @@ async def test_a_cancelled_writer_task_tells_each_caller_the_truth(
         await asyncio.sleep(0.01)
         GATE.release.set()
     outcomes = await asyncio.gather(*batch, *later, return_exceptions=True)
-    writer._conn.set_trace_callback(None)
+    writer.store._conn.set_trace_callback(None)
     assert not any(isinstance(o, asyncio.CancelledError) for o in outcomes), outcomes
     assert outcomes[:5] == ["v0", "v1", "v2", "v3", "v4"]  # taken: committed, and told so
     assert all(isinstance(o, WriterClosed) for o in outcomes[5:]), outcomes[5:]  # never taken
@@ -831,7 +831,7 @@ async def test_a_writer_built_without_settings_uses_the_documented_defaults(tmp_
     await w.start()
     try:
         pragmas = await w._thread.run(  # type: ignore[union-attr]
-            lambda: [w._conn.execute(f"PRAGMA {p}").fetchone()[0] for p in ("synchronous", "wal_autocheckpoint")]  # type: ignore[union-attr]
+            lambda: [w.store._conn.execute(f"PRAGMA {p}").fetchone()[0] for p in ("synchronous", "wal_autocheckpoint")]  # type: ignore[union-attr]
         )
         assert pragmas == [1, 1000]  # NORMAL
         # One thread owns the connection, and both it and the task say what they are in a
@@ -846,7 +846,7 @@ async def test_a_writer_built_without_settings_uses_the_documented_defaults(tmp_
     full = Writer(tmp_path / "app.db", migrations=migrations, synchronous="FULL")
     await full.start()
     try:
-        assert await full._thread.run(lambda: full._conn.execute("PRAGMA synchronous").fetchone()[0]) == 2  # type: ignore[union-attr]
+        assert await full._thread.run(lambda: full.store._conn.execute("PRAGMA synchronous").fetchone()[0]) == 2  # type: ignore[union-attr]
     finally:
         await full.close()
 
@@ -1042,3 +1042,171 @@ async def test_errors_on_a_command_route_are_answered_as_html(tmp_path: Path, mi
     assert response.status_code == 422
     assert response.headers["content-type"].startswith("text/html")
     assert 'class="lith-error"' in response.text and "value" in response.text
+
+
+# -- the engine's writer over any store, without SQLite or HTTP ----------------------------------
+
+
+class _MemoryOutcomes:
+    """An `OutcomeTable` in a dict: what the exactly-once protocol asks of a store, and no more."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, tuple[float, bytes | None]] = {}
+
+    def claim(self, key: str, now: float, since: float) -> tuple[bool, bytes | None]:
+        row = self.rows.get(key)
+        return (True, None) if row is None or row[0] < since else (False, row[1])
+
+    def record(self, key: str, now: float, outcome: bytes | None) -> None:
+        self.rows[key] = (now, outcome)
+
+
+class _MemoryStore:
+    """A `Store` that applies each command to a plain object: the writer's queue, batches,
+    futures, counters and subscribers, with no database under them."""
+
+    from fastapi_lith.engine.statements import DIALECT as dialect
+
+    path = None
+
+    def __init__(self) -> None:
+        self.outcomes = _MemoryOutcomes()
+        self.batches: list[int] = []
+        self.opened = self.closed = False
+
+    def describe(self) -> str:
+        return "memory"
+
+    def open(self, feed, statements, forget_before: float) -> None:  # type: ignore[no-untyped-def]
+        self.opened = True
+
+    def run(self, batch) -> None:  # type: ignore[no-untyped-def]
+        self.batches.append(len(batch.cmds))
+        batch.outcomes = self.outcomes
+        touched: list[str] = []
+        for i, cmd in enumerate(batch.cmds):
+            key = None if batch.keys is None else batch.keys[i]
+            if key is not None and batch.repeat(i, key):
+                continue
+            try:
+                batch.results[i] = cmd.apply(touched)
+            except Exception as exc:
+                batch.errors[i] = exc
+            if key is not None:
+                batch.record(i, key)
+        batch.topics = frozenset(touched)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class _Note(Command):
+    value: str
+    fail: bool = False
+
+    def apply(self, tx) -> str:  # type: ignore[no-untyped-def, override]
+        if self.fail:
+            raise ValueError(self.value)
+        tx.append(f"note:{self.value}")
+        return self.value.upper()
+
+
+async def test_the_engine_writer_runs_over_any_store() -> None:
+    from fastapi_lith.engine.feed import LocalFeed
+    from fastapi_lith.engine.writer import Writer as EngineWriter
+
+    store = _MemoryStore()
+    writer = EngineWriter(store, feed=LocalFeed(), batch_size=3)
+    assert writer.path is None and writer.describe() == "memory" and writer.dialect is store.dialect
+    heard: list[frozenset[str]] = []
+    writer.subscribe(heard.append)
+    await writer.start()
+    try:
+        assert store.opened
+        sent = [writer.do(_Note(value=f"n{i}", fail=i == 2)) for i in range(5)]
+        outcomes = await asyncio.gather(*sent, return_exceptions=True)
+        assert outcomes[:2] == ["N0", "N1"] and outcomes[3:] == ["N3", "N4"]
+        assert isinstance(outcomes[2], ValueError) and str(outcomes[2]) == "n2"
+        assert store.batches == [3, 2]  # arrival order, at most batch_size per batch
+        assert (writer.commands, writer.failed, writer.batches) == (5, 1, 2)
+        assert set().union(*heard) == {"note:n0", "note:n1", "note:n3", "note:n4"}
+        # A key's first outcome answers its repeats, result or error alike, through the store's table.
+        assert await writer.do(_Note(value="once"), key="k") == "ONCE"
+        assert await writer.do(_Note(value="twice"), key="k") == "ONCE"
+        with pytest.raises(ValueError, match="^bad$"):
+            await writer.do(_Note(value="bad", fail=True), key="e")
+        with pytest.raises(ValueError, match="^bad$"):
+            await writer.do(_Note(value="good"), key="e")
+        assert writer.repeats == 2 and set(store.outcomes.rows) == {"k", "e"}
+    finally:
+        await writer.close()
+    assert store.closed
+
+
+async def test_a_store_that_fails_its_batch_fails_every_caller_of_it() -> None:
+    from fastapi_lith.engine.feed import LocalFeed
+    from fastapi_lith.engine.writer import Writer as EngineWriter
+
+    class Refusing(_MemoryStore):
+        def run(self, batch) -> None:  # type: ignore[no-untyped-def]
+            raise OSError("no commit")
+
+    writer = EngineWriter(Refusing(), feed=LocalFeed())
+    await writer.start()
+    try:
+        outcomes = await asyncio.gather(*(writer.do(_Note(value="x")) for _ in range(3)), return_exceptions=True)
+        assert all(isinstance(o, OSError) for o in outcomes) and writer.failed == 3 and writer.commands == 0
+    finally:
+        await writer.close()
+
+
+def test_the_engine_and_the_backends_import_no_cycle_and_the_engine_no_backend() -> None:
+    import ast
+
+    import fastapi_lith
+
+    root = Path(fastapi_lith.__file__).parent
+    modules = {}
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    edges: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        found: set[str] = set()
+        # Every import counts: at module level, inside a function, under TYPE_CHECKING.
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = package[: len(package) - node.level + 1] if node.level else []
+                prefix = ".".join(base + ([node.module] if node.module else []))
+                targets = [f"{prefix}.{alias.name}" for alias in node.names] + [prefix]
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                continue
+            for target in targets:
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]
+                if target and target not in (name, "fastapi_lith"):
+                    found.add(target)
+        edges[name] = found
+    layered = [m for m in modules if m.startswith(("fastapi_lith.engine", "fastapi_lith.backends"))]
+    for name in layered:
+        if name.startswith("fastapi_lith.engine"):
+            outside = {t for t in edges[name] if not t.startswith("fastapi_lith.engine")}
+            assert outside <= {"fastapi_lith.settings", "fastapi_lith.exceptions"}, (name, outside)
+        seen, todo = set(), list(edges[name])
+        while todo:  # does any path of imports lead back to `name`?
+            target = todo.pop()
+            assert target != name, f"{name} imports itself through another module"
+            if target not in seen:
+                seen.add(target)
+                todo.extend(edges.get(target, ()))
+
+
+def test_a_sqlite_writer_names_its_file(tmp_path: Path) -> None:
+    writer = Writer(tmp_path / "app.db", synchronous="FULL", wal_autocheckpoint=50)
+    assert writer.path == tmp_path / "app.db" and writer.describe() == "app.db"
+    assert (writer.synchronous, writer.wal_autocheckpoint) == ("FULL", 50)
+    writer.wal_autocheckpoint = 10_000  # as Lith sets it while Litestream replicates, before start
+    assert writer.store.wal_autocheckpoint == 10_000

@@ -411,11 +411,11 @@ def test_seeded_board_is_about_156_kb(tmp_path: Path) -> None:
     from examples.kanban.seed import seed
     from examples.kanban.views import board_view, card_item
     from fastapi_lith import Db
-    from fastapi_lith.engine.db import connect
+    from fastapi_lith.backends.sqlite.db import open_sqlite
     from fastapi_lith.engine.statements import StatementCache
 
     board_id = seed(tmp_path / "bench.db", cards=200)
-    conn = connect(tmp_path / "bench.db")
+    conn = open_sqlite(tmp_path / "bench.db")
     db = Db(conn, StatementCache())
     card_item.cache_clear()
     html = str(board_view(db, board_id))
@@ -433,11 +433,11 @@ def test_moving_a_card_keeps_every_other_card_cached(tmp_path: Path) -> None:
     from examples.kanban.seed import seed
     from examples.kanban.views import board_view, card_item
     from fastapi_lith import Db
-    from fastapi_lith.engine.db import connect
+    from fastapi_lith.backends.sqlite.db import open_sqlite
     from fastapi_lith.engine.statements import StatementCache
 
     board_id = seed(tmp_path / "bench.db", cards=200)
-    conn = connect(tmp_path / "bench.db")
+    conn = open_sqlite(tmp_path / "bench.db")
     db = Db(conn, StatementCache())
     card_item.cache_clear()
     str(board_view(db, board_id))
@@ -494,12 +494,12 @@ def test_a_move_makes_room_with_one_update(tmp_path: Path) -> None:
     """Moving to the top of a long lane writes the lane in one statement, not one per card."""
     from examples.kanban.commands import MoveCard
     from examples.kanban.seed import seed
-    from fastapi_lith.engine.db import connect
+    from fastapi_lith.backends.sqlite.db import open_sqlite
     from fastapi_lith.engine.statements import StatementCache
-    from fastapi_lith.engine.writer import Tx
+    from fastapi_lith.engine.tx import Tx
 
     board_id = seed(tmp_path / "one.db", cards=200)
-    conn = connect(tmp_path / "one.db")
+    conn = open_sqlite(tmp_path / "one.db")
     lane_id, cards = conn.execute(
         "SELECT lane_id, count(*) FROM card JOIN lane ON lane.id = lane_id WHERE board_id = ? "
         "GROUP BY lane_id ORDER BY count(*) DESC LIMIT 1", (board_id,)

@@ -5,7 +5,7 @@ What changes from SQLite is only how the database is opened and spoken to:
 - the write connection: one per process, owned by the writer's thread. Each batch is one
   READ COMMITTED transaction with a SAVEPOINT per command, as on SQLite. Batches of different
   processes may deadlock; the loser's whole batch is rolled back and run again (see
-  pgwriter.py), so each caller still gets one answer and one process's commands keep their
+  writer.py), so each caller still gets one answer and one process's commands keep their
   order;
 - statements: compiled once for the PostgreSQL dialect by the statement cache, and prepared
   once per connection by psycopg (`prepare=True`);
@@ -25,15 +25,15 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg import pq
-from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy import TextClause, text
+from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy.sql import ClauseElement
 
-from ...engine import db
-from ...engine.db import Db
-from ...exceptions import MigrationError
+from ...engine.db import Db, pending_migrations
+from ...engine.readers import Readers
 from ...engine.statements import Params, Statement, StatementCache
-from ...engine.writer import Tx
+from ...engine.tx import Tx
+from ...exceptions import MigrationError
 
 log = logging.getLogger("fastapi_lith.postgres")
 T = TypeVar("T")
@@ -93,7 +93,7 @@ def lith_row(cursor: Any) -> Callable[[Sequence[Any]], Any]:
     return cls
 
 
-def connect(url: str, *, prepared: int = 512, name: str = "lith", cls: type[C] = psycopg.Connection) -> C:  # type: ignore[assignment]
+def open_postgres(url: str, *, prepared: int = 512, name: str = "lith", cls: type[C] = psycopg.Connection) -> C:  # type: ignore[assignment]
     """One connection in autocommit mode: the library writes its own BEGIN and COMMIT."""
     conn = cls.connect(dsn(url), autocommit=True, row_factory=lith_row, application_name=name)  # type: ignore[arg-type]
     conn.prepared_max = max(prepared, 1)
@@ -138,10 +138,13 @@ class PgDb(Db):
         return sum(self.execute(stmt, row).rowcount for row in rows)
 
 
-class PgTx(PgDb, Tx):
-    """`Tx` over psycopg: what a command sees inside its savepoint."""
+class PgTx(Tx):
+    """`Tx` over psycopg: what a command sees inside its savepoint. Its statements run as
+    `PgDb`'s do (the same two functions, not a second base class)."""
 
     __slots__ = ()
+    execute = PgDb.execute  # type: ignore[assignment]
+    executemany = PgDb.executemany
 
 
 def find_folder(migrations: str | Path) -> Path:
@@ -164,7 +167,7 @@ def migrate(conn: psycopg.Connection[Any], directory: str | Path) -> tuple[int, 
     """
     conn.execute(SCHEMA_TABLE)
     start = schema_version(conn)
-    for migration in db.pending_migrations(directory, start):
+    for migration in pending_migrations(directory, start):
         sql = migration.path.read_text(encoding="utf-8")
         try:
             with conn.transaction():
@@ -190,18 +193,18 @@ def rollback(conn: psycopg.Connection[Any]) -> None:
         conn.close()
 
 
-class PgReaders(db.Readers):
-    """`db.Readers` on PostgreSQL: each call one REPEATABLE READ READ ONLY transaction, so the
+class PgReaders(Readers):
+    """`Readers` on PostgreSQL: each call one REPEATABLE READ READ ONLY transaction, so the
     hub's tick, rendered through one call, shows one state in every frame."""
 
     BEGIN = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 
     def __init__(self, url: str, *, size: int = 2, cached_statements: int = 128) -> None:
         self.url = url
-        self._pool(size, cached_statements)
+        super().__init__(size=size, cached_statements=cached_statements)
 
     def _open(self) -> PgDb:
-        conn = connect(self.url, prepared=self._cached_statements)
+        conn = open_postgres(self.url, prepared=self._cached_statements)
         return PgDb(conn, StatementCache(self._cached_statements, dialect=DIALECT))  # type: ignore[arg-type]
 
     def _usable(self, db: Db) -> bool:

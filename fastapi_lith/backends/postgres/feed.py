@@ -24,10 +24,9 @@ from typing import Any
 
 import psycopg
 
-from .db import dsn
-from ...engine.feed import Changes, Feed, Push, SqliteFeed
+from ...engine.feed import Applier, Changes, Feed, Outbox, Push
 from ...engine.frames import Frame
-from ...engine.writer import Writer
+from .db import dsn
 
 log = logging.getLogger("fastapi_lith.pgfeed")
 
@@ -54,9 +53,7 @@ class NotifyFeed(Feed):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._listening = threading.Event()
-        self._writer: Writer | None = None
-        self._outbox: list[Push] = []
-        self._sending: asyncio.Task[None] | None = None
+        self._outbox = Outbox(self)
         self._next_prune = 0.0
         # Counters the tests and benchmarks read.
         self.received = 0  # notifications from other processes
@@ -110,8 +107,8 @@ class NotifyFeed(Feed):
 
     # -- the listener (its own thread) ---------------------------------------------------------
 
-    async def start(self, writer: Writer) -> None:
-        self._writer = writer
+    async def start(self, writer: Applier) -> None:
+        self._outbox.writer = writer
         self._stop.clear()
         self._thread = threading.Thread(target=self._listen, name="lith-listen", daemon=True)
         self._thread.start()
@@ -198,17 +195,13 @@ class NotifyFeed(Feed):
                 everything = True
         return Changes(frozenset(topics), tuple(pushes), everything)
 
-    # Pushes to other processes ride the writer's next batch, as on SQLite.
-    forward = SqliteFeed.forward
-    _send = SqliteFeed._send
+    def forward(self, tab: str, frame: Frame) -> None:
+        self._outbox.put(tab, frame)  # into the writer's next batch, as on SQLite
 
     async def close(self) -> None:
-        if self._sending is not None:
-            self._sending.cancel()
-            self._sending = None
+        self._outbox.close()
         self._stop.set()
         if self._thread is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
             self._thread = None
         self._listening.clear()
-        self._writer = None

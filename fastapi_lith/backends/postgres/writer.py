@@ -1,5 +1,7 @@
-"""The writer of one process on PostgreSQL: SQLite's batches, savepoints and outcomes, with
-batches retried whole after a deadlock or a serialization failure (see `PgWriter`).
+"""The writer of one process on PostgreSQL: `PgStore` runs each batch, `PgWriter` builds the writer.
+
+SQLite's batches, savepoints and outcomes, with batches retried whole after a deadlock or a
+serialization failure, and sent down a pipeline (see `PgStore`).
 """
 
 from __future__ import annotations
@@ -15,10 +17,22 @@ import psycopg
 
 from ... import settings
 from ...engine.commands import run_apply
-from ...engine.outcomes import TAB_KEEP, dump_outcome, load_outcome
-from ...engine.writer import Command, Topics, Writer
+from ...engine.feed import Feed, LocalFeed
+from ...engine.outcomes import TAB_KEEP
+from ...engine.statements import StatementCache
+from ...engine.store import Batch
+from ...engine.writer import Writer
+from .db import (
+    DIALECT,
+    MIGRATION_LOCK,
+    PgTx,
+    describe,
+    find_folder,
+    migrate,
+    open_postgres,
+    rollback,
+)
 from .pipeline import Replay, WriterConnection, WriterCursor, deallocate_owed
-from .db import DIALECT, MIGRATION_LOCK, PgTx, connect, describe, find_folder, migrate, rollback
 
 log = logging.getLogger("fastapi_lith.postgres")
 
@@ -38,9 +52,6 @@ OUTCOMES_SCHEMA = """
 CREATE TABLE IF NOT EXISTS lith_outcome (key text PRIMARY KEY, at double precision NOT NULL, outcome bytea);
 CREATE INDEX IF NOT EXISTS lith_outcome_at ON lith_outcome (at);
 """
-# A keyed command claims its key before it applies: a second process sending the same key at
-# the same moment waits on the row until the first commits, then finds it taken. (Looking first
-# and inserting after, as on SQLite where one writer holds the file, would apply both.)
 CLAIM_OUTCOME = (
     "INSERT INTO lith_outcome (key, at, outcome) VALUES (%s, %s, NULL) ON CONFLICT (key) DO UPDATE"
     " SET at = excluded.at, outcome = NULL WHERE lith_outcome.at < %s RETURNING 1"
@@ -73,30 +84,30 @@ class _Retry(Exception):
     """The batch lost a deadlock or a serialization check: roll it back and run it again."""
 
 
-class _Batch:
-    """One batch as the writer runs it: the commands, their answers so far, and per command
-    the cursors of its SAVEPOINT and RELEASE, whose results say how far the server got."""
+class _Outcomes:
+    """`lith_outcome` on PostgreSQL. A keyed command claims its key before it applies
+    (`CLAIM_OUTCOME`): a second process sending the same key at the same moment waits on the row
+    until the first commits, then finds it taken. (Looking first and inserting after, as on
+    SQLite where one writer holds the file, would apply both.)"""
 
-    __slots__ = ("cmds", "keys", "tx", "cur", "since", "now", "results", "errors", "marks", "opened", "closed", "repeats")
+    __slots__ = ("cur",)
 
-    def __init__(self, cmds: list[Command], keys: list[str | None] | None, tx: PgTx, since: float) -> None:
-        self.cmds, self.keys, self.tx, self.cur, self.since = cmds, keys, tx, tx._cursor, since
-        self.reset()
+    def __init__(self, cur: Any) -> None:
+        self.cur = cur
 
-    def reset(self) -> None:
-        n = len(self.cmds)
-        self.now = time.time()
-        self.results: list[Any] = [None] * n
-        self.errors: list[BaseException | None] = [None] * n
-        self.marks = [0] * n  # len(tx._touched) as each command began
-        self.opened: list[Any] = [None] * n
-        self.closed: list[Any] = [None] * n
-        self.repeats = 0
-        self.tx._touched.clear()
+    def claim(self, key: str, now: float, since: float) -> tuple[bool, bytes | None]:
+        if self.cur.execute(CLAIM_OUTCOME, (key, now, since), prepare=True).fetchone() is not None:
+            return True, None
+        row = self.cur.execute(FIND_OUTCOME, (key,), prepare=True).fetchone()
+        return False, None if row is None else row[0]
+
+    def record(self, key: str, now: float, outcome: bytes | None) -> None:
+        if outcome is not None:  # the claim stored NULL, the outcome of a `None` result
+            self.cur.execute(RECORD_OUTCOME, (outcome, key), prepare=True)
 
 
-class PgWriter(Writer):
-    """The writer of one process on PostgreSQL: SQLite's batches, savepoints and outcomes.
+class PgStore:
+    """The write connection of one process on PostgreSQL (a `Store`, see engine/store.py).
 
     With `take_turns` (the default) the writers of all processes take turns on an advisory
     lock held for each batch's transaction, as they take turns at the file on SQLite: batches of
@@ -108,7 +119,7 @@ class PgWriter(Writer):
     (with other clients of the database, or between writers that do not take turns), waiting a
     random 1 ms up to `backoff` seconds (doubling) between runs.
 
-    A batch goes out in pipeline mode (see pgpipeline.py), first without savepoints: every
+    A batch goes out in pipeline mode (see pipeline.py), first without savepoints: every
     command going through, or failing before it sent a statement, is the common case, and each
     SAVEPOINT and RELEASE costs the server a subtransaction. A command that fails after sending
     one (a read counts) has no savepoint to roll back to: the batch then runs again with a
@@ -119,50 +130,48 @@ class PgWriter(Writer):
     """
 
     dialect = DIALECT
+    path: Path | None = None  # a server, not a file
 
-    @settings.checked(forward=Writer.__init__)
     def __init__(
         self,
         url: str,
         *,
         migrations: str | Path | None = None,
-        batch_size: int = 512,
         cached_statements: int = 512,
-        statement_cache: bool = True,
-        repeat_window: float = 3600.0,
         take_turns: bool = True,
         retries: int = 50,
         backoff: float = 0.1,
-        feed: Any = None,
-        **_sqlite_only: Any,  # synchronous, wal_autocheckpoint: SQLite's file settings
     ) -> None:
-        super().__init__(
-            url,
-            migrations=migrations,
-            batch_size=batch_size,
-            cached_statements=cached_statements,
-            statement_cache=statement_cache,
-            repeat_window=repeat_window,
-            feed=feed,
-        )
         self.url = url
+        self.migrations = migrations
         self.take_turns = settings.flag("take_turns", take_turns)
         self.retries = settings.number("retries", retries, low=0, integer=True)
         self.backoff = settings.number("backoff", backoff, low=0.001)
         self._prepared = max(cached_statements, 1)
+        self._feed: Feed = LocalFeed()  # the writer's, from `open` on
+        self._statements: StatementCache | None = None
         self._pg: WriterConnection | None = None
         self._fast_misses = 0  # batches in a row that had to run again with savepoints
         self._skip_fast = 0  # batches still to run with savepoints from the start
         self._committing = False  # COMMIT was sent: if the connection drops now, nobody knows
+        # Per command of the running batch: len(tx._touched) as it began, and the cursors of
+        # its SAVEPOINT and RELEASE, whose results say how far the server got.
+        self._marks: list[int] = []
+        self._opened: list[Any] = []
+        self._closed: list[Any] = []
         self.reconnects = 0  # batches run again on a new connection after losing the old one
         self.retried = 0  # batches run again after a deadlock or serialization failure
 
+    def describe(self) -> str:
+        return describe(self.url)
+
     def _connect(self) -> WriterConnection:
-        conn = connect(self.url, prepared=self._prepared, name=WRITER_NAME, cls=WriterConnection)
+        conn = open_postgres(self.url, prepared=self._prepared, name=WRITER_NAME, cls=WriterConnection)
         conn.cursor_factory = WriterCursor
         return conn
 
-    def _open(self) -> None:
+    def open(self, feed: Feed, statements: StatementCache, forget_before: float) -> None:
+        self._feed, self._statements = feed, statements
         conn = self._connect()
         try:
             conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK,))
@@ -173,8 +182,8 @@ class PgWriter(Writer):
                         log.info("%s: migrated from version %d to %d", describe(self.url), before, after)
                 conn.execute(OUTCOMES_SCHEMA.encode())
                 conn.execute(TABS_SCHEMA.encode())
-                self._prune(conn.cursor())
-                self.feed.setup(conn)
+                self._prune(conn.cursor(), forget_before)
+                feed.setup(conn)
             finally:
                 conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK,))
         except BaseException:
@@ -182,19 +191,16 @@ class PgWriter(Writer):
             raise
         self._pg = conn
 
-    def _prune(self, cur: Any) -> None:
-        cur.execute(PRUNE_OUTCOMES, (time.time() - self.repeat_window,))
+    def _prune(self, cur: Any, forget_before: float) -> None:
+        cur.execute(PRUNE_OUTCOMES, (forget_before,))
         cur.execute(PRUNE_TABS, (time.time() - TAB_KEEP,))
-        self._next_prune = time.monotonic() + min(self.repeat_window, 3600.0) / 4
 
-    def _close_conn(self) -> None:
+    def close(self) -> None:
         if self._pg is not None:
             self._pg.close()
             self._pg = None
 
-    def _apply(
-        self, batch: list[Command], keys: list[str | None] | None
-    ) -> tuple[list[Any], list[BaseException | None], Topics, int]:
+    def run(self, batch: Batch) -> None:
         """Run the batch; after a deadlock or serialization failure, roll it back and run it
         again whole, so every command keeps its savepoint and its caller gets one answer."""
         delay = 0.001
@@ -204,8 +210,8 @@ class PgWriter(Writer):
                 self._pg = self._connect()
             self._committing = False
             try:
-                with self.feed.turn():
-                    return self._transaction(batch, keys)
+                with self._feed.turn():
+                    return self._transaction(batch)
             except psycopg.OperationalError:
                 # The connection dropped (a restart, a failover, a terminated backend). Before
                 # COMMIT was sent nothing of the batch can have committed: run it again on a
@@ -214,7 +220,7 @@ class PgWriter(Writer):
                     raise
                 attempt += 1
                 self.reconnects += 1
-                log.warning("the write connection dropped; the batch of %d commands runs again", len(batch))
+                log.warning("the write connection dropped; the batch of %d commands runs again", len(batch.cmds))
                 time.sleep(min(delay, self.backoff))
                 delay = min(delay * 2, self.backoff)
             except _Retry as exc:
@@ -222,23 +228,21 @@ class PgWriter(Writer):
                 if attempt > self.retries:
                     raise exc.__cause__ or exc from None
                 self.retried += 1
-                log.debug("batch of %d commands runs again: %s", len(batch), exc.__cause__)
+                log.debug("batch of %d commands runs again: %s", len(batch.cmds), exc.__cause__)
                 time.sleep(random.uniform(0.001, delay))  # apart, so the two do not meet again
                 delay = min(delay * 2, self.backoff)
 
-    def _transaction(
-        self, batch: list[Command], keys: list[str | None] | None
-    ) -> tuple[list[Any], list[BaseException | None], Topics, int]:
-        conn = self._pg
-        assert conn is not None
-        tx = PgTx(conn, self.statements)  # type: ignore[arg-type]
-        b = _Batch(batch, keys, tx, time.time() - self.repeat_window)
-        cur = b.cur
+    def _transaction(self, b: Batch) -> None:
+        conn, statements = self._pg, self._statements
+        assert conn is not None and statements is not None
+        tx = PgTx(conn, statements)  # type: ignore[arg-type]
+        cur = tx._cursor
+        self._begin(b, tx)
         try:
             careful = True
             if self._skip_fast:
                 self._skip_fast -= 1
-            elif self._pipelined(b, 0, savepoints=False) is None:
+            elif self._pipelined(b, tx, 0, savepoints=False) is None:
                 careful = False
                 self._fast_misses = 0
             else:
@@ -247,17 +251,17 @@ class PgWriter(Writer):
                 self._fast_misses = min(2 * self._fast_misses or 1, 64)
                 self._skip_fast = self._fast_misses
                 rollback(conn)
-                b.reset()
+                self._begin(b, tx)
             start = 0
-            while careful and (failed := self._pipelined(b, start)) is not None:
+            while careful and (failed := self._pipelined(b, tx, start)) is not None:
                 # A statement of this command failed: back to its savepoint, and it runs again
                 # waiting on each statement, so that its apply() meets the error where it occurs.
                 cur.execute(b"ROLLBACK TO SAVEPOINT cmd")
-                del tx._touched[b.marks[failed]:]
-                self._command(b, failed, again=True)
+                del tx._touched[self._marks[failed]:]
+                self._command(b, tx, failed, again=True)
                 start = failed + 1
-            topics = frozenset(tx._touched)
-            self.feed.publish(conn, topics)  # NOTIFY: delivered to the listeners on COMMIT only
+            topics = b.topics = frozenset(tx._touched)
+            self._feed.publish(conn, topics)  # NOTIFY: delivered to the listeners on COMMIT only
             self._committing = True
             try:
                 cur.execute("COMMIT")
@@ -270,9 +274,17 @@ class PgWriter(Writer):
             if not isinstance(exc, _Retry) and retryable(exc):
                 raise _Retry(str(exc)) from exc
             raise
-        return b.results, b.errors, topics, b.repeats
 
-    def _pipelined(self, b: _Batch, start: int, savepoints: bool = True) -> int | None:
+    def _begin(self, b: Batch, tx: PgTx) -> None:
+        """Every answer and topic forgotten: the batch runs (again) from its first command."""
+        b.reset()
+        n = len(b.cmds)
+        self._marks, self._opened, self._closed = [0] * n, [None] * n, [None] * n
+        tx._touched.clear()
+        if b.keys is not None:
+            b.outcomes = _Outcomes(tx._cursor)
+
+    def _pipelined(self, b: Batch, tx: PgTx, start: int, savepoints: bool = True) -> int | None:
         """Send the commands from `start` on without waiting for the server (psycopg's pipeline
         mode), then one Sync. None if all went through. Else, with savepoints, the index of the
         command whose statement failed: the server skipped all that was sent after it, and the
@@ -285,13 +297,14 @@ class PgWriter(Writer):
             with conn.pipeline() if PIPELINE else nullcontext():
                 try:
                     if start == 0:
-                        b.cur.execute("BEGIN")
+                        cur = tx._cursor
+                        cur.execute("BEGIN")
                         if self.take_turns:
-                            b.cur.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_TURN,), prepare=True)
-                        if b.keys is not None and time.monotonic() >= self._next_prune:
-                            self._prune(b.cur)
+                            cur.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_TURN,), prepare=True)
+                        if b.prune:
+                            self._prune(cur, b.since)
                     for i in range(start, len(b.cmds)):
-                        if not self._command(b, i, savepoint=savepoints):
+                        if not self._command(b, tx, i, savepoint=savepoints):
                             lost = True
                             break
                 except Replay as exc:
@@ -309,31 +322,27 @@ class PgWriter(Writer):
         # The command whose SAVEPOINT went through and RELEASE did not holds the failure; none
         # such: it was in the batch's own statements (BEGIN, a key's claim): the batch fails.
         for i in range(len(b.cmds) - 1, start - 1, -1):
-            opened, closed = b.opened[i], b.closed[i]
+            opened, closed = self._opened[i], self._closed[i]
             if opened is not None and opened.pgresult is not None:
                 if closed is None or closed.pgresult is None:
                     return i
                 break
         raise error  # type: ignore[misc]
 
-    def _command(self, b: _Batch, i: int, savepoint: bool = True, again: bool = False) -> bool:
+    def _command(self, b: Batch, tx: PgTx, i: int, savepoint: bool = True, again: bool = False) -> bool:
         """Apply command `i`, in its savepoint unless `savepoint` is false; `again` after its
         statement failed in the pipeline: the savepoint is there, the key claimed, and the
         statements wait. False if it failed after sending a statement, without a savepoint."""
-        conn, cur, tx, cmd = self._pg, b.cur, b.tx, b.cmds[i]
+        conn, cur, cmd = self._pg, tx._cursor, b.cmds[i]
         assert isinstance(conn, WriterConnection)
         key = None if b.keys is None else b.keys[i]
         if not again:
-            b.opened[i] = b.closed[i] = None
-            if key is not None and cur.execute(CLAIM_OUTCOME, (key, b.now, b.since), prepare=True).fetchone() is None:
-                row = cur.execute(FIND_OUTCOME, (key,), prepare=True).fetchone()
-                ok, value = load_outcome(None if row is None else row[0])
-                b.results[i], b.errors[i] = (value, None) if ok else (None, value)
-                b.repeats += 1
+            self._opened[i] = self._closed[i] = None
+            if key is not None and b.repeat(i, key):
                 return True
             if savepoint:
-                b.opened[i] = conn.cursor().execute(b"SAVEPOINT cmd")
-            b.marks[i] = len(tx._touched)
+                self._opened[i] = conn.cursor().execute(b"SAVEPOINT cmd")
+            self._marks[i] = len(tx._touched)
         sent = conn.sent
         try:
             result = run_apply(cmd, tx)
@@ -344,16 +353,66 @@ class PgWriter(Writer):
             if not savepoint and conn.sent != sent:
                 return False
             b.results[i], b.errors[i] = None, exc
-            del tx._touched[b.marks[i]:]
+            del tx._touched[self._marks[i]:]
             if savepoint:
                 cur.execute(b"ROLLBACK TO SAVEPOINT cmd")
             cmd._settled(tx, exc)
             if key is not None:
-                cur.execute(RECORD_OUTCOME, (dump_outcome(False, exc), key), prepare=True)
+                b.record(i, key)
         else:
             b.results[i], b.errors[i] = result, None
-            if key is not None and result is not None:
-                cur.execute(RECORD_OUTCOME, (dump_outcome(True, result), key), prepare=True)
+            if key is not None:
+                b.record(i, key)
         if savepoint:
-            b.closed[i] = conn.cursor().execute(b"RELEASE SAVEPOINT cmd")
+            self._closed[i] = conn.cursor().execute(b"RELEASE SAVEPOINT cmd")
         return True
+
+
+class PgWriter(Writer):
+    """The writer of one process on PostgreSQL: a `Writer` over a `PgStore` (whose settings
+    `take_turns`, `retries` and `backoff` are). Without a `feed`, this process alone writes
+    (`LocalFeed`); Lith passes a `NotifyFeed`."""
+
+    @settings.checked()
+    def __init__(
+        self,
+        url: str,
+        *,
+        migrations: str | Path | None = None,
+        batch_size: int = 512,
+        cached_statements: int = 512,
+        statement_cache: bool = True,
+        repeat_window: float = 3600.0,
+        take_turns: bool = True,
+        retries: int = 50,
+        backoff: float = 0.1,
+        feed: Feed | None = None,
+    ) -> None:
+        store = PgStore(
+            url,
+            migrations=migrations,
+            cached_statements=cached_statements,
+            take_turns=take_turns,
+            retries=retries,
+            backoff=backoff,
+        )
+        super().__init__(
+            store,
+            feed=feed if feed is not None else LocalFeed(),
+            batch_size=batch_size,
+            cached_statements=cached_statements,
+            statement_cache=statement_cache,
+            repeat_window=repeat_window,
+        )
+        self.store: PgStore = store
+        self.url = url
+
+    @property
+    def reconnects(self) -> int:
+        """Batches run again on a new connection after losing the old one."""
+        return self.store.reconnects
+
+    @property
+    def retried(self) -> int:
+        """Batches run again after a deadlock or a serialization failure."""
+        return self.store.retried
