@@ -46,7 +46,7 @@ def test_a_bad_setting_or_argument_is_a_setting_error_and_still_a_value_error(tm
     from fastapi_lith.ops.replica_check import ReplicaChecks
 
     db_path = tmp_path / "app.db"
-    fastapi_lith.connect(db_path).close()
+    fastapi_lith.open_sqlite(db_path).close()
     bad = [
         lambda: Backups(db_path, tmp_path, every=0.5),
         lambda: Backups(db_path, tmp_path, keep=0),

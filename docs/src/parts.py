@@ -9,5 +9,5 @@ MIGRATIONS = Path(__file__).parent / "counter" / "migrations"
 
 def make_lith(path: Path) -> Lith:
     writer = Writer(path, migrations=MIGRATIONS, batch_size=1)   # its settings are its own
-    readers = SqliteReaders(path, size=1)                         # opened and closed by the caller
+    readers = Readers(path, size=1)                               # opened and closed by the caller
     return Lith(path, writer=writer, readers=readers, hub=Hub, tick=0.01)

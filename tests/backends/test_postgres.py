@@ -242,8 +242,7 @@ async def test_lith_on_postgres_renders_what_commands_wrote(pg_url: str, migrati
     def view(db: Db) -> Markup:
         return Markup('<p id="counter">{}</p>').format(db.scalar(COUNT))
 
-    other = Lith(pg_url, migrations=migrations)  # a second app process, in this one
-    other.views = lith.views
+    other = Lith(pg_url, migrations=migrations, views=lith.views)  # a second app process, in this one
     async with Tabs(lith) as tabs, Tabs(other) as elsewhere:
         tab = await tabs.open("counter")
         far = await elsewhere.open("counter")

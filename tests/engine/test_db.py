@@ -219,9 +219,10 @@ async def test_threads_are_named_daemons_and_only_settled_calls_refuse_cancel(tm
     from fastapi_lith.engine.threads import Threads
 
     open_sqlite(tmp_path / "a.db").close()
+    before = set(threading.enumerate())  # another test's pool may still be winding down
     readers = SqliteReaders(tmp_path / "a.db")
     try:
-        mine = [t for t in threading.enumerate() if t.name.startswith("lith-reader")]
+        mine = [t for t in threading.enumerate() if t not in before and t.name.startswith("lith-reader")]
         assert sorted(t.name for t in mine) == ["lith-reader-0", "lith-reader-1"] and all(t.daemon for t in mine)
     finally:
         readers.close()
