@@ -86,13 +86,6 @@ def test_an_async_apply_is_a_command_error_and_still_a_type_error() -> None:
     assert isinstance(caught.value, TypeError)
 
 
-def test_the_replica_check_does_not_import_the_replica() -> None:
-    """replica.py starts the checks; the checks read a `Replicated`, so there is no cycle."""
-    tree = ast.parse((ROOT / "fastapi_lith" / "ops" / "replica_check.py").read_text())
-    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    assert "replica" not in imported and "fastapi_lith.ops.replica" not in imported, imported
-
-
 def test_recipes_and_examples_import_only_public_modules() -> None:
     private = []
     for path in sorted([*(ROOT / "docs" / "src").rglob("*.py"), *(ROOT / "examples").rglob("*.py")]):

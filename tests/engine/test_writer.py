@@ -1160,50 +1160,6 @@ async def test_a_store_that_fails_its_batch_fails_every_caller_of_it() -> None:
         await writer.close()
 
 
-def test_the_engine_and_the_backends_import_no_cycle_and_the_engine_no_backend() -> None:
-    import ast
-
-    import fastapi_lith
-
-    root = Path(fastapi_lith.__file__).parent
-    modules = {}
-    for path in root.rglob("*.py"):
-        parts = path.relative_to(root.parent).with_suffix("").parts
-        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    edges: dict[str, set[str]] = {}
-    for name, path in modules.items():
-        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
-        found: set[str] = set()
-        # Every import counts: at module level, inside a function, under TYPE_CHECKING.
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom):
-                base = package[: len(package) - node.level + 1] if node.level else []
-                prefix = ".".join(base + ([node.module] if node.module else []))
-                targets = [f"{prefix}.{alias.name}" for alias in node.names] + [prefix]
-            elif isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            else:
-                continue
-            for target in targets:
-                while target and target not in modules:
-                    target = target.rpartition(".")[0]
-                if target and target not in (name, "fastapi_lith"):
-                    found.add(target)
-        edges[name] = found
-    layered = [m for m in modules if m.startswith(("fastapi_lith.engine", "fastapi_lith.backends"))]
-    for name in layered:
-        if name.startswith("fastapi_lith.engine"):
-            outside = {t for t in edges[name] if not t.startswith("fastapi_lith.engine")}
-            assert outside <= {"fastapi_lith.settings", "fastapi_lith.exceptions"}, (name, outside)
-        seen, todo = set(), list(edges[name])
-        while todo:  # does any path of imports lead back to `name`?
-            target = todo.pop()
-            assert target != name, f"{name} imports itself through another module"
-            if target not in seen:
-                seen.add(target)
-                todo.extend(edges.get(target, ()))
-
-
 def test_a_sqlite_writer_names_its_file(tmp_path: Path) -> None:
     writer = Writer(tmp_path / "app.db", synchronous="FULL", wal_autocheckpoint=50)
     assert writer.path == tmp_path / "app.db" and writer.describe() == "app.db"
