@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from . import settings
-from .lith import Lith
-from .exceptions import AccountUnavailable, AlreadyRunning, LithError, SettingError, UnknownAccount
-from .engine.feed import Feed
 from .engine.engine import Engine, app_views
+from .engine.feed import Feed
+from .exceptions import AccountUnavailable, AlreadyRunning, LithError, SettingError, UnknownAccount
+from .lith import Lith
 
 log = logging.getLogger("fastapi_lith.accounts")
 

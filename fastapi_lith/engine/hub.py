@@ -19,9 +19,9 @@ from typing import Any
 
 from .db import Db
 from .feed import Feed, LocalFeed
+from .frames import Frame
 from .readers import Readers
 from .shutdown import end_on_exit_signal, forget
-from .frames import Frame
 from .streams import Stream, Subscription
 from .views import View, Views
 

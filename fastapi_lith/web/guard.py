@@ -29,8 +29,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import settings
 from ..engine.commands import TAB_ID, TAB_PATTERN, Command, TabCommand
-from ..exceptions import BadParameter, Rejected, StorageError
 from ..engine.frames import Frame
+from ..exceptions import BadParameter, Rejected, StorageError
 
 # An app's own wording for a validation error: pydantic's error dict in, the message out (None
 # keeps pydantic's). Its `type` says what failed ("string_too_short", "json_invalid", ...).

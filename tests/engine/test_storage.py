@@ -22,9 +22,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from fastapi_lith.cli import main
 from tests.support import REPO
 from tests.support.browser import Server
-from fastapi_lith.cli import main
 
 SAME_ORIGIN = {"Datastar-Request": "true", "Sec-Fetch-Site": "same-origin", "Content-Type": "application/json"}
 

@@ -8,10 +8,10 @@ browser would; every wait is on a condition, with a generous deadline.
 from __future__ import annotations
 
 import asyncio
-import time
 import itertools
 import re
 import sqlite3
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any

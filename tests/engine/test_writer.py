@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import sqlite3
-import re
 import subprocess
 import sys
 import threading
