@@ -69,7 +69,7 @@ class Tab:
                     if line:
                         lines.append(line)
                         continue
-                    html = "\n".join(l[len("data: elements "):] for l in lines if l.startswith("data: elements "))
+                    html = "\n".join(ln[len("data: elements "):] for ln in lines if ln.startswith("data: elements "))
                     match = ELEMENT_ID.match(html)
                     if match:
                         self.html[match.group(1)] = html

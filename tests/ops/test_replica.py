@@ -39,10 +39,9 @@ Run = Callable[..., subprocess.CompletedProcess[str]]
 def s3() -> Iterator[str]:
     """moto's standalone S3 server on 127.0.0.1 with one bucket; yields its endpoint."""
     port = free_port()
-    log = open(os.devnull, "wb")
     proc = subprocess.Popen(
         [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=log, stderr=subprocess.STDOUT,
+        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 30
@@ -55,7 +54,6 @@ def s3() -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(10)
-        log.close()
 
 
 @pytest.fixture(params=["file", "s3"])
