@@ -64,6 +64,11 @@ class Db:
         self._cache = cache
         self._compiled = cache.compiled
 
+    @property
+    def cursor(self) -> Any:
+        """The shared cursor, for the writer's own statements (BEGIN, SAVEPOINT, COMMIT)."""
+        return self._cursor
+
     def execute(self, stmt: ClauseElement | str, params: Params | Sequence[Any] = None) -> Any:
         """Run one statement; the cursor gives `rowcount`, `lastrowid` and the rows.
 

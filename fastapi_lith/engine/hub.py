@@ -277,7 +277,7 @@ class Hub:
                 if instance in self.dirty:  # a commit landed meanwhile: the next tick renders it
                     self._wake.set()
         counters = self.counters
-        for instance, result in zip(instances, results):
+        for instance, result in zip(instances, results, strict=True):
             counters.renders += 1
             if isinstance(result, Exception):
                 counters.render_errors += 1

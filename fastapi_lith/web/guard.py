@@ -183,7 +183,8 @@ Push = Callable[[Request, str, Frame], None]
 
 def add_error_handlers(app: FastAPI, *, error_id: str, messages: Messages | None, push: Push) -> None:
     """`error_handlers` on the whole app: a Datastar request to any route gets HTML errors."""
-    for exc_class, handler in error_handlers(app.exception_handlers, error_id=error_id, messages=messages, push=push).items():
+    handlers = error_handlers(app.exception_handlers, error_id=error_id, messages=messages, push=push)
+    for exc_class, handler in handlers.items():
         app.add_exception_handler(exc_class, handler)
 
 
@@ -327,7 +328,9 @@ def _media_type(content_type: str | None) -> str:
     return header.get_content_type()
 
 
-def validation_fragment(exc: RequestValidationError | ValidationError, element_id: str, messages: Messages | None = None) -> str:
+def validation_fragment(
+    exc: RequestValidationError | ValidationError, element_id: str, messages: Messages | None = None
+) -> str:
     """A short, escaped list of what was wrong, with an id Datastar can patch by."""
     items = []
     for error in exc.errors():
@@ -343,7 +346,9 @@ def http_error_fragment(exc: HTTPException, element_id: str) -> str:
     return str(h.div(id=element_id, role="alert", class_="lith-error")[h.ul[h.li[str(exc.detail)]]])
 
 
-def command_endpoint(writer: Callable[..., Any], command: type[Command], max_body: int | None = None) -> Callable[..., Any]:
+def command_endpoint(
+    writer: Callable[..., Any], command: type[Command], max_body: int | None = None
+) -> Callable[..., Any]:
     """The endpoint of `lith.command`: validate the body as `command`, apply it, answer 204.
 
     A `Rejected` goes to `add_error_handlers`' handler, the one rule for every command route

@@ -89,7 +89,8 @@ def lith_row(cursor: Any) -> Callable[[Sequence[Any]], Any]:
     names = tuple(d.name for d in desc)
     cls = _ROW_CLASSES.get(names)
     if cls is None:
-        cls = _ROW_CLASSES[names] = type("Row", (Row,), {"__slots__": (), "_index": {n: i for i, n in enumerate(names)}})
+        index = {n: i for i, n in enumerate(names)}
+        cls = _ROW_CLASSES[names] = type("Row", (Row,), {"__slots__": (), "_index": index})
     return cls
 
 
