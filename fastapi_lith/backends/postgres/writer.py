@@ -235,7 +235,7 @@ class PgStore:
     def _transaction(self, b: Batch) -> None:
         conn, statements = self._pg, self._statements
         assert conn is not None and statements is not None
-        tx = PgTx(conn, statements)  # type: ignore[arg-type]
+        tx = PgTx(conn, statements)
         cur = tx.cursor
         self._begin(b, tx)
         try:
