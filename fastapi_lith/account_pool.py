@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from . import settings
-from .lith import Lith
-from .exceptions import AccountUnavailable, AlreadyRunning, LithError, SettingError, UnknownAccount
-from .engine.feed import Feed
 from .engine.engine import Engine, app_views
+from .engine.feed import Feed
+from .exceptions import AccountUnavailable, AlreadyRunning, LithError, SettingError, UnknownAccount
+from .lith import Lith
 
 log = logging.getLogger("fastapi_lith.accounts")
 
@@ -55,6 +55,14 @@ class Account:
         if self.leases or self.ready is None or not self.ready.done():
             return False
         return self.engine.is_idle()
+
+    async def open(self) -> None:
+        """Enter its `Lith`'s lifespan: migrate, start the writer and hub."""
+        await self._stack.enter_async_context(self.lith.lifespan())
+
+    async def close(self) -> None:
+        """Leave the lifespan: streams end, the writer drains, the files close."""
+        await self._stack.aclose()
 
 
 class AccountPool:
@@ -90,7 +98,9 @@ class AccountPool:
     async def serve(self) -> AsyncIterator[None]:
         """Open accounts on demand, close idle ones; on exit close every open one (drained)."""
         if self._running:
-            raise AlreadyRunning("these accounts are already being served: a second start would close them under the first")
+            raise AlreadyRunning(
+                "these accounts are already being served: a second start would close them under the first"
+            )
         self.folder.mkdir(parents=True, exist_ok=True)
         self._running = True
         self._reaper = asyncio.ensure_future(self._reap())
@@ -109,7 +119,9 @@ class AccountPool:
     def path(self, name: str) -> Path:
         """The database file of account `name` (which need not exist)."""
         if not isinstance(name, str) or not ACCOUNT_NAME.fullmatch(name):
-            raise UnknownAccount(f"{name!r} is not an account name: 1 to 63 of a-z, 0-9, '-' and '_', starting with a letter or digit")
+            raise UnknownAccount(
+                f"{name!r} is not an account name: 1 to 63 of a-z, 0-9, '-' and '_', starting with a letter or digit"
+            )
         return self.folder / f"{name}{SUFFIX}"
 
     def names(self) -> list[str]:
@@ -194,11 +206,11 @@ class AccountPool:
 
     async def _start(self, account: Account) -> None:
         try:
-            await account._stack.enter_async_context(account.lith.lifespan())
+            await account.open()
         except BaseException as exc:
             if self._open.get(account.name) is account:
                 del self._open[account.name]
-            await account._stack.aclose()
+            await account.close()
             log.error("account %s cannot open: %s", account.name, exc)
             raise AccountUnavailable(f"account {account.name!r} cannot open: {exc}") from exc
         self.opened += 1
@@ -243,7 +255,7 @@ class AccountPool:
         if account.ready is not None and not account.ready.done():
             await asyncio.wait((account.ready,))
         try:
-            await account._stack.aclose()  # streams end, the writer drains, the files close
+            await account.close()
         except Exception:  # noqa: BLE001 - one account's failure must not stop the others closing
             log.exception("account %s did not close cleanly", account.name)
         self.closed += 1

@@ -198,18 +198,17 @@ class Lith:
         settings.number("backup_every", backup_every, low=1)
         settings.number("backup_keep", backup_keep, low=1, integer=True)
         # A consistent copy of the database every `backup_every` s, the newest `backup_keep` kept.
-        self.backups = (
-            Backups(self.path, backup_folder, every=backup_every, keep=backup_keep)
-            if backup_folder is not None
-            else None
-        )
+        self.backups: Backups | None = None
         # Every commit copied off the machine by Litestream (s3://bucket/path, file:///mnt/...),
         # the database restored from it when its file is missing, the copy checked daily.
-        self.replica = (
-            Replica(self.path, replica, sync_interval=replica_sync_interval, check_every=replica_check_every)
-            if replica is not None
-            else None
-        )
+        self.replica: Replica | None = None
+        if self.path is not None:  # without a SQLite file both were refused above
+            if backup_folder is not None:
+                self.backups = Backups(self.path, backup_folder, every=backup_every, keep=backup_keep)
+            if replica is not None:
+                self.replica = Replica(
+                    self.path, replica, sync_interval=replica_sync_interval, check_every=replica_check_every
+                )
         self._later: set[asyncio.Task[None]] = set()
         self._serving: FastAPI | None = None
         self._running = False

@@ -17,10 +17,10 @@ import itertools
 from contextlib import AsyncExitStack
 from typing import Any
 
-from .lith import Lith
+from .engine.commands import Command
 from .engine.frames import Frame
 from .engine.streams import Stream
-from .engine.commands import Command
+from .lith import Lith
 
 
 class Tab:

@@ -65,7 +65,9 @@ class PostgresBackend:
             from .postgres import db as postgres
             from .postgres import writer as pgwriter
         except ImportError as exc:  # psycopg missing
-            raise SettingError(f"{url.split(':', 1)[0]} URLs need psycopg: pip install 'fastapi-lith[postgres]' ({exc})") from exc
+            raise SettingError(
+                f"{url.split(':', 1)[0]} URLs need psycopg: pip install 'fastapi-lith[postgres]' ({exc})"
+            ) from exc
         self._pg = postgres
         self._writer_module = pgwriter
         self.url = url

@@ -102,6 +102,11 @@ def run_apply(cmd: Command, tx: Tx) -> Any:
     return result
 
 
+def settle(cmd: Command, tx: Tx, error: BaseException | None) -> None:
+    """`cmd._settled(tx, error)`, as both writers call it once `apply` is done."""
+    cmd._settled(tx, error)  # noqa: SLF001 - the writer's hook, kept out of a model's public names
+
+
 class TabCommand(Command):
     """A command a person makes from a page: `tab` says who, `op` which of their clicks.
 
@@ -132,7 +137,8 @@ class TabCommand(Command):
             ok, message = True, self._message
         else:
             ok, message = False, str(error) if isinstance(error, Rejected) else FAILED
-        tx.execute(outcomes.RECORD_TAB, {"tab": self.tab, "op": self.op, "ok": int(ok), "message": message, "at": time.time()})
+        row = {"tab": self.tab, "op": self.op, "ok": int(ok), "message": message, "at": time.time()}
+        tx.execute(outcomes.RECORD_TAB, row)
         tx.touch(f"tab:{self.tab}")
 
 

@@ -64,23 +64,30 @@ class Db:
         self._cache = cache
         self._compiled = cache.compiled
 
+    @property
+    def cursor(self) -> Any:
+        """The shared cursor, for the writer's own statements (BEGIN, SAVEPOINT, COMMIT)."""
+        return self._cursor
+
     def execute(self, stmt: ClauseElement | str, params: Params | Sequence[Any] = None) -> Any:
         """Run one statement; the cursor gives `rowcount`, `lastrowid` and the rows.
 
         The cursor is shared: read it before the next statement, or use `all()`.
         """
-        if stmt.__class__ is str:
-            return self._cursor.execute(stmt, params or ())  # type: ignore[arg-type]
+        if isinstance(stmt, str):
+            return self._cursor.execute(stmt, params or ())
         entry = self._compiled.get(stmt)  # the common case in one lookup, without a call
         if entry.__class__ is not Statement:
             entry = self._cache.statement(stmt, params)  # type: ignore[arg-type]
-        sql, values = entry.bind(params)  # type: ignore[union-attr, arg-type]
+        sql, values = entry.bind(params)  # type: ignore[arg-type]
         return self._cursor.execute(sql, values)
 
     def executemany(self, stmt: ClauseElement | str, rows: Iterable[Mapping[str, Any]]) -> int:
         """Run one statement for many parameter sets; returns the rows changed."""
+        changed: int
         if isinstance(stmt, str):
-            return self._cursor.executemany(stmt, rows).rowcount
+            changed = self._cursor.executemany(stmt, rows).rowcount
+            return changed
         rows = list(rows)
         if not rows:
             return 0
@@ -88,10 +95,12 @@ class Db:
         if entry.slow:  # expanding IN and the like: the SQL may differ from row to row
             return sum(self.execute(stmt, row).rowcount for row in rows)
         # One prepared statement for every row: 23% less than a loop of execute for 50 rows.
-        return self._cursor.executemany(entry.sql, [entry.bind(row)[1] for row in rows]).rowcount
+        changed = self._cursor.executemany(entry.sql, [entry.bind(row)[1] for row in rows]).rowcount
+        return changed
 
     def all(self, stmt: ClauseElement | str, params: Params | Sequence[Any] = None) -> list[Any]:
-        return self.execute(stmt, params).fetchall()
+        found: list[Any] = self.execute(stmt, params).fetchall()
+        return found
 
     def first(self, stmt: ClauseElement | str, params: Params | Sequence[Any] = None) -> Any:
         return self.execute(stmt, params).fetchone()

@@ -19,10 +19,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from ..exceptions import AlreadyRunning, NotRunning
 from . import outcomes
 from .db import Db
-from .readers import Readers
 from .feed import Feed
 from .frames import Frame
 from .hub import Hub
+from .readers import Readers
 from .views import Render, Topics, Views
 from .writer import Writer
 

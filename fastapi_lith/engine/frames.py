@@ -40,7 +40,7 @@ def sse_event(frame: Frame) -> bytes:
         with _FORMATTING:
             event = frame._sse  # noqa: SLF001
             if event is None:
-                text = ServerSentEventGenerator.patch_elements(frame.html)
+                text: str = ServerSentEventGenerator.patch_elements(frame.html)
                 if frame.signals:
                     text += ServerSentEventGenerator.patch_signals(dict(frame.signals))
                 event = frame._sse = str(text).encode()  # noqa: SLF001

@@ -19,9 +19,9 @@ from typing import Any
 
 from .db import Db
 from .feed import Feed, LocalFeed
+from .frames import Frame
 from .readers import Readers
 from .shutdown import end_on_exit_signal, forget
-from .frames import Frame
 from .streams import Stream, Subscription
 from .views import View, Views
 
@@ -277,7 +277,7 @@ class Hub:
                 if instance in self.dirty:  # a commit landed meanwhile: the next tick renders it
                     self._wake.set()
         counters = self.counters
-        for instance, result in zip(instances, results):
+        for instance, result in zip(instances, results, strict=True):
             counters.renders += 1
             if isinstance(result, Exception):
                 counters.render_errors += 1

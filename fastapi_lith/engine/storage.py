@@ -14,8 +14,8 @@ from typing import Any
 
 from sqlalchemy import text
 
-from .commands import Command
 from ..exceptions import StorageError
+from .commands import Command
 from .outcomes import RECORD_TAB
 
 log = logging.getLogger("fastapi_lith.writer")

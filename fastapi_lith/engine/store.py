@@ -60,7 +60,9 @@ class Batch:
     the store also forgets outcomes older than that in this batch's transaction.
     """
 
-    __slots__ = ("cmds", "errors", "keys", "now", "outcomes", "prune", "repeats", "results", "since", "topics", "window")
+    __slots__ = (
+        "cmds", "errors", "keys", "now", "outcomes", "prune", "repeats", "results", "since", "topics", "window"
+    )
 
     def __init__(self, cmds: list[Command], keys: list[str | None] | None, window: float, prune: bool) -> None:
         self.cmds = cmds
@@ -110,7 +112,8 @@ class Batch:
         table = self.outcomes
         assert table is not None
         error = self.errors[i]
-        table.record(key, self.now, dump_outcome(True, self.results[i]) if error is None else dump_outcome(False, error))
+        outcome = dump_outcome(True, self.results[i]) if error is None else dump_outcome(False, error)
+        table.record(key, self.now, outcome)
 
 
 class Store(Protocol):

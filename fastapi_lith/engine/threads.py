@@ -15,13 +15,15 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+# One call as it waits for a thread: where to answer, the future to set, the function, its arguments.
+Call = tuple[asyncio.AbstractEventLoop, asyncio.Future[Any], Callable[..., Any], tuple[Any, ...]]
 
 
 class Threads:
     """A few threads that take calls from the event loop, one hop each way per call."""
 
     def __init__(self, size: int, name: str) -> None:
-        self._queue: queue.SimpleQueue[tuple[asyncio.AbstractEventLoop, asyncio.Future[Any], Callable[..., Any], tuple[Any, ...]] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Call | None] = queue.SimpleQueue()
         self._threads = [
             threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True) for i in range(size)
         ]

@@ -31,3 +31,15 @@ class Tx(Db):
             if type(topic) is not str:  # a list here would fail the whole batch's commit
                 settings.topic_names("tx.touch", topics)
         self._touched.extend(topics)
+
+    def mark(self) -> int:
+        """Where the next command's topics begin, for `forget_since` if it rolls back."""
+        return len(self._touched)
+
+    def forget_since(self, mark: int) -> None:
+        """Drop the topics touched since `mark` (0: all): their command rolled back."""
+        del self._touched[mark:]
+
+    def touched_topics(self) -> Topics:
+        """The topics the batch's commands touched: what its commit publishes."""
+        return frozenset(self._touched)

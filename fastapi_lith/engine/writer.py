@@ -230,7 +230,7 @@ class Writer:
         self.batches += 1
         self.commands += len(futures)
         self.repeats += batch.repeats
-        for fut, result, error in zip(futures, results, errors):
+        for fut, result, error in zip(futures, results, errors, strict=True):
             if fut.done():
                 continue
             if error is None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from email.message import Message as _Header
 from typing import Any
 
@@ -29,8 +29,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import settings
 from ..engine.commands import TAB_ID, TAB_PATTERN, Command, TabCommand
-from ..exceptions import BadParameter, Rejected, StorageError
 from ..engine.frames import Frame
+from ..exceptions import BadParameter, Rejected, StorageError
 
 # An app's own wording for a validation error: pydantic's error dict in, the message out (None
 # keeps pydantic's). Its `type` says what failed ("string_too_short", "json_invalid", ...).
@@ -183,8 +183,13 @@ Push = Callable[[Request, str, Frame], None]
 
 def add_error_handlers(app: FastAPI, *, error_id: str, messages: Messages | None, push: Push) -> None:
     """`error_handlers` on the whole app: a Datastar request to any route gets HTML errors."""
-    for exc_class, handler in error_handlers(app.exception_handlers, error_id=error_id, messages=messages, push=push).items():
+    handlers = error_handlers(app.exception_handlers, error_id=error_id, messages=messages, push=push)
+    for exc_class, handler in handlers.items():
         app.add_exception_handler(exc_class, handler)
+
+
+# An app's exception handler as these handlers await it (FastAPI's own are async).
+Handler = Callable[[Request, Exception], Awaitable[Response]]
 
 
 def error_handlers(
@@ -196,10 +201,10 @@ def error_handlers(
     route lets through is answered as `lith.command` answers it, and a command the route built
     itself (from form fields) that fails validation is a 422 like FastAPI's own. Other requests
     get the app's handlers as they were (FastAPI's own by default)."""
-    validation_fallback = app_handlers.get(RequestValidationError, request_validation_exception_handler)
-    http_fallback = app_handlers.get(HTTPException, http_exception_handler)
-    pydantic_fallback = app_handlers.get(ValidationError)
-    rejected_fallback = app_handlers.get(Rejected)
+    validation_fallback: Handler = app_handlers.get(RequestValidationError, request_validation_exception_handler)
+    http_fallback: Handler = app_handlers.get(HTTPException, http_exception_handler)
+    pydantic_fallback: Handler | None = app_handlers.get(ValidationError)
+    rejected_fallback: Handler | None = app_handlers.get(Rejected)
 
     def tell(request: Request, exc: Exception, html: str) -> None:
         tab, op = acting_tab(received_body(request, exc), request.headers.get("content-type"))
@@ -212,9 +217,9 @@ def error_handlers(
             tell(request, exc, html)
             return HTMLResponse(html, status_code=422)
         if isinstance(exc, RequestValidationError):
-            return await validation_fallback(request, exc)  # type: ignore[misc]
+            return await validation_fallback(request, exc)
         if pydantic_fallback is not None:
-            return await pydantic_fallback(request, exc)  # type: ignore[misc]
+            return await pydantic_fallback(request, exc)
         raise exc  # a model the app built outside a command route: its bug, a 500 as before
 
     async def on_http_error(request: Request, exc: Exception) -> Response:
@@ -222,16 +227,16 @@ def error_handlers(
             html = http_error_fragment(exc, error_id)
             tell(request, exc, html)
             return HTMLResponse(html, status_code=exc.status_code, headers=exc.headers)
-        return await http_fallback(request, exc)  # type: ignore[misc]
+        return await http_fallback(request, exc)
 
     async def on_rejected(request: Request, exc: Exception) -> Response:
         if rejected_fallback is not None and not is_command_request(request):
-            return await rejected_fallback(request, exc)  # type: ignore[misc]
+            return await rejected_fallback(request, exc)
         conflict = refusal(exc)
         return Response(status_code=204) if conflict is None else await on_http_error(request, conflict)
 
     async def on_bad_parameter(request: Request, exc: Exception) -> Response:
-        return await http_fallback(request, HTTPException(400, str(exc)))  # type: ignore[misc]
+        return await http_fallback(request, HTTPException(400, str(exc)))
 
     async def on_storage_error(request: Request, exc: Exception) -> Response:
         headers = {"Retry-After": "5"}
@@ -327,7 +332,9 @@ def _media_type(content_type: str | None) -> str:
     return header.get_content_type()
 
 
-def validation_fragment(exc: RequestValidationError | ValidationError, element_id: str, messages: Messages | None = None) -> str:
+def validation_fragment(
+    exc: RequestValidationError | ValidationError, element_id: str, messages: Messages | None = None
+) -> str:
     """A short, escaped list of what was wrong, with an id Datastar can patch by."""
     items = []
     for error in exc.errors():
@@ -343,7 +350,9 @@ def http_error_fragment(exc: HTTPException, element_id: str) -> str:
     return str(h.div(id=element_id, role="alert", class_="lith-error")[h.ul[h.li[str(exc.detail)]]])
 
 
-def command_endpoint(writer: Callable[..., Any], command: type[Command], max_body: int | None = None) -> Callable[..., Any]:
+def command_endpoint(
+    writer: Callable[..., Any], command: type[Command], max_body: int | None = None
+) -> Callable[..., Any]:
     """The endpoint of `lith.command`: validate the body as `command`, apply it, answer 204.
 
     A `Rejected` goes to `add_error_handlers`' handler, the one rule for every command route

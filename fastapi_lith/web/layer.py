@@ -69,9 +69,13 @@ class WebSettings:
         settings.flag("same_origin_only", self.same_origin_only)
         settings.number("max_body", self.max_body, low=1, integer=True)
         if not isinstance(self.error_id, str) or not _HTML_ID.fullmatch(self.error_id):
-            raise SettingError(f"error_id must be an HTML id (a letter, then letters, digits, '-' or '_'), not {self.error_id!r}")
+            raise SettingError(
+                f"error_id must be an HTML id (a letter, then letters, digits, '-' or '_'), not {self.error_id!r}"
+            )
         if self.messages is not None and not callable(self.messages):
-            raise SettingError(f"messages must be a function (pydantic error -> message or None), not {self.messages!r}")
+            raise SettingError(
+                f"messages must be a function (pydantic error -> message or None), not {self.messages!r}"
+            )
         for name in ("keepalive", "hibernate_after", "send_timeout"):
             settings.number(name, getattr(self, name), low=0.001)
         if not isinstance(self.datastar_url, str) or not self.datastar_url:
@@ -121,7 +125,9 @@ class WebLayer:
         HTML over the app's own handlers, which are the fallback for what is not a command's.
         """
         config = self.settings
-        handlers = error_handlers(app.exception_handlers, error_id=config.error_id, messages=config.messages, push=self.push)
+        handlers = error_handlers(
+            app.exception_handlers, error_id=config.error_id, messages=config.messages, push=self.push
+        )
         for holder, limit in command_routes(app.router.routes, self.writer):
             if isinstance(holder.app, GuardedRoute) and holder.app.owner is self.writer:
                 continue
@@ -209,7 +215,8 @@ class WebLayer:
         views = ",".join(quote(k, safe="/{}") for k in keys)
         # The stream needs no signals: without the filter every reconnect would carry the
         # page's form drafts in its query string.
-        return f"@get('{url}?views={views}&tab={tab}', {{retry: 'always', retryMaxCount: Infinity, filterSignals: {{include: /^$/}}}})"
+        options = "{retry: 'always', retryMaxCount: Infinity, filterSignals: {include: /^$/}}"
+        return f"@get('{url}?views={views}&tab={tab}', {options})"
 
     def datastar(self) -> Markup:
         """Datastar's script and the notice shown if it cannot load: put it first in `<body>`.

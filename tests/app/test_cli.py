@@ -12,11 +12,9 @@ from pathlib import Path
 import pytest
 
 from fastapi_lith.cli import build_parser, main
-from fastapi_lith.exceptions import MigrationError
-from fastapi_lith.exceptions import LithError
+from fastapi_lith.exceptions import LithError, MigrationError
 from fastapi_lith.ops import BackupError, InUse
 from fastapi_lith.scaffold import ProjectError, package_name
-from tests.support import REPO
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
 

@@ -24,9 +24,9 @@ import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import expect
 
+from fastapi_lith.ops import verify
 from tests.support import REPO
 from tests.support.browser import Server, alive, free_port, port_answers, route_datastar, wait_for_datastar
-from fastapi_lith.ops import verify
 
 DEPLOY = REPO / "deploy"
 

@@ -22,12 +22,11 @@ from typing import Any
 import pytest
 from playwright.sync_api import Page, expect
 
+from fastapi_lith import Command, Rejected, Tx
+from fastapi_lith.scaffold import render_text
+from fastapi_lith.testing import Tabs
 from tests.support import REPO
 from tests.support.browser import DATASTAR_CACHE_DIR, NON_LOOPBACK_RE, Server, wait_for_datastar
-from fastapi_lith import Rejected
-from fastapi_lith.scaffold import render_text
-from fastapi_lith import Command, Tx
-from fastapi_lith.testing import Tabs
 
 DOCS = REPO / "docs"
 SRC = DOCS / "src"

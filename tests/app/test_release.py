@@ -17,11 +17,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support import REPO
-from tests.support.browser import ensure_datastar_js, find_chromium
 from fastapi_lith import __version__
 from fastapi_lith.cli import main
 from tests.app.test_deploy import Site
+from tests.support import REPO
+from tests.support.browser import ensure_datastar_js, find_chromium
 
 # The clone's tools must not see this checkout: no PYTHONPATH, no venv of ours.
 ENV = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "VIRTUAL_ENV", "PYTEST_CURRENT_TEST"}}

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sqlite3
 import subprocess
 import sys
-import sqlite3
 import sysconfig
 from contextlib import closing
 from pathlib import Path
@@ -15,11 +15,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support import REPO
-from tests.support.browser import Server, ensure_datastar_js, find_chromium
 from fastapi_lith import __version__
 from fastapi_lith.cli import main
 from fastapi_lith.scaffold import render_text, template_files
+from tests.support import REPO
+from tests.support.browser import Server, ensure_datastar_js, find_chromium
 
 PLACEHOLDER = re.compile(r"\{\{(name|package|lith_version)\}\}")
 EXPECTED = {

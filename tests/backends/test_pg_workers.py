@@ -11,15 +11,21 @@ from collections.abc import Callable
 
 import httpx
 import psycopg
-
 from playwright.sync_api import Page, expect
 
-from tests.support.browser import Server, wait_for_datastar
 from fastapi_lith.backends.postgres.db import dsn
 from fastapi_lith.backends.postgres.feed import LISTENER_NAME
 from tests.engine.test_workers import (  # noqa: F401 - client is a fixture
-    APP, REPO, TESTS, Tab, add, add_from_200_producers, client, kill_a_under_load,
+    APP,
+    REPO,
+    TESTS,
+    Tab,
+    add,
+    add_from_200_producers,
+    client,
+    kill_a_under_load,
 )
+from tests.support.browser import Server, wait_for_datastar
 
 __all__ = ["client"]
 

@@ -8,8 +8,8 @@ import psycopg
 
 from fastapi_lith import Frame
 from fastapi_lith.backends.postgres.db import open_postgres
-from fastapi_lith.engine.feed import Changes
 from fastapi_lith.backends.postgres.feed import LIMIT, NotifyFeed
+from fastapi_lith.engine.feed import Changes
 
 
 async def changes(feed: NotifyFeed, want: int = 1, timeout: float = 10.0) -> Changes:

@@ -15,8 +15,8 @@ from markupsafe import Markup
 from pydantic import Field
 
 from fastapi_lith import Command, LithError, MigrationError, Tx
-from fastapi_lith.backends.postgres.writer import PgWriter
 from fastapi_lith.backends.postgres.db import PgReaders, dsn
+from fastapi_lith.backends.postgres.writer import PgWriter
 from fastapi_lith.engine.feed import LocalFeed
 
 metadata = sa.MetaData()

@@ -14,12 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 from markupsafe import Markup
+from playwright.sync_api import Page, expect
 from pydantic import ValidationError
 
-from playwright.sync_api import Page, expect
-
-from tests.support import SUPPORT
-from tests.support.browser import Server, wait_for_datastar
 from fastapi_lith import (
     Command,
     Lith,
@@ -33,6 +30,8 @@ from fastapi_lith import (
     tab_signals,
 )
 from fastapi_lith.testing import Tabs
+from tests.support import SUPPORT
+from tests.support.browser import Server, wait_for_datastar
 
 HERE = SUPPORT  # the helper apps' folder
 MIGRATIONS = HERE / "commands_migrations"

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.browser import Server, ServerError
 from fastapi_lith import MigrationError
 from fastapi_lith.backends.sqlite.db import SqliteReaders, migrate, open_sqlite, user_version
+from tests.support.browser import Server, ServerError
 
 
 def write(folder: Path, name: str, sql: str) -> None:

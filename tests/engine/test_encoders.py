@@ -25,7 +25,6 @@ from fastapi_lith.engine.encoders import (
 )
 from tests.support.board import board_html, change_card, make_cards
 
-
 # --------------------------------------------------------------------------- decoders
 
 

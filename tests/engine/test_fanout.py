@@ -119,7 +119,7 @@ async def test_a_stalled_stream_among_200_costs_no_encode_work(tmp_path: Path) -
             for n in range(1, 11):
                 await tabs.do(Add())
                 assert await tabs.tick() == 1  # the stalled stream does not hold the board back
-                await until(lambda: all(r.count == n for r in readers[1:]), f"frame {n}")
+                await until(lambda n=n: all(r.count == n for r in readers[1:]), f"frame {n}")
             assert streams[0].encodes == 1  # only the first frame: nothing since it stalled
             assert streams[0].skipped == 9 and streams[0].holds("board")
             assert [s.encodes for s in streams[1:]] == [11] * 199
@@ -195,7 +195,7 @@ async def test_shutdown_closes_every_body_while_frames_are_in_flight(tmp_path: P
         streams = [Stream(f"t{i}") for i in range(len(encoders))]
         for stream in streams:
             await lith.hub.open(stream, ["board"])
-        readers = [Reader(s.body(e), name) for s, (name, e) in zip(streams, encoders)]
+        readers = [Reader(s.body(e), name) for s, (name, e) in zip(streams, encoders, strict=True)]
         tasks = [asyncio.create_task(r.run()) for r in readers]
         for _ in range(3):
             await tabs.do(Add())
@@ -208,7 +208,7 @@ async def test_shutdown_closes_every_body_while_frames_are_in_flight(tmp_path: P
 
 async def test_a_brotli_frame_that_outgrows_the_window_ends_its_body_cleanly(tmp_path: Path) -> None:
     lith = make_lith(tmp_path)
-    async with Tabs(lith) as tabs:
+    async with Tabs(lith):
         stream = Stream("t")
         await lith.hub.open(stream, ["board"])
         encoder = BrotliEncoder()

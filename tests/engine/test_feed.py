@@ -83,7 +83,7 @@ async def test_a_commit_in_one_process_reaches_the_other_at_its_next_tick(tmp_pa
 
 async def test_pushes_reach_the_tab_in_the_other_process(tmp_path: Path) -> None:
     a, b = make_lith(tmp_path), make_lith(tmp_path)
-    async with Tabs(a) as tabs_a, Tabs(b) as tabs_b:
+    async with Tabs(a), Tabs(b) as tabs_b:
         there, bystander = await tabs_b.open("counter", tab="there"), await tabs_b.open("counter", tab="by")
         frame = Frame("lith-error", '<div id="lith-error">n: too big</div>', {"done": 3})
         assert a.hub.push(there.id, frame) == 0  # no stream of that tab in a

@@ -7,7 +7,6 @@ import gc
 import logging
 import sqlite3
 import threading
-import time
 import weakref
 from pathlib import Path
 
@@ -230,8 +229,8 @@ async def test_first_paint_renders_the_same_view(tmp_path: Path) -> None:
 
 async def test_ticks_on_a_timer(tmp_path: Path) -> None:
     lith, _ = make_lith(tmp_path)
-    from fastapi_lith.engine.streams import Stream
     from fastapi_lith.engine.frames import sse_event
+    from fastapi_lith.engine.streams import Stream
 
     async with lith.lifespan():
         stream = Stream("t1")

@@ -22,9 +22,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from fastapi_lith.cli import main
 from tests.support import REPO
 from tests.support.browser import Server
-from fastapi_lith.cli import main
 
 SAME_ORIGIN = {"Datastar-Request": "true", "Sec-Fetch-Site": "same-origin", "Content-Type": "application/json"}
 
@@ -145,4 +145,4 @@ def test_a_full_disk_refuses_commands_with_503_tells_the_tab_and_fails_health(
     with closing(sqlite3.connect(db)) as conn:
         names = [row[0] for row in conn.execute("SELECT name FROM entry ORDER BY id")]
     # What answered 204 is there, what answered 503 is not, and nothing is lost.
-    assert names == [f"signer {op}" for op in [1, *[op for op, c in zip(range(2, 12), codes) if c == 204], 12]]
+    assert names == [f"signer {op}" for op in [1, *[op for op, c in zip(range(2, 12), codes, strict=True) if c == 204], 12]]

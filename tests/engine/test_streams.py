@@ -15,9 +15,9 @@ import httpx
 import pytest
 import zstandard
 
+from fastapi_lith.engine.frames import Frame, sse_event
 from tests.support import SUPPORT
 from tests.support.browser import Server
-from fastapi_lith.engine.frames import Frame, sse_event
 
 TESTS = SUPPORT  # the helper apps' folder
 
@@ -376,8 +376,8 @@ async def test_an_idle_zstd_body_hibernates_then_resumes_in_a_new_frame() -> Non
     import asyncio
 
     from fastapi_lith.engine.encoders import ZstdEncoder
-    from fastapi_lith.engine.streams import KEEPALIVE, Stream
     from fastapi_lith.engine.frames import Frame
+    from fastapi_lith.engine.streams import KEEPALIVE, Stream
 
     stream = Stream("t1")
     first, second = Frame("v", "<p id='v'>one</p>"), Frame("v", "<p id='v'>two</p>")
@@ -402,8 +402,8 @@ async def test_an_idle_zstd_body_hibernates_then_resumes_in_a_new_frame() -> Non
 
 async def test_keepalives_decode_and_an_asleep_encoder_is_freed_again_at_once() -> None:
     from fastapi_lith.engine.encoders import IdentityEncoder, ZstdEncoder
-    from fastapi_lith.engine.streams import KEEPALIVE, Stream
     from fastapi_lith.engine.frames import Frame
+    from fastapi_lith.engine.streams import KEEPALIVE, Stream
 
     stream = Stream("t1")
     stream.offer(Frame("v", "<p id='v'>one</p>"))
@@ -456,8 +456,8 @@ async def test_frames_waiting_together_go_out_in_one_write() -> None:
 
 async def test_an_awake_stream_sends_keepalives_without_hibernating() -> None:
     from fastapi_lith.engine.encoders import ZstdEncoder
-    from fastapi_lith.engine.streams import KEEPALIVE, Stream
     from fastapi_lith.engine.frames import Frame
+    from fastapi_lith.engine.streams import KEEPALIVE, Stream
 
     stream = Stream("t1")
     first = Frame("v", "<p id='v'>one</p>")
@@ -575,9 +575,8 @@ class Exchange:
 
 
 async def test_the_stream_route_refuses_a_bad_query_with_a_plain_400(tmp_path: Path) -> None:
-    from tests.engine.test_hub import make_lith
-
     from fastapi_lith.engine.encoders import ZstdEncoder
+    from tests.engine.test_hub import make_lith
 
     lith, _ = make_lith(tmp_path)
     async with lith.lifespan(ticks=False):
@@ -594,9 +593,8 @@ async def test_the_stream_route_refuses_a_bad_query_with_a_plain_400(tmp_path: P
 
 
 async def test_a_stream_sends_its_views_then_their_changes_and_closes_on_disconnect(tmp_path: Path) -> None:
-    from tests.engine.test_hub import Add, make_lith
-
     from fastapi_lith.engine.encoders import ZstdEncoder
+    from tests.engine.test_hub import Add, make_lith
 
     lith, _ = make_lith(tmp_path)
     lith.hibernate_after = 0.3
@@ -623,9 +621,8 @@ async def test_a_stream_sends_its_views_then_their_changes_and_closes_on_disconn
 
 
 async def test_server_shutdown_ends_a_stream_cleanly_and_frees_it(tmp_path: Path) -> None:
-    from tests.engine.test_hub import make_lith
-
     from fastapi_lith.engine.encoders import IdentityEncoder
+    from tests.engine.test_hub import make_lith
 
     lith, _ = make_lith(tmp_path)
     lith.keepalive = 0.3
@@ -645,9 +642,9 @@ async def test_server_shutdown_ends_a_stream_cleanly_and_frees_it(tmp_path: Path
 
 async def test_a_client_that_stops_reading_is_ended_after_the_send_timeout(tmp_path: Path) -> None:
     from sse_starlette.sse import SendTimeoutError
-    from tests.engine.test_hub import Add, make_lith
 
     from fastapi_lith.engine.encoders import IdentityEncoder
+    from tests.engine.test_hub import Add, make_lith
 
     lith, _ = make_lith(tmp_path)
     lith.send_timeout = 0.2

@@ -8,13 +8,13 @@ from pathlib import Path
 import htpy as h
 import pytest
 from hypothesis import given, settings
-from markupsafe import Markup
 from hypothesis import strategies as st
+from markupsafe import Markup
 
 from fastapi_lith import Accounts, Db, Lith, SettingError, ViewError, fragment
 from fastapi_lith.engine.statements import StatementCache
-from fastapi_lith.testing import Tabs
 from fastapi_lith.engine.views import Views, root_id
+from fastapi_lith.testing import Tabs
 
 
 def test_keys_parameters_and_topics() -> None:

@@ -8,10 +8,10 @@ browser would; every wait is on a condition, with a generous deadline.
 from __future__ import annotations
 
 import asyncio
-import time
 import itertools
 import re
 import sqlite3
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -69,7 +69,7 @@ class Tab:
                     if line:
                         lines.append(line)
                         continue
-                    html = "\n".join(l[len("data: elements "):] for l in lines if l.startswith("data: elements "))
+                    html = "\n".join(ln[len("data: elements "):] for ln in lines if ln.startswith("data: elements "))
                     match = ELEMENT_ID.match(html)
                     if match:
                         self.html[match.group(1)] = html

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import sqlite3
-import re
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -795,11 +796,13 @@ async def test_the_writer_dependency_refuses_bodies_over_max_body(tmp_path: Path
     lith = Lith(tmp_path / "app.db", migrations=migrations, max_body=100, same_origin_only=False)
     app = append_app(lith.writer)
     lith.install(app)
-    async with lith.lifespan(app, ticks=False):
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app.test") as client:
-            json = {"Content-Type": "application/json"}
-            fits = await client.post("/append", content=b'{"value": "%s"}' % (b"a" * 87), headers=json)  # 100 bytes
-            over = await client.post("/append", content=b'{"value": "%s"}' % (b"b" * 88), headers=json)
+    async with (
+        lith.lifespan(app, ticks=False),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app.test") as client,
+    ):
+        json = {"Content-Type": "application/json"}
+        fits = await client.post("/append", content=b'{"value": "%s"}' % (b"a" * 87), headers=json)  # 100 bytes
+        over = await client.post("/append", content=b'{"value": "%s"}' % (b"b" * 88), headers=json)
     assert fits.status_code == 200, fits.text
     assert over.status_code == 413 and "100 bytes" in over.text
     assert [v for (v,) in rows(lith.path, "SELECT value FROM log")] == ["a" * 87]
@@ -1036,9 +1039,11 @@ async def test_errors_on_a_command_route_are_answered_as_html(tmp_path: Path, mi
     lith = Lith(tmp_path / "app.db", migrations=migrations, same_origin_only=False)
     app = append_app(lith.writer)
     lith.install(app)
-    async with lith.lifespan(app, ticks=False):
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app.test") as client:
-            response = await client.post("/append", json={"value": 5})
+    async with (
+        lith.lifespan(app, ticks=False),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app.test") as client,
+    ):
+        response = await client.post("/append", json={"value": 5})
     assert response.status_code == 422
     assert response.headers["content-type"].startswith("text/html")
     assert 'class="lith-error"' in response.text and "value" in response.text

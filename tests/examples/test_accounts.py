@@ -45,27 +45,29 @@ def test_a_tab_command_in_an_account_tells_its_tab_through_the_built_in_outcome_
     server = serve(server_factory, tmp_path / "accounts")
     create(server, "alpha")
     query = {"views": "counter,outcome/t1", "tab": "t1"}
-    with httpx.Client(base_url=server.url, headers=SAME_ORIGIN, timeout=30) as client:
-        with client.stream("GET", "/a/alpha/lith/stream", params=query, headers={"Accept-Encoding": "identity"}) as stream:
-            assert stream.status_code == 200, stream.read()
-            chunks = stream.iter_text()
-            seen = ""
+    with (
+        httpx.Client(base_url=server.url, headers=SAME_ORIGIN, timeout=30) as client,
+        client.stream("GET", "/a/alpha/lith/stream", params=query, headers={"Accept-Encoding": "identity"}) as stream,
+    ):
+        assert stream.status_code == 200, stream.read()
+        chunks = stream.iter_text()
+        seen = ""
 
-            def until(text: str) -> None:
-                nonlocal seen
-                while text not in seen:
-                    seen += next(chunks)
+        def until(text: str) -> None:
+            nonlocal seen
+            while text not in seen:
+                seen += next(chunks)
 
-            until('id="outcome"')
-            assert client.post("/a/alpha/add", json={"tab": "t1", "op": 1, "n": 2}).status_code == 204
-            until('data-signals:done="1"')
-            until("Added 2: the count is 2.")
-            assert client.post("/a/alpha/note", json={"tab": "t1", "op": 2, "text": "hello"}).status_code == 204
-            until('data-signals:done="2"')
-            again = client.post("/a/alpha/note", json={"tab": "t1", "op": 3, "text": "hello"})
-            assert again.status_code == 204, again.text
-            until('data-signals:done="3"')
-            until("That note is already the newest one.")
+        until('id="outcome"')
+        assert client.post("/a/alpha/add", json={"tab": "t1", "op": 1, "n": 2}).status_code == 204
+        until('data-signals:done="1"')
+        until("Added 2: the count is 2.")
+        assert client.post("/a/alpha/note", json={"tab": "t1", "op": 2, "text": "hello"}).status_code == 204
+        until('data-signals:done="2"')
+        again = client.post("/a/alpha/note", json={"tab": "t1", "op": 3, "text": "hello"})
+        assert again.status_code == 204, again.text
+        until('data-signals:done="3"')
+        until("That note is already the newest one.")
 
 
 def test_a_tab_command_in_an_account_releases_its_button_and_shows_its_message(

@@ -10,7 +10,6 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.support.browser import Server
 from tests.examples.test_kanban import (  # noqa: F401 - collected here, against PostgreSQL
     APP,
     REPO,
@@ -22,6 +21,7 @@ from tests.examples.test_kanban import (  # noqa: F401 - collected here, against
     test_move_to_a_lane_deleted_a_moment_ago,
     two_pages,
 )
+from tests.support.browser import Server
 
 
 @pytest.fixture

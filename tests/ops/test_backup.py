@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from fastapi_lith import Command, Tx
+from fastapi_lith import Command, Tx, Writer
 from fastapi_lith.ops import Backups, backup, verify
 from fastapi_lith.ops.files import checksum_path, copy_name
-from fastapi_lith import Writer
+
 
 def rows(path: Path) -> list[int]:
     with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:

@@ -21,13 +21,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support import SUPPORT
-from tests.support.browser import Server, alive, free_port, port_answers
 from fastapi_lith import Lith
 from fastapi_lith.cli import main
 from fastapi_lith.exceptions import LithError
 from fastapi_lith.ops.litestream import ReplicaError, check_environment, check_url, meta_dir
 from fastapi_lith.ops.replica_check import last_check
+from tests.support import SUPPORT
+from tests.support.browser import Server, alive, free_port, port_answers
 
 HERE = SUPPORT  # the helper apps' folder
 SYNC = 1.0  # the app's replica_sync_interval in these tests: Litestream's default pace
@@ -39,10 +39,9 @@ Run = Callable[..., subprocess.CompletedProcess[str]]
 def s3() -> Iterator[str]:
     """moto's standalone S3 server on 127.0.0.1 with one bucket; yields its endpoint."""
     port = free_port()
-    log = open(os.devnull, "wb")
     proc = subprocess.Popen(
         [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=log, stderr=subprocess.STDOUT,
+        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 30
@@ -55,7 +54,6 @@ def s3() -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(10)
-        log.close()
 
 
 @pytest.fixture(params=["file", "s3"])
@@ -426,13 +424,12 @@ async def test_processes_of_one_app_run_one_litestream_and_another_takes_over(
     db_path, url = tmp_path / "app.db", f"file://{tmp_path / 'replica'}"
     first = Lith(db_path, replica=url, replica_sync_interval=0.2, replica_check_every=None)
     second = Lith(db_path, replica=url, replica_sync_interval=0.2, replica_check_every=None)
-    async with first.lifespan(ticks=False):
-        async with second.lifespan(ticks=False):
-            assert first.replica is not None and second.replica is not None
-            assert first.replica.health()["leader"] and first.replica.running
-            assert not second.replica.health()["leader"] and not second.replica.running
-            await first.replica.stop()  # the replicating process ends: the other one follows on
-            async with asyncio.timeout(30):
-                while not second.replica.running:
-                    await asyncio.sleep(0.05)
-            assert second.replica.health()["leader"]
+    async with first.lifespan(ticks=False), second.lifespan(ticks=False):
+        assert first.replica is not None and second.replica is not None
+        assert first.replica.health()["leader"] and first.replica.running
+        assert not second.replica.health()["leader"] and not second.replica.running
+        await first.replica.stop()  # the replicating process ends: the other one follows on
+        async with asyncio.timeout(30):
+            while not second.replica.running:
+                await asyncio.sleep(0.05)
+        assert second.replica.health()["leader"]

@@ -11,18 +11,18 @@ import signal
 import sqlite3
 import subprocess
 import sys
-from contextlib import closing
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.support import REPO
-from tests.support.browser import Server
 from fastapi_lith.cli import main
 from fastapi_lith.ops import Backups, backup, restore, verify
 from fastapi_lith.ops.files import checksum_path
+from tests.support import REPO
+from tests.support.browser import Server
 
 SAME_ORIGIN = {"Datastar-Request": "true", "Sec-Fetch-Site": "same-origin"}
 

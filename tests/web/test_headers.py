@@ -15,9 +15,9 @@ import pytest
 from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import expect
 
+from fastapi_lith import Lith, SettingError, content_security_policy
 from tests.support import REPO
 from tests.support.browser import Server, wait_for_datastar
-from fastapi_lith import Lith, SettingError, content_security_policy
 
 # Every violation the page reports, also those of report-only checks, kept for the test.
 WATCH = ("window.__violations = [];"

@@ -10,8 +10,8 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -68,7 +68,7 @@ class TabStream:
     def told(self, says: str, op: int) -> None:
         """The tab got the error fragment saying `says`, and `done` set to `op`."""
         self.wait_for(f'datastar-patch-elements\ndata: elements <div id="lith-error"[^\n]*{re.escape(says)}')
-        self.wait_for(r'datastar-patch-signals\ndata: signals \{"done": ?%d\}' % op)
+        self.wait_for(rf'datastar-patch-signals\ndata: signals \{{"done": ?{op}\}}')
 
     def close(self) -> None:
         self._cm.__exit__(None, None, None)

@@ -40,7 +40,7 @@ T = TypeVar("T")
 C = TypeVar("C", bound="psycopg.Connection[Any]")
 
 # `format` (%s) is psycopg's placeholder, and positional like SQLite's `?`.
-DIALECT = PGDialect_psycopg(paramstyle="format")
+DIALECT = PGDialect_psycopg(paramstyle="format")  # type: ignore[no-untyped-call]  # SQLAlchemy leaves its __init__ unannotated
 
 # The advisory lock taken while a process migrates and creates the library's tables.
 MIGRATION_LOCK = 0x6C697468  # "lith"
@@ -89,13 +89,14 @@ def lith_row(cursor: Any) -> Callable[[Sequence[Any]], Any]:
     names = tuple(d.name for d in desc)
     cls = _ROW_CLASSES.get(names)
     if cls is None:
-        cls = _ROW_CLASSES[names] = type("Row", (Row,), {"__slots__": (), "_index": {n: i for i, n in enumerate(names)}})
+        index = {n: i for i, n in enumerate(names)}
+        cls = _ROW_CLASSES[names] = type("Row", (Row,), {"__slots__": (), "_index": index})
     return cls
 
 
 def open_postgres(url: str, *, prepared: int = 512, name: str = "lith", cls: type[C] = psycopg.Connection) -> C:  # type: ignore[assignment]
     """One connection in autocommit mode: the library writes its own BEGIN and COMMIT."""
-    conn = cls.connect(dsn(url), autocommit=True, row_factory=lith_row, application_name=name)  # type: ignore[arg-type]
+    conn = cls.connect(dsn(url), autocommit=True, row_factory=lith_row, application_name=name)
     conn.prepared_max = max(prepared, 1)
     return conn
 
@@ -120,21 +121,22 @@ class PgDb(Db):
     __slots__ = ()
 
     def execute(self, stmt: ClauseElement | str, params: Params | Sequence[Any] = None) -> Any:
-        if stmt.__class__ is str:
+        if isinstance(stmt, str):
             if params is not None and not isinstance(params, Mapping):  # `%s` placeholders
-                return self._cursor.execute(stmt, params)  # type: ignore[arg-type]
-            stmt = _as_text(stmt)  # type: ignore[arg-type]  # `:name` placeholders, as on SQLite
+                return self._cursor.execute(stmt, params)
+            stmt = _as_text(stmt)  # `:name` placeholders, as on SQLite
         entry = self._compiled.get(stmt)
         if entry.__class__ is not Statement:
             entry = self._cache.statement(stmt, params)  # type: ignore[arg-type]
-        sql, values = entry.bind(params)  # type: ignore[union-attr, arg-type]
+        sql, values = entry.bind(params)  # type: ignore[arg-type]
         return self._cursor.execute(sql, values, prepare=True)
 
     def executemany(self, stmt: ClauseElement | str, rows: Iterable[Mapping[str, Any]]) -> int:
         if isinstance(stmt, str):
             cur = self._cursor
-            cur.executemany(stmt, rows)  # type: ignore[arg-type]
-            return cur.rowcount
+            cur.executemany(stmt, rows)
+            changed: int = cur.rowcount
+            return changed
         return sum(self.execute(stmt, row).rowcount for row in rows)
 
 
@@ -143,7 +145,7 @@ class PgTx(Tx):
     `PgDb`'s do (the same two functions, not a second base class)."""
 
     __slots__ = ()
-    execute = PgDb.execute  # type: ignore[assignment]
+    execute = PgDb.execute
     executemany = PgDb.executemany
 
 
@@ -204,11 +206,11 @@ class PgReaders(Readers):
         super().__init__(size=size, cached_statements=cached_statements)
 
     def _open(self) -> PgDb:
-        conn = open_postgres(self.url, prepared=self._cached_statements)
-        return PgDb(conn, StatementCache(self._cached_statements, dialect=DIALECT))  # type: ignore[arg-type]
+        conn: psycopg.Connection[Any] = open_postgres(self.url, prepared=self._cached_statements)
+        return PgDb(conn, StatementCache(self._cached_statements, dialect=DIALECT))
 
     def _usable(self, db: Db) -> bool:
-        return not db.conn.closed  # type: ignore[attr-defined]
+        return not db.conn.closed
 
     def _rollback(self, conn: Any) -> None:
         rollback(conn)

@@ -34,6 +34,11 @@ class WriterConnection(psycopg.Connection[Any]):
 
     sent = 0
 
+    @property
+    def open_pipeline(self) -> psycopg.Pipeline | None:
+        """The pipeline in progress, if any: psycopg keeps it private."""
+        return self._pipeline
+
 
 class WriterCursor(psycopg.Cursor[Any]):
     """The write connection's cursor. In pipeline mode a result (rows, `rowcount`, the status)
@@ -43,7 +48,7 @@ class WriterCursor(psycopg.Cursor[Any]):
     _conn: WriterConnection
 
     def _wait(self) -> None:
-        pipeline = self._conn._pipeline
+        pipeline = self._conn.open_pipeline
         if pipeline is not None and pipeline.result_queue:
             try:
                 pipeline.sync()
@@ -51,12 +56,14 @@ class WriterCursor(psycopg.Cursor[Any]):
                 raise Replay(exc) from exc
             deallocate_owed(self._conn)
 
-    def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None, binary: bool | None = None) -> Any:
+    def execute(
+        self, query: Any, params: Any = None, *, prepare: bool | None = None, binary: bool | None = None
+    ) -> Any:
         self._conn.sent += 1
         try:
             return super().execute(query, params, prepare=prepare, binary=binary)
         except psycopg.Error as exc:
-            if self._conn._pipeline is None:
+            if self._conn.open_pipeline is None:
                 raise
             raise Replay(exc) from exc
 
@@ -65,7 +72,7 @@ class WriterCursor(psycopg.Cursor[Any]):
         try:
             super().executemany(query, params_seq, returning=returning)
         except psycopg.Error as exc:
-            if self._conn._pipeline is None:
+            if self._conn.open_pipeline is None:
                 raise
             raise Replay(exc) from exc
 
@@ -114,7 +121,7 @@ def deallocate_owed(conn: psycopg.Connection[Any]) -> None:
     came in with a Sync, no statement running, leaves that owed until the end of the next one,
     which may be a statement psycopg prepares anew, dropped by the late DEALLOCATE ALL while
     psycopg still counts on it: the next use would fail."""
-    prepared = conn._prepared
-    if prepared._to_flush:
+    prepared = conn._prepared  # noqa: SLF001 - psycopg has no public way to ask
+    if prepared._to_flush:  # noqa: SLF001
         with conn.lock:
             conn.wait(prepared.maintain_gen(conn))

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 
 from ... import settings
-from ...engine.commands import run_apply
+from ...engine.commands import run_apply, settle
 from ...engine.feed import Feed, LocalFeed
 from ...engine.outcomes import TAB_KEEP
 from ...engine.statements import StatementCache
@@ -154,7 +154,7 @@ class PgStore:
         self._fast_misses = 0  # batches in a row that had to run again with savepoints
         self._skip_fast = 0  # batches still to run with savepoints from the start
         self._committing = False  # COMMIT was sent: if the connection drops now, nobody knows
-        # Per command of the running batch: len(tx._touched) as it began, and the cursors of
+        # Per command of the running batch: tx.mark() as it began, and the cursors of
         # its SAVEPOINT and RELEASE, whose results say how far the server got.
         self._marks: list[int] = []
         self._opened: list[Any] = []
@@ -235,8 +235,8 @@ class PgStore:
     def _transaction(self, b: Batch) -> None:
         conn, statements = self._pg, self._statements
         assert conn is not None and statements is not None
-        tx = PgTx(conn, statements)  # type: ignore[arg-type]
-        cur = tx._cursor
+        tx = PgTx(conn, statements)
+        cur = tx.cursor
         self._begin(b, tx)
         try:
             careful = True
@@ -257,10 +257,10 @@ class PgStore:
                 # A statement of this command failed: back to its savepoint, and it runs again
                 # waiting on each statement, so that its apply() meets the error where it occurs.
                 cur.execute(b"ROLLBACK TO SAVEPOINT cmd")
-                del tx._touched[self._marks[failed]:]
+                tx.forget_since(self._marks[failed])
                 self._command(b, tx, failed, again=True)
                 start = failed + 1
-            topics = b.topics = frozenset(tx._touched)
+            topics = b.topics = tx.touched_topics()
             self._feed.publish(conn, topics)  # NOTIFY: delivered to the listeners on COMMIT only
             self._committing = True
             try:
@@ -280,9 +280,9 @@ class PgStore:
         b.reset()
         n = len(b.cmds)
         self._marks, self._opened, self._closed = [0] * n, [None] * n, [None] * n
-        tx._touched.clear()
+        tx.forget_since(0)
         if b.keys is not None:
-            b.outcomes = _Outcomes(tx._cursor)
+            b.outcomes = _Outcomes(tx.cursor)
 
     def _pipelined(self, b: Batch, tx: PgTx, start: int, savepoints: bool = True) -> int | None:
         """Send the commands from `start` on without waiting for the server (psycopg's pipeline
@@ -297,7 +297,7 @@ class PgStore:
             with conn.pipeline() if PIPELINE else nullcontext():
                 try:
                     if start == 0:
-                        cur = tx._cursor
+                        cur = tx.cursor
                         cur.execute("BEGIN")
                         if self.take_turns:
                             cur.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_TURN,), prepare=True)
@@ -333,7 +333,7 @@ class PgStore:
         """Apply command `i`, in its savepoint unless `savepoint` is false; `again` after its
         statement failed in the pipeline: the savepoint is there, the key claimed, and the
         statements wait. False if it failed after sending a statement, without a savepoint."""
-        conn, cur, cmd = self._pg, tx._cursor, b.cmds[i]
+        conn, cur, cmd = self._pg, tx.cursor, b.cmds[i]
         assert isinstance(conn, WriterConnection)
         key = None if b.keys is None else b.keys[i]
         if not again:
@@ -342,21 +342,21 @@ class PgStore:
                 return True
             if savepoint:
                 self._opened[i] = conn.cursor().execute(b"SAVEPOINT cmd")
-            self._marks[i] = len(tx._touched)
+            self._marks[i] = tx.mark()
         sent = conn.sent
         try:
             result = run_apply(cmd, tx)
-            cmd._settled(tx, None)
+            settle(cmd, tx, None)
         except Exception as exc:
             if retryable(exc):
                 raise _Retry(str(exc)) from exc
             if not savepoint and conn.sent != sent:
                 return False
             b.results[i], b.errors[i] = None, exc
-            del tx._touched[self._marks[i]:]
+            tx.forget_since(self._marks[i])
             if savepoint:
                 cur.execute(b"ROLLBACK TO SAVEPOINT cmd")
-            cmd._settled(tx, exc)
+            settle(cmd, tx, exc)
             if key is not None:
                 b.record(i, key)
         else:

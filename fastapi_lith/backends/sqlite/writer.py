@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ... import settings
-from ...engine.commands import run_apply
+from ...engine.commands import run_apply, settle
 from ...engine.feed import Feed, LocalFeed
 from ...engine.outcomes import (
     FIND_OUTCOME,
@@ -141,7 +141,6 @@ class SqliteStore:
         while True:
             results = batch.results
             tx = Tx(conn, statements)
-            touched = tx._touched
             cur = conn.cursor()
             if keys is not None:
                 batch.outcomes = _Outcomes(cur)
@@ -154,11 +153,11 @@ class SqliteStore:
                 if key is not None and batch.repeat(i, key):
                     continue
                 cur.execute("SAVEPOINT cmd")
-                mark = len(touched)
+                mark = tx.mark()
                 cmd = cmds[i]
                 try:
                     result = run_apply(cmd, tx)
-                    cmd._settled(tx, None)
+                    settle(cmd, tx, None)
                     results[i] = result
                     if key is not None:
                         batch.record(i, key)
@@ -166,20 +165,20 @@ class SqliteStore:
                     if storage_cause(exc) is not None:
                         raise  # the disk's fault, not the command's: the whole batch fails
                     errors[i] = exc
-                    del touched[mark:]
+                    tx.forget_since(mark)
                     if not conn.in_transaction:  # SQLite rolled the whole transaction back
                         lost = i
                         break
                     cur.execute("ROLLBACK TO cmd")
                     cur.execute("RELEASE cmd")
-                    cmd._settled(tx, exc)
+                    settle(cmd, tx, exc)
                     if key is not None:
                         batch.record(i, key)
                 else:
                     cur.execute("RELEASE cmd")
             if lost is None:
                 try:  # whatever fails here, the transaction must not stay open for the next batch
-                    topics = batch.topics = frozenset(touched)
+                    topics = batch.topics = tx.touched_topics()
                     self._feed.publish(conn, topics)  # other processes' hubs read it once committed
                     cur.execute("COMMIT")
                 except BaseException:
