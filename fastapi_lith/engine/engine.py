@@ -156,9 +156,6 @@ class Engine:
             self._hub.push(tab, frame)
 
     def is_idle(self) -> bool:
-        """No stream open: no page would notice it stopping.
-
-        A command still queued does not count: stopping drains the writer, so it commits all
-        the same, and its caller (a request or `accounts.use`) holds the account open anyway.
-        """
-        return self._hub is None or not self._hub.streams
+        """No stream open and no command waiting: nothing would notice it stopping (a command a
+        background task queued would still commit, but later than it could)."""
+        return (self._hub is None or not self._hub.streams) and not self.writer.queued

@@ -125,6 +125,11 @@ class Writer:
         await self._thread.run(self.store.close)
         self._thread.close()
 
+    @property
+    def queued(self) -> int:
+        """Commands accepted and not yet taken into a batch."""
+        return len(self._queue)
+
     def subscribe(self, fn: Subscriber) -> Callable[[], None]:
         """Call `fn(topics)` on the event loop after each commit that touched topics."""
         self._subscribers.append(fn)

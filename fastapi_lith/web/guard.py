@@ -17,7 +17,7 @@ from email.message import Message as _Header
 from typing import Any
 
 import htpy as h
-from fastapi import Depends, FastAPI
+from fastapi import Depends, FastAPI, routing
 from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
@@ -145,10 +145,12 @@ def command_routes(routes: Sequence[Any], writer: object) -> Iterator[tuple[Any,
     inclusion), so that is the one to wrap; a route added after start-up gets a new one, which
     the writer dependency finds unguarded and refuses.
     """
-    from fastapi.routing import APIRoute, _iter_routes_with_context
-
-    for route, context in _iter_routes_with_context(routes):
-        if not isinstance(route, APIRoute):
+    # FastAPI (0.16x) keeps an included router's routes apart, each with the app that serves it;
+    # an older one copies them into the app's own list.
+    walk = getattr(routing, "_iter_routes_with_context", None)
+    pairs = walk(routes) if walk is not None else ((route, None) for route in routes)
+    for route, context in pairs:
+        if not isinstance(route, routing.APIRoute):
             continue
         holder = route if context is None else context
         found, limit = _limit_of(holder.dependant, writer)
