@@ -43,7 +43,12 @@ log = logging.getLogger("fastapi_lith")
 
 
 # The writer's settings keep the writer's defaults, written once, in engine/writer.py.
-_WRITER = {name: p.default for name, p in inspect.signature(SqliteWriter).parameters.items()}
+def _defaults(part: Callable[..., Any]) -> dict[str, Any]:
+    """A part's own defaults, so each is written once: in the part's signature."""
+    return {name: p.default for name, p in inspect.signature(part).parameters.items()}
+
+
+_WRITER, _BACKUPS, _REPLICA = _defaults(SqliteWriter), _defaults(Backups), _defaults(Replica)
 
 
 def _kept_by(part: str, name: str) -> Any:
@@ -94,14 +99,14 @@ class Lith:
         datastar_url: str = WebSettings.datastar_url,
         datastar_integrity: str | None = None,
         backup_folder: str | Path | None = None,
-        backup_every: float = 3600.0,
-        backup_keep: int = 24,
+        backup_every: float = _BACKUPS["every"],
+        backup_keep: int = _BACKUPS["keep"],
         repeat_window: float = _WRITER["repeat_window"],
         messages: Messages | None = None,
         outcome_hint: str = "",
         replica: str | None = None,
-        replica_sync_interval: float = 1.0,
-        replica_check_every: float | None = 86400.0,
+        replica_sync_interval: float = _REPLICA["sync_interval"],
+        replica_check_every: float | None = _REPLICA["check_every"],
         feed: Feed | None = None,
         views: Views | None = None,
     ) -> None:
@@ -162,7 +167,7 @@ class Lith:
             cached_statements=cached_statements,
             statement_cache=statement_cache,
             repeat_window=repeat_window,
-            wal_autocheckpoint=WRITER_CHECKPOINT_PAGES if replica is not None else 1000,
+            wal_autocheckpoint=WRITER_CHECKPOINT_PAGES if replica is not None else _WRITER["wal_autocheckpoint"],
             feed=self.feed,
         )
         if not isinstance(readers, Readers):

@@ -33,6 +33,12 @@ log = logging.getLogger("fastapi_lith.writer")
 Subscriber = Callable[[Topics], None]
 
 
+# Each default of a writer, written once: the backends' writers and `Lith` take theirs from here.
+BATCH_SIZE = 512
+CACHED_STATEMENTS = 512
+REPEAT_WINDOW = 3600.0  # seconds a keyed command's first outcome answers its repeats
+
+
 class Writer:
     """The only writer of one database in this process, over `store`.
 
@@ -47,10 +53,10 @@ class Writer:
         store: Store,
         *,
         feed: Feed,
-        batch_size: int = 512,
-        cached_statements: int = 512,
+        batch_size: int = BATCH_SIZE,
+        cached_statements: int = CACHED_STATEMENTS,
         statement_cache: bool = True,
-        repeat_window: float = 3600.0,
+        repeat_window: float = REPEAT_WINDOW,
     ) -> None:
         self.store = store
         self.path = store.path  # the file, None on a server: `describe()` names either

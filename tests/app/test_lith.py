@@ -599,3 +599,24 @@ async def test_two_starts_at_once_are_one_start(tmp_path: Path) -> None:
     assert results[0] is None and isinstance(results[1], AlreadyRunning)
     assert await lith.hub.readers.run(lambda db: db.scalar("SELECT 1")) == 1
     await first.__aexit__(None, None, None)
+
+
+def test_each_default_is_the_parts_own() -> None:
+    """Lith's settings default to what the part that uses them would choose by itself."""
+    import inspect
+
+    from fastapi_lith import Lith, Writer
+    from fastapi_lith.ops import Backups, Replica
+    from fastapi_lith.web.layer import WebSettings
+
+    lith = inspect.signature(Lith).parameters
+    for part, names in (
+        (Writer, {n: n for n in ("synchronous", "batch_size", "cached_statements", "statement_cache", "repeat_window")}),
+        (Backups, {"backup_every": "every", "backup_keep": "keep"}),
+        (Replica, {"replica_sync_interval": "sync_interval", "replica_check_every": "check_every"}),
+    ):
+        own = inspect.signature(part).parameters
+        for setting, name in names.items():
+            assert lith[setting].default == own[name].default, (setting, part)
+    for name in ("same_origin_only", "max_body", "error_id", "keepalive", "hibernate_after", "send_timeout"):
+        assert lith[name].default == getattr(WebSettings, name), name

@@ -21,7 +21,7 @@ from ...engine.feed import Feed, LocalFeed
 from ...engine.outcomes import TAB_KEEP
 from ...engine.statements import StatementCache
 from ...engine.store import Batch
-from ...engine.writer import Writer
+from ...engine.writer import BATCH_SIZE, CACHED_STATEMENTS, REPEAT_WINDOW, Writer
 from .db import (
     DIALECT,
     MIGRATION_LOCK,
@@ -137,7 +137,7 @@ class PgStore:
         url: str,
         *,
         migrations: str | Path | None = None,
-        cached_statements: int = 512,
+        cached_statements: int = CACHED_STATEMENTS,
         take_turns: bool = True,
         retries: int = 50,
         backoff: float = 0.1,
@@ -379,10 +379,10 @@ class PgWriter(Writer):
         url: str,
         *,
         migrations: str | Path | None = None,
-        batch_size: int = 512,
-        cached_statements: int = 512,
+        batch_size: int = BATCH_SIZE,
+        cached_statements: int = CACHED_STATEMENTS,
         statement_cache: bool = True,
-        repeat_window: float = 3600.0,
+        repeat_window: float = REPEAT_WINDOW,
         take_turns: bool = True,
         retries: int = 50,
         backoff: float = 0.1,

@@ -17,6 +17,8 @@ from ...exceptions import DatabaseError, MigrationError
 
 Synchronous = Literal["OFF", "NORMAL", "FULL", "EXTRA"]
 SYNCHRONOUS: tuple[str, ...] = ("OFF", "NORMAL", "FULL", "EXTRA")
+DEFAULT_SYNCHRONOUS: Synchronous = "NORMAL"  # durable in WAL mode but for the newest commits on power loss
+WAL_AUTOCHECKPOINT = 1000  # SQLite's own default, in pages
 
 # Readers wait this long for a checkpoint or a schema change instead of failing with SQLITE_BUSY.
 BUSY_TIMEOUT_MS = 5000
@@ -26,7 +28,7 @@ def open_sqlite(
     path: str | Path,
     *,
     read_only: bool = False,
-    synchronous: Synchronous = "NORMAL",
+    synchronous: Synchronous = DEFAULT_SYNCHRONOUS,
     cached_statements: int = 128,
 ) -> sqlite3.Connection:
     """Open one connection with the pragmas every connection of an app shares.

@@ -29,7 +29,7 @@ from ...engine.statements import DIALECT, StatementCache
 from ...engine.storage import storage_cause
 from ...engine.store import Batch
 from ...engine.tx import Tx
-from ...engine.writer import Writer
+from ...engine.writer import BATCH_SIZE, CACHED_STATEMENTS, REPEAT_WINDOW, Writer
 from . import db
 
 log = logging.getLogger("fastapi_lith.writer")
@@ -63,9 +63,9 @@ class SqliteStore:
         path: str | Path,
         *,
         migrations: str | Path | None = None,
-        synchronous: db.Synchronous = "NORMAL",
-        cached_statements: int = 512,
-        wal_autocheckpoint: int = 1000,
+        synchronous: db.Synchronous = db.DEFAULT_SYNCHRONOUS,
+        cached_statements: int = CACHED_STATEMENTS,
+        wal_autocheckpoint: int = db.WAL_AUTOCHECKPOINT,
     ) -> None:
         self.path = Path(path)
         self.migrations = migrations
@@ -207,12 +207,12 @@ class SqliteWriter(Writer):
         path: str | Path,
         *,
         migrations: str | Path | None = None,
-        synchronous: db.Synchronous = "NORMAL",
-        batch_size: int = 512,
-        cached_statements: int = 512,
+        synchronous: db.Synchronous = db.DEFAULT_SYNCHRONOUS,
+        batch_size: int = BATCH_SIZE,
+        cached_statements: int = CACHED_STATEMENTS,
         statement_cache: bool = True,
-        repeat_window: float = 3600.0,
-        wal_autocheckpoint: int = 1000,
+        repeat_window: float = REPEAT_WINDOW,
+        wal_autocheckpoint: int = db.WAL_AUTOCHECKPOINT,
         feed: Feed | None = None,
     ) -> None:
         store = SqliteStore(
