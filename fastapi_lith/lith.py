@@ -32,11 +32,11 @@ from .engine.hub import Hub
 from .engine.readers import Readers
 from .engine.views import Render, Topics, Views
 from .engine.writer import Writer
-from .exceptions import AlreadyRunning, SettingError, WriterClosed
+from .exceptions import AlreadyRunning, BadParameter, SettingError, WriterClosed
 from .ops import Backups
 from .ops.litestream import WRITER_CHECKPOINT_PAGES
 from .ops.replica import Replica
-from .web.guard import Messages
+from .web.guard import BadRequest, Messages
 from .web.layer import WebLayer, WebSettings
 
 log = logging.getLogger("fastapi_lith")
@@ -303,8 +303,13 @@ class Lith:
         return await self.web.open_stream(self.engine, request, encoder)
 
     async def render(self, key: str, **params: Any) -> Markup:
-        """A view's HTML for a page's first paint: the page and its stream share one function."""
-        return Markup(await self.engine.render(key, params or None))
+        """A view's HTML for a page's first paint: the page and its stream share one function.
+
+        A parameter the view refuses (a path parameter past SQLite's integers) answers 400."""
+        try:
+            return Markup(await self.engine.render(key, params or None))
+        except BadParameter as exc:
+            raise BadRequest(str(exc)) from None
 
     async def db(self) -> AsyncIterator[AsyncConnection]:
         """`Depends(lith.db)`: an async read-only connection for ad hoc reads in a handler."""

@@ -137,6 +137,15 @@ class GuardedRoute:
 GUARD_KEY = "lith.guard"
 
 
+class BadRequest(HTTPException, BadParameter):
+    """A `BadParameter` a page's render met (`lith.render`): answered 400 with the reason by
+    FastAPI's own handler, however the app was set up, and still a `BadParameter` to an app that
+    catches one."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(400, reason)
+
+
 def command_routes(routes: Sequence[Any], writer: object) -> Iterator[tuple[Any, int | None]]:
     """Every FastAPI route among `routes` (included routers too) whose dependencies hold
     `writer` or a `MaxBody`, as (the object whose `app` serves it, `MaxBody`'s limit or None).

@@ -352,6 +352,15 @@ def test_the_design_cards_app_starts_its_engine_once(card_app: tuple[Server, Pat
     assert httpx.get(f"{server.url}/starts").json() == 1  # the app's lifespan and the router's: one start
 
 
+def test_a_page_render_refuses_a_parameter_sqlite_cannot_hold_with_400(card_app: tuple[Server, Path]) -> None:
+    server, _ = card_app
+    assert httpx.get(f"{server.url}/boards/3").text == '<p id="board">3</p>'
+    refused = httpx.get(f"{server.url}/boards/9223372036854775808")
+    assert refused.status_code == 400, refused.text
+    assert "SQLite" in refused.json()["detail"], refused.text
+    assert "Traceback" not in server.output
+
+
 @pytest.mark.parametrize("path", ROUTES)
 def test_the_design_cards_command_routes_are_guarded(card_app: tuple[Server, Path], path: str) -> None:
     server, db = card_app

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 from fastapi import APIRouter, Depends, FastAPI
+from fastapi.responses import HTMLResponse
 from markupsafe import Markup
 from pydantic import Field
 
@@ -87,6 +88,16 @@ async def early_add(cmd: Add, writer: Writer = Depends(lith.writer)) -> None:
 late = APIRouter(prefix="/late")
 lith.command(late, "/add", Add)
 app.include_router(late)  # included after
+
+
+@app.get("/boards/{board_id}")
+async def board(board_id: int) -> HTMLResponse:  # unbounded on purpose: lith.render checks it
+    return HTMLResponse(await lith.render("board/{board_id}", board_id=board_id))
+
+
+@lith.view("board/{board_id}")
+def board_view(db: Db, board_id: int) -> Markup:
+    return Markup('<p id="board">{}</p>').format(board_id)
 
 
 @app.get("/starts")
