@@ -21,7 +21,7 @@ from typing import Any
 from .. import settings
 from ..exceptions import Rejected, StorageError, WriterClosed
 from .commands import Command
-from .feed import Feed
+from .feed import Feed, LocalFeed
 from .statements import StatementCache
 from .storage import Probe, StorageState
 from .store import Batch, Store
@@ -44,7 +44,8 @@ class Writer:
 
     `await writer.do(cmd)` queues the command and returns `cmd.apply(tx)`'s result once the
     batch holding it has committed. A backend builds one (`fastapi_lith.Writer` on a SQLite
-    file, backends/postgres/writer.py's `PgWriter`), passing its store and the feed.
+    file, backends/postgres/writer.py's `PgWriter`), passing its store and, for several
+    processes, the feed (`LocalFeed` otherwise).
     """
 
     @settings.checked()
@@ -52,7 +53,7 @@ class Writer:
         self,
         store: Store,
         *,
-        feed: Feed,
+        feed: Feed | None = None,
         batch_size: int = BATCH_SIZE,
         cached_statements: int = CACHED_STATEMENTS,
         statement_cache: bool = True,
@@ -61,7 +62,8 @@ class Writer:
         self.store = store
         self.path = store.path  # the file, None on a server: `describe()` names either
         self.dialect = store.dialect  # what the statement cache compiles for
-        self.feed = feed
+        # One process by default: its hub hears of commits through `subscribe` alone.
+        self.feed = feed if feed is not None else LocalFeed()
         self.batch_size = settings.number("batch_size", batch_size, low=1, integer=True)
         settings.number("cached_statements", cached_statements, low=0, integer=True)
         # How long a command's first outcome answers its repeats; 0 turns keys off.

@@ -398,7 +398,7 @@ class PgWriter(Writer):
         )
         super().__init__(
             store,
-            feed=feed if feed is not None else LocalFeed(),
+            feed=feed,
             batch_size=batch_size,
             cached_statements=cached_statements,
             statement_cache=statement_cache,

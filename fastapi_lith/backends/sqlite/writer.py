@@ -224,7 +224,7 @@ class SqliteWriter(Writer):
         )
         super().__init__(
             store,
-            feed=feed if feed is not None else LocalFeed(),
+            feed=feed,
             batch_size=batch_size,
             cached_statements=cached_statements,
             statement_cache=statement_cache,
