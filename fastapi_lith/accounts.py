@@ -95,6 +95,7 @@ class Accounts(AccountPool):
         self.writer = self.web.writer
         self.encoder = self.web.encoder
         self.same_origin = self.web.same_origin
+        self.principal = self.web.principal
         self.datastar = self.web.datastar  # the script and its notice, as `lith.datastar()`
         self.db = self._db_dependency()
         self._serving: FastAPI | None = None

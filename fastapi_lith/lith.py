@@ -98,6 +98,9 @@ class Lith:
         gzip_level: int = 6,
         datastar_url: str = WebSettings.datastar_url,
         datastar_integrity: str | None = None,
+        identity: Callable[..., Any] | None = None,
+        secret: str | Sequence[str] | None = None,
+        stream_max_age: float = WebSettings.stream_max_age,
         backup_folder: str | Path | None = None,
         backup_every: float = _BACKUPS["every"],
         backup_keep: int = _BACKUPS["keep"],
@@ -124,6 +127,8 @@ class Lith:
           `zstd_window_log`, `brotli_quality`, `gzip_level` (replace the encoder with
           `app.dependency_overrides[lith.encoder]`);
         - command routes: `max_body`, `error_id`, `messages`, `outcome_hint`;
+        - who is asking (docs/access.md): `identity` (the app's FastAPI dependency giving the
+          principal's id), `secret` (signs stream tokens; a list rotates), `stream_max_age`;
         - backups: `backup_folder`, `backup_every`, `backup_keep`;
         - replica: `replica`, `replica_sync_interval`, `replica_check_every`;
         - views (`views=`, from `engine.app_views`): shared by several engines, an account pool's.
@@ -180,6 +185,7 @@ class Lith:
                 zstd_window_log=zstd_window_log, brotli_quality=brotli_quality, gzip_level=gzip_level
             ),
             datastar_url=datastar_url, datastar_integrity=datastar_integrity,
+            identity=identity, secret=secret, stream_max_age=stream_max_age,
         )
         if not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix):
             raise SettingError(f"prefix must be a path like '/lith' (a leading '/', none at the end), not {prefix!r}")
@@ -195,6 +201,8 @@ class Lith:
         # `app.dependency_overrides[lith.encoder]` reaches the stream route.
         self.encoder = self.web.encoder
         self.same_origin = self.web.same_origin
+        # `Depends(lith.principal)`: the request's principal, from the app's `identity`.
+        self.principal = self.web.principal
         for name, value in (("migrations", migrations), ("backup_folder", backup_folder)):
             if value is not None and not isinstance(value, (str, Path)):
                 raise SettingError(f"{name} must be a path or None, not {value!r}")

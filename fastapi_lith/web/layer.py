@@ -42,6 +42,7 @@ from .guard import (
     command_routes,
     error_handlers,
 )
+from .identity import principal_dependency
 from .origin import same_origin_reason
 from .page import DATASTAR_CDN, DATASTAR_NOTICE
 from .sse import stream_response
@@ -64,6 +65,9 @@ class WebSettings:
     encoders: dict[str, dict[str, int]] = field(default_factory=dict)
     datastar_url: str = DATASTAR_CDN
     datastar_integrity: str | None = None
+    identity: Callable[..., Any] | None = None
+    secret: str | Sequence[str] | None = None
+    stream_max_age: float = 24 * 3600.0
 
     def __post_init__(self) -> None:
         settings.flag("same_origin_only", self.same_origin_only)
@@ -85,6 +89,18 @@ class WebSettings:
             isinstance(self.datastar_integrity, str) and _INTEGRITY.fullmatch(self.datastar_integrity)
         ):
             raise SettingError(f"datastar_integrity must be like 'sha384-<base64>', not {self.datastar_integrity!r}")
+        if self.identity is not None and not callable(self.identity):
+            raise SettingError(f"identity must be a FastAPI dependency (a function), not {self.identity!r}")
+        if self.secret is not None:
+            keys = [self.secret] if isinstance(self.secret, str) else self.secret
+            if not isinstance(keys, Sequence) or not keys or not all(
+                isinstance(k, str) and len(k) >= _SECRET_MIN for k in keys
+            ):
+                raise SettingError(
+                    f"secret must be a string of at least {_SECRET_MIN} characters, or a list of them "
+                    "(the oldest first, the newest signs), not a shorter or other value"
+                )
+        settings.number("stream_max_age", self.stream_max_age, low=1)
 
 
 class WebLayer:
@@ -113,6 +129,7 @@ class WebLayer:
         self.views = views
         self.router = router
         self.writer = WriterDependency(writer, current=current, same_origin_only=config.same_origin_only)
+        self.principal = principal_dependency(config.identity)
         router.add_api_route(stream_path, self._stream_endpoint(), methods=["GET"], include_in_schema=False)
 
     # -- the app: guard its command routes ----------------------------------------------------
@@ -233,5 +250,7 @@ class WebLayer:
         ])
 
 
+# A secret short enough to guess is no secret: `python -c 'import secrets; print(secrets.token_urlsafe())'`.
+_SECRET_MIN = 16
 _INTEGRITY = re.compile(r"(sha256|sha384|sha512)-[A-Za-z0-9+/]+={0,2}( (sha256|sha384|sha512)-[A-Za-z0-9+/]+={0,2})*")
 _HTML_ID = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
