@@ -37,6 +37,7 @@ from .exceptions import (
     CommandError,
     DatabaseError,
     EncoderClosed,
+    FirstAttemptFailed,
     InUse,
     LithError,
     MigrationError,
@@ -44,6 +45,7 @@ from .exceptions import (
     NotOneRow,
     NotRunning,
     OutcomeLost,
+    OutcomeRefused,
     ProjectError,
     Rejected,
     ReplicaError,
@@ -80,8 +82,8 @@ __all__ = [
     "open_sqlite", "migrate", "open_backend",
     # errors: every one is a LithError
     "LithError", "AccountUnavailable", "AlreadyRunning", "BackupError", "BadParameter", "CommandError",
-    "DatabaseError", "EncoderClosed", "InUse", "MigrationError", "MissingParameter", "NotOneRow", "NotRunning",
-    "OutcomeLost", "ProjectError", "ReplicaError", "SettingError", "StorageError", "UnknownAccount", "ViewError",
-    "WriterClosed",
+    "DatabaseError", "EncoderClosed", "FirstAttemptFailed", "InUse", "MigrationError", "MissingParameter",
+    "NotOneRow", "NotRunning", "OutcomeLost", "OutcomeRefused", "ProjectError", "ReplicaError", "SettingError",
+    "StorageError", "UnknownAccount", "ViewError", "WriterClosed",
 ]  # fmt: skip
 __version__ = "0.2.0"

@@ -84,11 +84,35 @@ class BadParameter(ViewError):
 
 
 class OutcomeLost(LithError):
-    """A repeated command's first outcome was recorded but cannot be read back.
+    """A repeated command's first outcome was recorded but cannot be given back.
 
-    The command was applied once and is not applied again; only its result (or its error)
-    could not be stored, because it could not be pickled.
+    The command's first send committed (applied, or failed and rolled back) and the repeat is
+    not applied again; only its result could not be stored as JSON of the type `apply` declares
+    (or its error's message could not be read).
     """
+
+
+class OutcomeRefused(OutcomeLost):
+    """A repeated command's recorded outcome is not JSON of the shape its command declares.
+
+    A row written by an earlier version (a pickle), edited, or planted through the database, a
+    backup or a replica: nothing in it is run or constructed, and the command is not applied
+    again.
+    """
+
+
+class FirstAttemptFailed(LithError, RuntimeError):
+    """A repeat of a command whose first send failed with an error other than `Rejected`.
+
+    The first error's class is not rebuilt from the database: `error_type` names it and
+    `message` is its text, as recorded. Nothing was applied, then or now.
+    """
+
+    def __init__(self, error_type: str, message: str) -> None:
+        super().__init__(f"the first send of this command failed with {error_type}: {message}; "
+                         "it is not applied again")
+        self.error_type = error_type
+        self.message = message
 
 
 class UnknownAccount(LithError, LookupError):

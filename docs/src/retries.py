@@ -1,9 +1,10 @@
 """A command keyed by the page's tab and op: a retried click applies once."""
 
+from datetime import date
 from pathlib import Path
 
 import sqlalchemy as sa
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from fastapi_lith import Command, Lith, Tx
 
@@ -24,3 +25,15 @@ class Add(Command):
         tx.execute(ADD, {"n": self.n})
         tx.touch("counter")
         return tx.scalar(COUNT)
+
+
+# --8<-- [start:result]
+class Total(BaseModel):
+    count: int
+    on: date
+
+
+class AddAndTell(Add):
+    def apply(self, tx: Tx) -> Total:  # a repeat's answer is read back as a Total
+        return Total(count=super().apply(tx), on=date.today())
+# --8<-- [end:result]

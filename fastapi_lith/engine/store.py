@@ -44,7 +44,7 @@ class OutcomeTable(Protocol):
 
     def claim(self, key: str, now: float, since: float) -> tuple[bool, bytes | None]:
         """`(True, None)` if the key has no outcome since `since`, so its command applies now;
-        else `(False, outcome)`, the first outcome as stored."""
+        else `(False, outcome)`, the first outcome as stored (JSON, or NULL: see outcomes.py)."""
         ...
 
     def record(self, key: str, now: float, outcome: bytes | None) -> None:
@@ -99,11 +99,7 @@ class Batch:
         fresh, stored = table.claim(key, self.now, self.since)
         if fresh:
             return False
-        ok, value = load_outcome(stored)
-        if ok:
-            self.results[i] = value
-        else:
-            self.errors[i] = value
+        self.results[i], self.errors[i] = load_outcome(type(self.cmds[i]), stored)
         self.repeats += 1
         return True
 
@@ -111,9 +107,7 @@ class Batch:
         """Store command `i`'s outcome (its result, or its error after its rollback)."""
         table = self.outcomes
         assert table is not None
-        error = self.errors[i]
-        outcome = dump_outcome(True, self.results[i]) if error is None else dump_outcome(False, error)
-        table.record(key, self.now, outcome)
+        table.record(key, self.now, dump_outcome(type(self.cmds[i]), self.results[i], self.errors[i]))
 
 
 class Store(Protocol):

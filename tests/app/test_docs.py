@@ -392,7 +392,10 @@ async def test_a_keyed_command_retried_applies_once(tmp_path: Path, monkeypatch:
         first = await example.lith.writer.do(example.Add(n=5, tab="t1", op=1))
         again = await example.lith.writer.do(example.Add(n=5, tab="t1", op=1))
         other = await example.lith.writer.do(example.Add(n=5, tab="t1", op=2))
+        told = await example.lith.writer.do(example.AddAndTell(n=1, tab="t1", op=3))
+        told_again = await example.lith.writer.do(example.AddAndTell(n=1, tab="t1", op=3))
     assert (first, again, other) == (5, 5, 10)
+    assert told == told_again and isinstance(told_again, example.Total) and told_again.count == 11
 
 
 async def test_the_apps_own_wording_is_what_the_page_shows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
