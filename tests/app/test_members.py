@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -184,6 +185,17 @@ def test_the_members_recipe_keeps_each_team_to_its_members_and_a_member_adds_ano
         assert bob.post(theirs + "members", json={"user": "alice"}, headers=SAME_ORIGIN).status_code == 204
         assert alice.get(theirs).status_code == 200 and "alice in" in alice.get(theirs).text
         assert alice.post(theirs + "add", json=add, headers=SAME_ORIGIN).status_code == 204
+        # Each open stream asked admits once; none holds on to the directory's connection for it.
+        with ExitStack() as open_streams:
+            reading = []  # each stream's reader, kept: one let go closes its stream
+            for tab in range(20):  # more than the directory's connection pool holds
+                stream = open_streams.enter_context(
+                    alice.stream("GET", f"{ours}lith/stream?views=counter&tab=s{tab}", headers={**PLAIN, **SAME_ORIGIN})
+                )
+                assert stream.status_code == 200, (tab, stream.read())
+                reading.append(stream.iter_text())
+                assert "counter" in next(reading[-1])
+            assert alice.get(theirs).status_code == 200
 
 
 # -- what admits must be --------------------------------------------------------------------------

@@ -40,7 +40,9 @@ directory = Lith("directory.db", migrations=HERE / "directory")
 IS_MEMBER = text("SELECT 1 FROM member WHERE account = :account AND user = :user")
 
 
-async def is_member(user: str, account: str, db: AsyncConnection = Depends(directory.db)) -> bool:
+# scope="function": the connection goes back once the check is done, not when the response
+# ends, which for a stream is when the tab closes.
+async def is_member(user: str, account: str, db: AsyncConnection = Depends(directory.db, scope="function")) -> bool:
     """The principal and the account's name come first; FastAPI fills in any other parameter."""
     return (await db.execute(IS_MEMBER, {"account": account, "user": user})).first() is not None
 
