@@ -104,6 +104,8 @@ class Accounts(AccountPool):
         # Every setting is checked now, by building (not starting) one account's Lith.
         probe = self._lith("settings-check")
         name_of = account or path_account
+        # The probe's `principal` wraps the same identity as the web layer's below: FastAPI runs
+        # the identity itself once per request however many wrappers ask for it.
         if admits is not None:
             name_of = self._admission(name_of, admits, probe.principal, probe.web.settings.identity is not None)
         self.current = self._resolver(name_of)
