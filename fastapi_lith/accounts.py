@@ -107,7 +107,12 @@ class Accounts(AccountPool):
         # The probe's `principal` wraps the same identity as the web layer's below: FastAPI runs
         # the identity itself once per request however many wrappers ask for it.
         if admits is not None:
-            name_of = self._admission(name_of, admits, probe.principal, probe.web.settings.identity is not None)
+            if probe.web.settings.identity is None:
+                raise SettingError(
+                    "admits needs identity= (the app's dependency giving the principal): without it "
+                    "every request is anonymous and admits would be asked about nobody"
+                )
+            name_of = self._admission(name_of, admits, probe.principal)
         self.current = self._resolver(name_of)
         self.router = APIRouter(
             prefix=prefix, dependencies=[Depends(self.current)], include_in_schema=False, lifespan=self.lifespan
@@ -148,7 +153,7 @@ class Accounts(AccountPool):
     # -- what routes use ---------------------------------------------------------------------
 
     def _admission(
-        self, name_of: Callable[..., Any], admits: Admits, principal: Callable[..., Any], identified: bool
+        self, name_of: Callable[..., Any], admits: Admits, principal: Callable[..., Any]
     ) -> Callable[..., Awaitable[str]]:
         """A dependency giving the request's account name once `admits` has let its principal in.
 
@@ -157,24 +162,7 @@ class Accounts(AccountPool):
         header), so a membership can be read through the app's own database dependency. A
         plain `def` runs in the thread pool, as FastAPI runs a plain dependency.
         """
-        if not identified:
-            raise SettingError(
-                "admits needs identity= (the app's dependency giving the principal): without it "
-                "every request is anonymous and admits would be asked about nobody"
-            )
-        if not callable(admits):
-            raise SettingError(f"admits must be a function (principal, account) -> bool, not {admits!r}")
-        positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        params = list(inspect.signature(admits).parameters.values())
-        if len(params) < 2 or any(p.kind not in positional for p in params[:2]):
-            raise SettingError(
-                f"admits {_name(admits)} must take the principal and the account's name as its first two "
-                "parameters; FastAPI resolves any others"
-            )
-        dependencies = params[2:]
-        for p in dependencies:
-            if p.kind not in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY):
-                raise SettingError(f"admits {_name(admits)}: FastAPI cannot fill its parameter {p.name!r}")
+        dependencies = _dependencies_of(admits)
         # A function, or an object whose __call__ is one.
         asynchronous = inspect.iscoroutinefunction(admits) or inspect.iscoroutinefunction(type(admits).__call__)
 
@@ -275,6 +263,23 @@ class Accounts(AccountPool):
         """As `lith.install`: `app.include_router(accounts.router)`, and HTML errors for a
         Datastar request to any route of `app`."""
         self.web.install(app)
+
+
+def _dependencies_of(admits: Admits) -> list[inspect.Parameter]:
+    """`admits`' parameters after the principal and the account's name: FastAPI's to fill."""
+    if not callable(admits):
+        raise SettingError(f"admits must be a function (principal, account) -> bool, not {admits!r}")
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    params = list(inspect.signature(admits).parameters.values())
+    if len(params) < 2 or any(p.kind not in positional for p in params[:2]):
+        raise SettingError(
+            f"admits {_name(admits)} must take the principal and the account's name as its first two "
+            "parameters; FastAPI resolves any others"
+        )
+    for p in params[2:]:
+        if p.kind not in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY):
+            raise SettingError(f"admits {_name(admits)}: FastAPI cannot fill its parameter {p.name!r}")
+    return params[2:]
 
 
 def _name(fn: Callable[..., Any]) -> str:
