@@ -6,11 +6,13 @@ restore is one file, and deleting an account is deleting its file. Every account
 same migrations, commands and views.
 
 Accounts open on a request and close when idle, within a limit (account_pool.py); a request
-never creates an account: an unknown one is a 404.
+never creates an account: an unknown one is a 404. With `admits`, a request whose principal is
+not admitted to the account gets that same 404, decided before the account's file is opened.
 """
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -22,6 +24,7 @@ from fastapi import APIRouter, Depends, FastAPI, HTTPException
 from fastapi import Path as PathParam
 from markupsafe import Markup
 from sqlalchemy.ext.asyncio import AsyncConnection
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
 from . import settings
@@ -31,6 +34,7 @@ from .engine.engine import Engine, register_view
 from .engine.views import Render, Topics
 from .exceptions import AccountUnavailable, LithError, SettingError, UnknownAccount
 from .lith import Lith
+from .web.identity import Principal
 from .web.layer import WebLayer
 
 _current: ContextVar[Account | None] = ContextVar("lith_account", default=None)
@@ -39,6 +43,16 @@ _current: ContextVar[Account | None] = ContextVar("lith_account", default=None)
 def path_account(account: str = PathParam(description="the account's name")) -> str:
     """The default way to find the account: the `{account}` parameter of the route's path."""
     return account
+
+
+Admits = Callable[..., bool | Awaitable[bool]]
+"""`admits(principal, account, **dependencies)`: whether the principal may use the account."""
+
+
+def not_found() -> HTTPException:
+    """The answer to an account the request may not use: one that does not exist, or one its
+    principal is not admitted to. It names nothing, not even the account, so the two read the same."""
+    return HTTPException(404, "no such account")
 
 
 class Accounts(AccountPool):
@@ -58,9 +72,14 @@ class Accounts(AccountPool):
     `Depends(accounts.writer)`, `Depends(accounts.db)`, `accounts.render` and
     `accounts.connect` use it: the same web layer as `Lith`'s (web/layer.py), over the
     request's account's engine. `account=` takes a FastAPI dependency returning the name instead
-    (a subdomain, the session), with `prefix=""`. Any other keyword is a `Lith` setting, the
-    same for every account; `backup_folder` holds one sub-folder per account, and `replica`
-    may name the account as `{account}` (one Litestream process per open account).
+    (a subdomain, the session), with `prefix=""`.
+
+    `admits(principal, account)` (with `identity=`, the app's dependency giving the principal)
+    says whether the principal may use the account; it runs for every request on the router,
+    before the account opens, and a refusal answers what an unknown account answers. Without
+    it, every account is open to anyone who can reach it. Any other keyword is a `Lith`
+    setting, the same for every account; `backup_folder` holds one sub-folder per account, and
+    `replica` may name the account as `{account}` (one Litestream process per open account).
     """
 
     @settings.checked(forward=Lith.__init__)  # any other keyword is a Lith setting
@@ -71,6 +90,7 @@ class Accounts(AccountPool):
         migrations: str | Path | None = None,
         prefix: str = "/a/{account}",
         account: Callable[..., str | Awaitable[str]] | None = None,
+        admits: Admits | None = None,
         max_open: int = 100,
         idle_after: float = 60.0,
         **lith_settings: Any,
@@ -83,7 +103,17 @@ class Accounts(AccountPool):
         self.prefix = prefix
         # Every setting is checked now, by building (not starting) one account's Lith.
         probe = self._lith("settings-check")
-        self.current = self._resolver(account or path_account)
+        name_of = account or path_account
+        # The probe's `principal` wraps the same identity as the web layer's below: FastAPI runs
+        # the identity itself once per request however many wrappers ask for it.
+        if admits is not None:
+            if probe.web.settings.identity is None:
+                raise SettingError(
+                    "admits needs identity= (the app's dependency giving the principal): without it "
+                    "every request is anonymous and admits would be asked about nobody"
+                )
+            name_of = self._admission(name_of, admits, probe.principal)
+        self.current = self._resolver(name_of)
         self.router = APIRouter(
             prefix=prefix, dependencies=[Depends(self.current)], include_in_schema=False, lifespan=self.lifespan
         )
@@ -122,13 +152,55 @@ class Accounts(AccountPool):
 
     # -- what routes use ---------------------------------------------------------------------
 
+    def _admission(
+        self, name_of: Callable[..., Any], admits: Admits, principal: Callable[..., Any]
+    ) -> Callable[..., Awaitable[str]]:
+        """A dependency giving the request's account name once `admits` has let its principal in.
+
+        `admits` is called like a FastAPI dependency: its first two parameters are the
+        principal and the account's name, and FastAPI resolves any others (`Depends(...)`, a
+        header), so a membership can be read through the app's own database dependency. A
+        plain `def` runs in the thread pool, as FastAPI runs a plain dependency.
+        """
+        dependencies = _dependencies_of(admits)
+        # A function, or an object whose __call__ is one.
+        asynchronous = inspect.iscoroutinefunction(admits) or inspect.iscoroutinefunction(type(admits).__call__)
+
+        async def admitted(lith_principal: Principal, lith_account: str, **given: Any) -> str:
+            try:
+                self.path(lith_account)  # admits is only asked about a name that can be an account's
+            except UnknownAccount:
+                raise not_found() from None
+            if asynchronous:
+                allowed = await admits(lith_principal, lith_account, **given)  # type: ignore[misc]
+            else:
+                allowed = await run_in_threadpool(admits, lith_principal, lith_account, **given)
+            if allowed is True:
+                return lith_account
+            if allowed is False:
+                raise not_found()
+            raise LithError(f"admits {_name(admits)} returned {type(allowed).__name__}: it must return True or False")
+
+        own = (
+            inspect.Parameter("lith_principal", inspect.Parameter.KEYWORD_ONLY, default=Depends(principal)),
+            inspect.Parameter("lith_account", inspect.Parameter.KEYWORD_ONLY, default=Depends(name_of)),
+        )
+        clash = {p.name for p in own} & {p.name for p in dependencies}
+        if clash:
+            raise SettingError(f"admits {_name(admits)}: the parameter names {sorted(clash)} are taken")
+        keyword = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in dependencies]
+        admitted.__signature__ = inspect.Signature([*own, *keyword])  # type: ignore[attr-defined]
+        # FastAPI reads string annotations in the module of the function it unwraps to: admits'.
+        admitted.__wrapped__ = admits  # type: ignore[attr-defined]
+        return admitted
+
     def _resolver(self, name_of: Callable[..., Any]) -> Callable[..., AsyncIterator[Account]]:
         async def current(request: Request, name: str = Depends(name_of)) -> AsyncIterator[Account]:
             """The request's account, open and held open until the response is done."""
             try:
                 account = await self._acquire(name)
-            except UnknownAccount as exc:
-                raise HTTPException(404, str(exc)) from None
+            except UnknownAccount:
+                raise not_found() from None
             except AccountUnavailable as exc:
                 raise HTTPException(503, str(exc)) from None
             request.state.lith_account = account
@@ -191,6 +263,27 @@ class Accounts(AccountPool):
         """As `lith.install`: `app.include_router(accounts.router)`, and HTML errors for a
         Datastar request to any route of `app`."""
         self.web.install(app)
+
+
+def _dependencies_of(admits: Admits) -> list[inspect.Parameter]:
+    """`admits`' parameters after the principal and the account's name: FastAPI's to fill."""
+    if not callable(admits):
+        raise SettingError(f"admits must be a function (principal, account) -> bool, not {admits!r}")
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    params = list(inspect.signature(admits).parameters.values())
+    if len(params) < 2 or any(p.kind not in positional for p in params[:2]):
+        raise SettingError(
+            f"admits {_name(admits)} must take the principal and the account's name as its first two "
+            "parameters; FastAPI resolves any others"
+        )
+    for p in params[2:]:
+        if p.kind not in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY):
+            raise SettingError(f"admits {_name(admits)}: FastAPI cannot fill its parameter {p.name!r}")
+    return params[2:]
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    return repr(getattr(fn, "__name__", fn))
 
 
 def _engine_of(request: Request) -> Engine | None:

@@ -131,7 +131,7 @@ async def test_an_unknown_account_is_a_404_and_makes_no_file(served: tuple[Accou
         await client.get("/a/ACME/"),
     ):
         assert response.status_code == 404, response.text
-    assert (await client.get("/a/ghost/")).json() == {"detail": "no account 'ghost'"}
+    assert (await client.get("/a/ghost/")).json() == {"detail": "no such account"}  # names nothing
     assert files(accounts.folder) == before
     with pytest.raises(UnknownAccount):
         await accounts.get("ghost")
