@@ -9,7 +9,6 @@ the answer is a 4xx, never a 500.
 
 from __future__ import annotations
 
-import inspect
 import json
 import re
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
@@ -17,7 +16,7 @@ from email.message import Message as _Header
 from typing import Any
 
 import htpy as h
-from fastapi import Depends, FastAPI, routing
+from fastapi import FastAPI, routing
 from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
@@ -28,7 +27,7 @@ from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import settings
-from ..engine.commands import TAB_ID, TAB_PATTERN, Command, TabCommand
+from ..engine.commands import TAB_ID, TAB_PATTERN, TabCommand
 from ..engine.frames import Frame
 from ..exceptions import BadParameter, Rejected, StorageError
 
@@ -310,7 +309,7 @@ def acting_tab(body: Any, content_type: str | None = None) -> tuple[str | None, 
     if isinstance(body, str):
         body = body.encode(errors="surrogateescape")
     if isinstance(body, bytes):
-        media = _media_type(content_type)
+        media = media_type(content_type)
         if media == "application/x-www-form-urlencoded":
             return _found(_FORM_TAB.search(body), _FORM_OP.search(body))
         if media == "multipart/form-data":
@@ -334,7 +333,7 @@ def _found(tab: re.Match[bytes] | None, op: re.Match[bytes] | None) -> tuple[str
     return (tab.group(1).decode() if tab else None), (int(op.group(1)) if op else None)
 
 
-def _media_type(content_type: str | None) -> str:
+def media_type(content_type: str | None) -> str:
     """`multipart/form-data` of `multipart/form-data; boundary=...`, as FastAPI reads it."""
     if not content_type:
         return ""
@@ -359,34 +358,3 @@ def validation_fragment(
 def http_error_fragment(exc: HTTPException, element_id: str) -> str:
     """An HTTP error's detail in the same shape as a validation error's."""
     return str(h.div(id=element_id, role="alert", class_="lith-error")[h.ul[h.li[str(exc.detail)]]])
-
-
-def command_endpoint(
-    writer: Callable[..., Any], command: type[Command], max_body: int | None = None
-) -> Callable[..., Any]:
-    """The endpoint of `lith.command`: validate the body as `command`, apply it, answer 204.
-
-    A `Rejected` goes to `add_error_handlers`' handler, the one rule for every command route
-    (see `refusal`): 204 for a tab command, 409 with the message for any other. `max_body`,
-    if given, is the route's own body limit (a `MaxBody` among its dependencies).
-    """
-
-    async def endpoint(cmd: Command, lith_writer: Any, lith_limit: Any = None) -> Response:
-        await lith_writer.do(cmd)
-        return Response(status_code=204)
-
-    # FastAPI reads the signature: the body is `command`, the writer a dependency (which the
-    # body limit and the error handlers recognise), and so is the route's own limit.
-    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
-    params = [
-        inspect.Parameter("cmd", kind, annotation=command),
-        inspect.Parameter("lith_writer", kind, default=Depends(writer), annotation=Any),
-    ]
-    if max_body is not None:
-        params.append(inspect.Parameter("lith_limit", kind, default=Depends(MaxBody(max_body)), annotation=Any))
-    endpoint.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        params,
-        return_annotation=Response,
-    )
-    endpoint.__name__ = endpoint.__qualname__ = command.__name__
-    return endpoint
