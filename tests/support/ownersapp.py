@@ -1,6 +1,7 @@
 """Commands with fields the server sets: the owner is the session's principal, the team comes
-from the app's own dependency, through `lith.command`, a hand-written route and a form.
-Served by uvicorn in tests/web/test_server_fields.py."""
+from the app's own dependency, through `lith.command`, a hand-written route and a form; and
+in `accounts_app`, an account's command whose team is its account. Served by uvicorn in
+tests/web/test_server_fields.py."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from starlette.middleware.sessions import SessionMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 
-from fastapi_lith import Command, FromServer, Lith, TabCommand, Tx, Writer
+from fastapi_lith import Accounts, Command, FromServer, Lith, TabCommand, Tx, Writer
 
 LOCKED = {"mallory"}
 TEAMS = {"alice": "red", "bob": "blue"}
@@ -29,7 +30,8 @@ def signed_in(request: Request) -> str | None:
     return user
 
 
-lith = Lith(os.environ["OWNERS_DB"], migrations=Path(__file__).parent / "owners_migrations", identity=signed_in)
+MIGRATIONS = Path(__file__).parent / "owners_migrations"
+lith = Lith(os.environ["OWNERS_DB"], migrations=MIGRATIONS, identity=signed_in)
 
 
 def team_of(principal: str | None = Depends(lith.principal)) -> str:
@@ -81,3 +83,35 @@ async def add_by_hand(
 async def sign_in(user: str, request: Request) -> Response:
     request.session["user"] = user
     return Response(status_code=204)
+
+
+# -- one database per account ---------------------------------------------------------------------
+
+accounts = Accounts(os.environ["OWNERS_ACCOUNTS"], migrations=MIGRATIONS, identity=signed_in)
+
+
+def account_name(account: str) -> str:
+    """The `{account}` of the route's path."""
+    return account
+
+
+class AddTeamTask(TabCommand):
+    title: str = Field(min_length=1, max_length=40)
+    owner: Annotated[str, FromServer()]
+    team: Annotated[str, FromServer(account_name)]
+
+    def apply(self, tx: Tx) -> None:
+        tx.execute("INSERT INTO task (title, owner, team, tags) VALUES (:title, :owner, :team, '')",
+                   {"title": self.title, "owner": self.owner, "team": self.team})
+
+
+accounts_app = FastAPI()
+accounts_app.add_middleware(SessionMiddleware, secret_key="a test key, long enough to sign")
+accounts_app.include_router(accounts.router)
+accounts.command("/tasks", AddTeamTask)
+accounts_app.post("/sign-in/{user}", status_code=204)(sign_in)
+
+
+@accounts_app.post("/accounts/{name}", status_code=204)
+async def create_account(name: str) -> None:
+    await accounts.create(name)

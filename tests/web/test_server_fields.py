@@ -29,7 +29,7 @@ SET_BY_SERVER = "The server sets this field: a request cannot send it"
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path]]:
     db = tmp_path_factory.mktemp("owners") / "owners.db"
-    server = Server("ownersapp:app", cwd=SUPPORT, env={"OWNERS_DB": str(db)})
+    server = Server("ownersapp:app", cwd=SUPPORT, env={"OWNERS_DB": str(db), "OWNERS_ACCOUNTS": str(db.parent / "a")})
     server.start()
     yield server, db
     server.close()
@@ -169,6 +169,22 @@ def test_openapi_shows_what_the_client_may_send(served: tuple[Server, Path]) -> 
     client = schema["components"]["schemas"]["AddTaskBody"]
     assert sorted(client["properties"]) == ["op", "tab", "tags", "title"]
     assert client["required"] == ["tab", "title"]
+
+
+def test_an_accounts_command_fills_its_owner_and_its_account(tmp_path: Path) -> None:
+    folder = tmp_path / "accounts"
+    server = Server("ownersapp:accounts_app", cwd=SUPPORT, env={"OWNERS_DB": str(tmp_path / "o.db"), "OWNERS_ACCOUNTS": str(folder)})
+    server.start()
+    try:
+        with signed_in(server, "alice") as alice:
+            assert alice.post("/accounts/acme").status_code == 204
+            assert alice.post("/a/acme/tasks", json={"tab": "t1", "op": 1, "title": "Plan"}).status_code == 204
+            forged = alice.post("/a/acme/tasks", json={"tab": "t1", "op": 2, "title": "Move", "team": "globex"})
+            assert forged.status_code == 422 and f"<strong>team</strong>: {SET_BY_SERVER}" in forged.text
+    finally:
+        server.close()
+    with sqlite3.connect(folder / "acme.db") as conn:
+        assert conn.execute("SELECT title, owner, team FROM task").fetchall() == [("Plan", "alice", "acme")]
 
 
 def test_a_misplaced_from_server_is_refused_where_the_command_is_written() -> None:
