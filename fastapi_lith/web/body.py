@@ -94,7 +94,9 @@ class CommandBodies:
         }
 
         async def body(request: Request, lith_writer: Any, sent: Any, **values: Any) -> Command:
-            form = await request.form() if media_type(request.headers.get("content-type")) in FORMS else None
+            # FastAPI parsed a JSON body; bytes may be a form, which it reads only for `Form()`.
+            is_form = isinstance(sent, bytes) and media_type(request.headers.get("content-type")) in FORMS
+            form = await request.form() if is_form else None
             try:
                 fields = _form_fields(form, sequences) if form is not None else sent
                 if not isinstance(fields, Mapping):

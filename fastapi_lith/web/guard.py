@@ -27,9 +27,9 @@ from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import settings
-from ..engine.commands import TAB_ID, TAB_PATTERN, TabCommand
+from ..engine.commands import TAB_ID, TAB_PATTERN, Command, TabCommand, server_fields
 from ..engine.frames import Frame
-from ..exceptions import BadParameter, Rejected, StorageError
+from ..exceptions import BadParameter, LithError, Rejected, StorageError
 
 # An app's own wording for a validation error: pydantic's error dict in, the message out (None
 # keeps pydantic's). Its `type` says what failed ("string_too_short", "json_invalid", ...).
@@ -161,15 +161,22 @@ def command_routes(routes: Sequence[Any], writer: object) -> Iterator[tuple[Any,
         if not isinstance(route, routing.APIRoute):
             continue
         holder = route if context is None else context
-        found, limit = _limit_of(holder.dependant, writer)
+        found, limit, open_bodies = _limit_of(holder.dependant, writer)
+        if open_bodies:
+            name = open_bodies[0].__name__
+            raise LithError(
+                f"{' '.join(sorted(route.methods or ()))} {route.path} takes {name} as its body, so its FromServer "
+                f"fields would come from the client: take cmd: Annotated[{name}, Depends(lith.body({name}))]"
+            )
         if found:
             yield holder, limit
 
 
-def _limit_of(dependant: Any, writer: object) -> tuple[bool, int | None]:
-    """Walk a route's dependency tree: whether it holds the writer or a `MaxBody`, and the
-    smallest `MaxBody` found (None: the app's `max_body`)."""
-    found, limits = False, []
+def _limit_of(dependant: Any, writer: object) -> tuple[bool, int | None, list[type[Command]]]:
+    """Walk a route's dependency tree: whether it holds the writer or a `MaxBody`, the
+    smallest `MaxBody` found (None: the app's `max_body`), and the commands with server fields
+    it would read whole from the body (FastAPI's own validation knows nothing of `FromServer`)."""
+    found, limits, open_bodies = False, [], []
     stack = [dependant] if dependant is not None else []
     while stack:
         dep = stack.pop()
@@ -177,8 +184,12 @@ def _limit_of(dependant: Any, writer: object) -> tuple[bool, int | None]:
             found = True
         elif isinstance(dep.call, MaxBody):
             limits.append(dep.call.limit)
+        for param in dep.body_params:
+            kind = param.field_info.annotation
+            if isinstance(kind, type) and issubclass(kind, Command) and server_fields(kind):
+                open_bodies.append(kind)
         stack.extend(dep.dependencies)
-    return found or bool(limits), (min(limits) if limits else None)
+    return found or bool(limits), (min(limits) if limits else None), open_bodies
 
 
 def is_command_request(request: Request) -> bool:

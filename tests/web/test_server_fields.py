@@ -15,8 +15,9 @@ from typing import Annotated
 
 import httpx
 import pytest
+from fastapi import Depends, FastAPI
 
-from fastapi_lith import Command, CommandError, FromServer, TabCommand
+from fastapi_lith import Command, CommandError, FromServer, Lith, LithError, TabCommand, Tx, Writer
 from tests.support import SUPPORT
 from tests.support.browser import Server
 from tests.web.test_input import TabStream
@@ -185,6 +186,31 @@ def test_an_accounts_command_fills_its_owner_and_its_account(tmp_path: Path) -> 
         server.close()
     with sqlite3.connect(folder / "acme.db") as conn:
         assert conn.execute("SELECT title, owner, team FROM task").fetchall() == [("Plan", "alice", "acme")]
+
+
+class Claim(Command):
+    what: str
+    owner: Annotated[str, FromServer()]
+
+    def apply(self, tx: Tx) -> None:
+        tx.execute("INSERT INTO task (title, owner, team, tags) VALUES (:what, :owner, '', '')",
+                   {"what": self.what, "owner": self.owner})
+
+
+async def test_a_route_reading_such_a_command_whole_from_its_body_is_refused_at_start(tmp_path: Path) -> None:
+    """FastAPI's own body validation knows nothing of `FromServer`: the owner would be the
+    client's to say, so the app does not start."""
+    lith = Lith(tmp_path / "t.db", migrations=SUPPORT / "owners_migrations")
+    app = FastAPI()
+    app.include_router(lith.router)
+
+    @app.post("/claims", status_code=204)
+    async def claim(cmd: Claim, writer: Writer = Depends(lith.writer)) -> None:
+        await writer.do(cmd)
+
+    with pytest.raises(LithError, match=re.escape("POST /claims takes Claim as its body, so its FromServer fields")):
+        async with lith.lifespan(app):
+            pass
 
 
 def test_a_misplaced_from_server_is_refused_where_the_command_is_written() -> None:
