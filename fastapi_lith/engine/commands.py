@@ -101,14 +101,18 @@ class Command(BaseModel):
 
         A command with a `tab` (str) and a positive `op` (int) field, as a page's actions carry,
         is keyed by its class, tab and op: a retried POST of the same action finds its first
-        outcome instead of applying again. Override to key a command by something else.
+        outcome instead of applying again. Its `FromServer` fields (who sent it) are part of the
+        key: another principal naming the same tab and op neither reads the first outcome nor
+        stops the command applying. Override to key a command by something else.
         """
         fields = self.__dict__
         op = fields.get("op")
         if type(op) is int and op > 0:
             tab = fields.get("tab")
             if type(tab) is str:
-                return f"{type(self).__name__}:{tab}:{op}"
+                key = f"{type(self).__name__}:{tab}:{op}"
+                server = server_fields(type(self))
+                return key + "".join(f":{fields[name]!r}" for name in server) if server else key
         return None
 
     def _settled(self, tx: Tx, error: BaseException | None) -> None:
