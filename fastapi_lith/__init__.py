@@ -12,7 +12,7 @@ from .backends.sqlite.db import SqliteReaders as Readers
 from .backends.sqlite.db import migrate, open_sqlite
 from .backends.sqlite.feed import SqliteFeed
 from .backends.sqlite.writer import SqliteWriter as Writer
-from .engine.commands import Command, TabCommand, TabId
+from .engine.commands import Command, FromServer, TabCommand, TabId
 from .engine.db import Db
 from .engine.encoders import (
     BrotliEncoder,
@@ -64,7 +64,7 @@ from .web.page import DATASTAR_CDN, delegate, new_tab, pending, send, tab_signal
 __all__ = [
     # the app, its commands and views
     "Lith", "Command", "TabCommand", "TabId", "Rejected", "Tx", "Db", "Writer", "fragment",
-    "MaxBody",
+    "MaxBody", "FromServer",
     # the page's side of a tab
     "new_tab", "tab_signals", "send", "delegate", "pending", "DATASTAR_CDN",
     # a form or an upload: its tab and op as fields

@@ -247,6 +247,10 @@ class Accounts(AccountPool):
         """`POST {prefix}path` on `accounts.router`: as `lith.command`, in the request's account."""
         self.web.command(self.router, path, command, dependencies=dependencies or (), max_body=max_body)
 
+    def body(self, command: type[Command]) -> Callable[..., Any]:
+        """`Depends(accounts.body(Command))`: as `lith.body`, in the request's account."""
+        return self.web.body(command)
+
     async def render(self, key: str, **params: Any) -> Markup:
         """A view's HTML in the request's account, for a page's first paint."""
         return await self.account().lith.render(key, **params)

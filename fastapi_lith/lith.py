@@ -271,8 +271,29 @@ class Lith:
         A normal FastAPI route, out of OpenAPI, guarded like any taking `Depends(lith.writer)`,
         with `max_body` as its own body limit (`MaxBody`) if given. A `Rejected` tab command
         answers 204 (its outcome view says why); another command's `Rejected`, 409 and why.
+        A field marked `FromServer()` is filled by the server (see `body`).
         """
         self.web.command(app, path, command, dependencies=dependencies, max_body=max_body)
+
+    def body(self, command: type[Command]) -> Callable[..., Any]:
+        """`Depends(lith.body(Command))`: the request's body as `command`, its server fields filled.
+
+        ```python
+        class AddTask(TabCommand):
+            title: str
+            owner: Annotated[str, FromServer()]  # the principal, from `identity`
+
+        @app.post("/tasks", status_code=204)
+        async def add(cmd: Annotated[AddTask, Depends(lith.body(AddTask))], writer: Writer = Depends(lith.writer)):
+            await writer.do(cmd)
+        ```
+
+        A field marked `FromServer(dep)` is filled from the FastAPI dependency `dep`, a bare
+        `FromServer()` from `lith.principal`; the client may send the others (JSON or a form),
+        and a body that sends a server field is refused, 422 naming it. The route is a command
+        route: guarded as one that takes `Depends(lith.writer)`.
+        """
+        return self.web.body(command)
 
     def touch_later(self, delay: float, *topics: str) -> None:
         """Mark `topics` changed in `delay` seconds, in every process: a view that depends on the

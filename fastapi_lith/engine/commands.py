@@ -4,6 +4,7 @@ A page names itself with a `tab` id and numbers its clicks with an `op` signal. 
 carries both; once it lands, the tab's outcome view (built in, `"outcome/{tab}"`) shows what
 happened and sets the page's `done` signal to that `op`, so the button that sent it stops
 pending. `raise Rejected("...")` in `apply` rolls the command back and tells the tab why.
+A field marked `FromServer()` is the server's to fill (who sent it), never the client's.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import inspect
 import logging
 import re
 import time
+from collections.abc import Callable
+from functools import cache
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
@@ -30,6 +33,26 @@ log = logging.getLogger("fastapi_lith")
 
 # What a tab is told when its command failed for a reason `apply` did not give (a bug).
 FAILED = "Something went wrong, so nothing changed. Try again, or reload the page."
+
+
+class FromServer:
+    """A command field the server fills, never the client: `owner: Annotated[str, FromServer()]`.
+
+    `dependency` is the FastAPI dependency whose answer fills it; None means the request's
+    principal (`lith.principal`). Only a marker here: the web layer resolves it (web/body.py),
+    leaves the field out of what a client may send, and refuses a body that sends it anyway.
+    """
+
+    __slots__ = ("dependency",)
+
+    def __init__(self, dependency: Callable[..., Any] | None = None) -> None:
+        if dependency is not None and not callable(dependency):
+            raise CommandError(f"FromServer takes a FastAPI dependency (a function) or None, not {dependency!r}")
+        self.dependency = dependency
+
+    def __repr__(self) -> str:
+        name = getattr(self.dependency, "__name__", self.dependency)
+        return "FromServer()" if self.dependency is None else f"FromServer({name})"
 
 
 class Command(BaseModel):
@@ -63,6 +86,13 @@ class Command(BaseModel):
                 "work in the route before writer.do"
             )
 
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        # Pydantic calls this once the fields are built: a misplaced `FromServer` is refused
+        # where the command is written, not at its first request.
+        super().__pydantic_init_subclass__(**kwargs)
+        server_fields(cls)
+
     def apply(self, tx: Tx) -> Any:
         raise NotImplementedError(f"{type(self).__name__}.apply(tx)")
 
@@ -71,19 +101,45 @@ class Command(BaseModel):
 
         A command with a `tab` (str) and a positive `op` (int) field, as a page's actions carry,
         is keyed by its class, tab and op: a retried POST of the same action finds its first
-        outcome instead of applying again. Override to key a command by something else.
+        outcome instead of applying again. Its `FromServer` fields (who sent it) are part of the
+        key: another principal naming the same tab and op neither reads the first outcome nor
+        stops the command applying. Override to key a command by something else.
         """
         fields = self.__dict__
         op = fields.get("op")
         if type(op) is int and op > 0:
             tab = fields.get("tab")
             if type(tab) is str:
-                return f"{type(self).__name__}:{tab}:{op}"
+                key = f"{type(self).__name__}:{tab}:{op}"
+                server = server_fields(type(self))
+                return key + "".join(f":{fields[name]!r}" for name in server) if server else key
         return None
 
     def _settled(self, tx: Tx, error: BaseException | None) -> None:
         """Called by the writer after `apply`, in the same transaction: inside the savepoint on
         success, after its rollback on an error. Nothing to do for a plain command."""
+
+
+@cache
+def server_fields(command: type[Command]) -> dict[str, FromServer]:
+    """The fields of `command` the server fills, by name, each with its `FromServer`.
+
+    A tab command's `tab` and `op` are the page's: they say which tab to tell, even of a refusal.
+    A server field's validation alias must be a plain name, the one key the server fills it by.
+    """
+    found: dict[str, FromServer] = {}
+    for name, field in command.model_fields.items():
+        markers = [m for m in field.metadata if isinstance(m, FromServer)]
+        if not markers:
+            continue
+        if len(markers) > 1:
+            raise CommandError(f"{command.__qualname__}.{name} has {len(markers)} FromServer markers: give it one")
+        if issubclass(command, TabCommand) and name in ("tab", "op"):
+            raise CommandError(f"{command.__qualname__}.{name} is the page's own field, so it cannot be FromServer")
+        if field.validation_alias is not None and not isinstance(field.validation_alias, str):
+            raise CommandError(f"{command.__qualname__}.{name} is FromServer: its validation alias must be a str")
+        found[name] = markers[0]
+    return found
 
 
 def run_apply(cmd: Command, tx: Tx) -> Any:

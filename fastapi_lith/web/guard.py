@@ -9,7 +9,6 @@ the answer is a 4xx, never a 500.
 
 from __future__ import annotations
 
-import inspect
 import json
 import re
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
@@ -17,7 +16,7 @@ from email.message import Message as _Header
 from typing import Any
 
 import htpy as h
-from fastapi import Depends, FastAPI, routing
+from fastapi import FastAPI, routing
 from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
@@ -28,9 +27,9 @@ from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import settings
-from ..engine.commands import TAB_ID, TAB_PATTERN, Command, TabCommand
+from ..engine.commands import TAB_ID, TAB_PATTERN, Command, TabCommand, server_fields
 from ..engine.frames import Frame
-from ..exceptions import BadParameter, Rejected, StorageError
+from ..exceptions import BadParameter, LithError, Rejected, StorageError
 
 # An app's own wording for a validation error: pydantic's error dict in, the message out (None
 # keeps pydantic's). Its `type` says what failed ("string_too_short", "json_invalid", ...).
@@ -162,15 +161,22 @@ def command_routes(routes: Sequence[Any], writer: object) -> Iterator[tuple[Any,
         if not isinstance(route, routing.APIRoute):
             continue
         holder = route if context is None else context
-        found, limit = _limit_of(holder.dependant, writer)
+        found, limit, open_bodies = _limit_of(holder.dependant, writer)
+        if open_bodies:
+            name = open_bodies[0].__name__
+            raise LithError(
+                f"{' '.join(sorted(route.methods or ()))} {route.path} takes {name} as its body, so its FromServer "
+                f"fields would come from the client: take cmd: Annotated[{name}, Depends(lith.body({name}))]"
+            )
         if found:
             yield holder, limit
 
 
-def _limit_of(dependant: Any, writer: object) -> tuple[bool, int | None]:
-    """Walk a route's dependency tree: whether it holds the writer or a `MaxBody`, and the
-    smallest `MaxBody` found (None: the app's `max_body`)."""
-    found, limits = False, []
+def _limit_of(dependant: Any, writer: object) -> tuple[bool, int | None, list[type[Command]]]:
+    """Walk a route's dependency tree: whether it holds the writer or a `MaxBody`, the
+    smallest `MaxBody` found (None: the app's `max_body`), and the commands with server fields
+    it would read whole from the body (FastAPI's own validation knows nothing of `FromServer`)."""
+    found, limits, open_bodies = False, [], []
     stack = [dependant] if dependant is not None else []
     while stack:
         dep = stack.pop()
@@ -178,8 +184,12 @@ def _limit_of(dependant: Any, writer: object) -> tuple[bool, int | None]:
             found = True
         elif isinstance(dep.call, MaxBody):
             limits.append(dep.call.limit)
+        for param in dep.body_params:
+            kind = param.field_info.annotation
+            if isinstance(kind, type) and issubclass(kind, Command) and server_fields(kind):
+                open_bodies.append(kind)
         stack.extend(dep.dependencies)
-    return found or bool(limits), (min(limits) if limits else None)
+    return found or bool(limits), (min(limits) if limits else None), open_bodies
 
 
 def is_command_request(request: Request) -> bool:
@@ -310,7 +320,7 @@ def acting_tab(body: Any, content_type: str | None = None) -> tuple[str | None, 
     if isinstance(body, str):
         body = body.encode(errors="surrogateescape")
     if isinstance(body, bytes):
-        media = _media_type(content_type)
+        media = media_type(content_type)
         if media == "application/x-www-form-urlencoded":
             return _found(_FORM_TAB.search(body), _FORM_OP.search(body))
         if media == "multipart/form-data":
@@ -334,7 +344,7 @@ def _found(tab: re.Match[bytes] | None, op: re.Match[bytes] | None) -> tuple[str
     return (tab.group(1).decode() if tab else None), (int(op.group(1)) if op else None)
 
 
-def _media_type(content_type: str | None) -> str:
+def media_type(content_type: str | None) -> str:
     """`multipart/form-data` of `multipart/form-data; boundary=...`, as FastAPI reads it."""
     if not content_type:
         return ""
@@ -359,34 +369,3 @@ def validation_fragment(
 def http_error_fragment(exc: HTTPException, element_id: str) -> str:
     """An HTTP error's detail in the same shape as a validation error's."""
     return str(h.div(id=element_id, role="alert", class_="lith-error")[h.ul[h.li[str(exc.detail)]]])
-
-
-def command_endpoint(
-    writer: Callable[..., Any], command: type[Command], max_body: int | None = None
-) -> Callable[..., Any]:
-    """The endpoint of `lith.command`: validate the body as `command`, apply it, answer 204.
-
-    A `Rejected` goes to `add_error_handlers`' handler, the one rule for every command route
-    (see `refusal`): 204 for a tab command, 409 with the message for any other. `max_body`,
-    if given, is the route's own body limit (a `MaxBody` among its dependencies).
-    """
-
-    async def endpoint(cmd: Command, lith_writer: Any, lith_limit: Any = None) -> Response:
-        await lith_writer.do(cmd)
-        return Response(status_code=204)
-
-    # FastAPI reads the signature: the body is `command`, the writer a dependency (which the
-    # body limit and the error handlers recognise), and so is the route's own limit.
-    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
-    params = [
-        inspect.Parameter("cmd", kind, annotation=command),
-        inspect.Parameter("lith_writer", kind, default=Depends(writer), annotation=Any),
-    ]
-    if max_body is not None:
-        params.append(inspect.Parameter("lith_limit", kind, default=Depends(MaxBody(max_body)), annotation=Any))
-    endpoint.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        params,
-        return_annotation=Response,
-    )
-    endpoint.__name__ = endpoint.__qualname__ = command.__name__
-    return endpoint

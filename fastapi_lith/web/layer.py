@@ -33,12 +33,12 @@ from ..engine.frames import Frame
 from ..engine.views import Views
 from ..engine.writer import Writer
 from ..exceptions import SettingError, ViewError
+from .body import CommandBodies
 from .dependency import WriterDependency
 from .guard import (
     GuardedRoute,
     Messages,
     add_error_handlers,
-    command_endpoint,
     command_routes,
     error_handlers,
 )
@@ -130,6 +130,7 @@ class WebLayer:
         self.router = router
         self.writer = WriterDependency(writer, current=current, same_origin_only=config.same_origin_only)
         self.principal = principal_dependency(config.identity)
+        self.body = CommandBodies(self.writer, self.principal)
         router.add_api_route(stream_path, self._stream_endpoint(), methods=["GET"], include_in_schema=False)
 
     # -- the app: guard its command routes ----------------------------------------------------
@@ -171,7 +172,7 @@ class WebLayer:
     ) -> None:
         """`POST path`: the body validated as `command`, applied by the writer, answered 204
         (see `Lith.command`)."""
-        endpoint = command_endpoint(self.writer, command, max_body)
+        endpoint = self.body.endpoint(command, max_body)
         app.add_api_route(
             path, endpoint, methods=["POST"], status_code=204, include_in_schema=False,
             response_model=None, dependencies=list(dependencies) or None,

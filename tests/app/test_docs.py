@@ -456,3 +456,30 @@ def test_the_upload_example(server_factory: Callable[..., Server], tmp_path: Pat
         assert conn.execute("SELECT caption, size FROM photo").fetchall() == [("A cat", 100_000)]
         assert conn.execute("SELECT op, ok, message FROM lith_tab").fetchone() == (
             2, 0, "cat.jpg is here already, so nothing changed.")
+
+
+# -- fields the server sets ----------------------------------------------------------------------
+
+
+def test_the_owner_is_the_signed_in_user_whatever_the_body_says(server_factory: Callable[..., Server], tmp_path: Path) -> None:
+    import sqlite3
+
+    import httpx
+
+    server = server_factory("app:app", cwd=tmp_path, args=["--app-dir", str(SRC / "owners")],
+                            env={"SESSION_SECRET": "a secret for the docs' test only"})
+    headers = {"Datastar-Request": "true", "Sec-Fetch-Site": "same-origin"}
+    with httpx.Client(base_url=server.url, headers=headers) as nobody:
+        assert nobody.post("/tasks", json={"tab": "t1", "op": 1, "title": "Sneak"}).status_code == 401
+    with httpx.Client(base_url=server.url, headers=headers) as alice:
+        assert alice.post("/sign-in", data={"user": "alice"}).status_code == 204
+        assert alice.post("/tasks", json={"tab": "t1", "op": 1, "title": "Sketch"}).status_code == 204
+        forged = alice.post("/tasks", json={"tab": "t1", "op": 2, "title": "Sell", "owner": "bob"})
+        assert forged.status_code == 422
+        assert "<strong>owner</strong>: The server sets this field: a request cannot send it" in forged.text
+        assert alice.post("/tasks/new", json={"tab": "t1", "op": 3, "title": "Ship"}).json() == 2
+    with sqlite3.connect(tmp_path / "tasks.db") as conn:
+        assert conn.execute("SELECT title, owner, team FROM task ORDER BY id").fetchall() == [
+            ("Sketch", "alice", "design"), ("Ship", "alice", "design")]
+    schema = httpx.get(server.url + "/openapi.json").json()["components"]["schemas"]["AddTaskBody"]
+    assert sorted(schema["properties"]) == ["op", "tab", "title"]

@@ -10,6 +10,7 @@ import sqlite3
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import Annotated
 
 import httpx
 import pytest
@@ -19,6 +20,7 @@ from pydantic import ValidationError
 
 from fastapi_lith import (
     Command,
+    FromServer,
     Lith,
     OutcomeLost,
     Rejected,
@@ -105,6 +107,27 @@ async def test_commands_of_two_classes_with_the_same_tab_and_op_both_apply(tmp_p
         assert await alice.do(AddNoteAgain(tab=alice.id, op=1, text="two")) == 7
         assert await alice.do(AddNote(tab=alice.id, op=1, text="three")) == 7  # a repeat of the first
     assert notes(tmp_path / "a.db") == ["one", "two"]
+
+
+class SignedNote(TabCommand):
+    text: str
+    owner: Annotated[str, FromServer()]
+
+    def apply(self, tx: Tx) -> str:
+        tx.execute("INSERT INTO note (text) VALUES (?)", (f"{self.owner}: {self.text}",))
+        return self.owner
+
+
+async def test_who_sent_a_click_is_part_of_its_key(tmp_path: Path) -> None:
+    # Another principal naming the same tab and op is another click: it neither reads the first
+    # one's outcome nor stops it applying. The same principal's repeat is still a repeat.
+    lith = Lith(tmp_path / "a.db", migrations=MIGRATIONS)
+    async with Tabs(lith) as tabs:
+        tab = await tabs.open("outcome/{tab}")
+        assert await tab.do(SignedNote(tab=tab.id, op=1, text="mine", owner="mallory")) == "mallory"
+        assert await tab.do(SignedNote(tab=tab.id, op=1, text="hers", owner="alice")) == "alice"
+        assert await tab.do(SignedNote(tab=tab.id, op=1, text="again", owner="alice")) == "alice"
+    assert notes(tmp_path / "a.db") == ["mallory: mine", "alice: hers"]
 
 
 async def test_an_older_op_landing_late_does_not_move_done_back(tmp_path: Path) -> None:

@@ -1,0 +1,228 @@
+"""Command fields the server sets (`FromServer`), over a real uvicorn, a real session cookie
+(Starlette's SessionMiddleware) and a real SQLite file: the owner is whoever the session says,
+a body that names another is refused and writes nothing, through `lith.command`, a hand-written
+route and a form alike."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated
+
+import httpx
+import pytest
+from fastapi import Depends, FastAPI
+
+from fastapi_lith import Command, CommandError, FromServer, Lith, LithError, TabCommand, Tx, Writer
+from tests.support import SUPPORT
+from tests.support.browser import Server
+from tests.web.test_input import TabStream
+
+SAME_ORIGIN = {"Datastar-Request": "true", "Sec-Fetch-Site": "same-origin"}
+ERROR = '<div id="lith-error" role="alert" class="lith-error"><ul><li>'
+SET_BY_SERVER = "The server sets this field: a request cannot send it"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path]]:
+    db = tmp_path_factory.mktemp("owners") / "owners.db"
+    server = Server("ownersapp:app", cwd=SUPPORT, env={"OWNERS_DB": str(db), "OWNERS_ACCOUNTS": str(db.parent / "a")})
+    server.start()
+    yield server, db
+    server.close()
+
+
+def tasks(db: Path) -> list[tuple[str, str, str, str]]:
+    with sqlite3.connect(db) as conn:
+        return conn.execute("SELECT title, owner, team, tags FROM task ORDER BY id").fetchall()
+
+
+@contextmanager
+def signed_in(server: Server, user: str | None) -> Iterator[httpx.Client]:
+    """A client whose session cookie names `user` (none: nobody signed in)."""
+    with httpx.Client(base_url=server.url, headers=SAME_ORIGIN) as client:
+        if user is not None:
+            assert client.post(f"/sign-in/{user}").status_code == 204
+        yield client
+
+
+@pytest.fixture
+def stream(served: tuple[Server, Path], request: pytest.FixtureRequest) -> Iterator[TabStream]:
+    tab = re.sub(r"[^A-Za-z0-9_-]", "_", request.node.name)[-64:]
+    tab_stream = TabStream(served[0], tab)
+    tab_stream.tab = tab  # type: ignore[attr-defined]
+    tab_stream.wait_for('data-signals:done="0"')
+    yield tab_stream
+    tab_stream.close()
+
+
+def test_lith_command_stores_the_sessions_principal_and_refuses_a_body_naming_another(
+    served: tuple[Server, Path], stream: TabStream
+) -> None:
+    server, db = served
+    tab = stream.tab  # type: ignore[attr-defined]
+    before = tasks(db)
+    with signed_in(server, "alice") as alice:
+        assert alice.post("/tasks", json={"tab": tab, "op": 1, "title": "Write"}).status_code == 204
+        stream.wait_for("Added Write for alice.")
+        for op, field in ((2, "owner"), (3, "team")):
+            forged = alice.post("/tasks", json={"tab": tab, "op": op, "title": "Forged", field: "bob"})
+            assert forged.status_code == 422
+            assert forged.text == f"{ERROR}<strong>{field}</strong>: {SET_BY_SERVER}</li></ul></div>"
+            stream.told(SET_BY_SERVER, op)  # pushed to the tab, its button stops pending
+    with signed_in(server, "bob") as bob:
+        assert bob.post("/tasks", json={"tab": "bobs", "op": 1, "title": "Read"}).status_code == 204
+    assert tasks(db) == [*before, ("Write", "alice", "red", ""), ("Read", "bob", "blue", "")]
+    assert "Traceback" not in server.output
+
+
+def test_a_hand_written_route_takes_lith_body_and_the_identity_runs_once(served: tuple[Server, Path]) -> None:
+    server, db = served
+    before = tasks(db)
+    with signed_in(server, "bob") as bob:
+        done = bob.post("/tasks/by-hand", json={"tab": "t1", "op": 1, "title": "By hand", "tags": ["x"]})
+        assert done.status_code == 200
+        # Two server fields and the principal itself: the app's identity ran once.
+        assert done.json() == {"owner": "bob", "team": "blue", "identity_runs": 1}
+        forged = bob.post("/tasks/by-hand", json={"tab": "t1", "op": 2, "title": "Forged", "owner": "alice"})
+        assert forged.status_code == 422 and f"<strong>owner</strong>: {SET_BY_SERVER}" in forged.text
+        # The client's own fields are checked by the command, as `lith.command` checks them.
+        bad = bob.post("/tasks/by-hand", json={"tab": "t1", "op": 3, "title": ""})
+        assert bad.status_code == 422 and "<strong>title</strong>: String should have at least 1 character" in bad.text
+    assert tasks(db) == [*before, ("By hand", "bob", "blue", "x")]
+
+
+def test_every_server_field_sent_is_named(served: tuple[Server, Path]) -> None:
+    server, _ = served
+    with signed_in(server, "bob") as bob:
+        forged = bob.post("/tasks/by-hand", json={"tab": "t1", "op": 4, "title": "x", "team": "red", "owner": "a"})
+    assert forged.status_code == 422
+    assert forged.text.count(SET_BY_SERVER) == 2 and "<strong>team</strong>" in forged.text
+
+
+def test_an_identity_that_refuses_answers_401_as_html_and_nobody_signed_in_is_401(
+    served: tuple[Server, Path], stream: TabStream
+) -> None:
+    server, db = served
+    tab = stream.tab  # type: ignore[attr-defined]
+    before = tasks(db)
+    with signed_in(server, "mallory") as mallory:
+        locked = mallory.post("/tasks", json={"tab": tab, "op": 1, "title": "Sneak"})
+        assert locked.status_code == 401 and locked.text == f"{ERROR}This account is locked.</li></ul></div>"
+        stream.told("This account is locked.", 1)
+        # The writer's guard comes first: a cross-site request is a 403 before the identity runs.
+        cross = mallory.post("/tasks", json={"tab": tab, "op": 2, "title": "Sneak"}, headers={"Sec-Fetch-Site": "cross-site"})
+        assert cross.status_code == 403
+    with signed_in(server, None) as nobody:
+        anonymous = nobody.post("/tasks", json={"tab": tab, "op": 3, "title": "Sneak"})
+        assert anonymous.status_code == 401 and "Sign in to do this: nobody is signed in." in anonymous.text
+        stream.told("Sign in to do this", 3)
+    assert tasks(db) == before
+
+
+@pytest.mark.parametrize("encoding", ["urlencoded", "multipart"])
+def test_a_form_post_is_the_same_body(served: tuple[Server, Path], stream: TabStream, encoding: str) -> None:
+    server, db = served
+    tab = stream.tab  # type: ignore[attr-defined]
+    before = tasks(db)
+
+    def post(client: httpx.Client, op: int, **fields: str | list[str]) -> httpx.Response:
+        data = {"tab": tab, "op": str(op), **fields}
+        files = {"none": ("", b"")} if encoding == "multipart" else None  # httpx sends multipart once a file is there
+        return client.post("/tasks", data=data, files=files)
+
+    with signed_in(server, "alice") as alice:
+        assert post(alice, 1, title="From a form", tags=["a", "b"]).status_code == 204
+        stream.wait_for("Added From a form for alice.")
+        forged = post(alice, 2, title="Forged", owner="bob")
+        assert forged.status_code == 422 and f"<strong>owner</strong>: {SET_BY_SERVER}" in forged.text
+        stream.told(SET_BY_SERVER, 2)
+        empty = post(alice, 3, title="")  # an empty field is a missing one, as FastAPI reads Form()
+        assert empty.status_code == 422 and "<strong>title</strong>: Field required" in empty.text
+        stream.told("Field required", 3)
+    assert tasks(db) == [*before, ("From a form", "alice", "red", "a,b")]
+
+
+def test_a_server_value_the_field_refuses_is_the_apps_bug(served: tuple[Server, Path]) -> None:
+    server, db = served
+    with signed_in(server, "alice") as alice:
+        assert alice.post("/stamps", json={}).status_code == 500
+    # Uvicorn logs the traceback once the 500 is sent: wait for it.
+    logged = "CommandError: Stamp.at is FromServer(broken_clock), whose value 'soon' it refuses"
+    deadline = time.monotonic() + 10
+    while logged not in server.output:
+        assert time.monotonic() < deadline, server.output[-2000:]
+        time.sleep(0.01)
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT count(*) FROM stamp").fetchone() == (0,)
+
+
+def test_openapi_shows_what_the_client_may_send(served: tuple[Server, Path]) -> None:
+    server, _ = served
+    schema = httpx.get(server.url + "/openapi.json").json()
+    assert "/tasks" not in schema["paths"]  # lith.command's routes stay out, as before
+    body = schema["paths"]["/tasks/by-hand"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert body == {"$ref": "#/components/schemas/AddTaskBody"}
+    client = schema["components"]["schemas"]["AddTaskBody"]
+    assert sorted(client["properties"]) == ["op", "tab", "tags", "title"]
+    assert client["required"] == ["tab", "title"]
+
+
+def test_an_accounts_command_fills_its_owner_and_its_account(tmp_path: Path) -> None:
+    folder = tmp_path / "accounts"
+    server = Server("ownersapp:accounts_app", cwd=SUPPORT, env={"OWNERS_DB": str(tmp_path / "o.db"), "OWNERS_ACCOUNTS": str(folder)})
+    server.start()
+    try:
+        with signed_in(server, "alice") as alice:
+            assert alice.post("/accounts/acme").status_code == 204
+            assert alice.post("/a/acme/tasks", json={"tab": "t1", "op": 1, "title": "Plan"}).status_code == 204
+            forged = alice.post("/a/acme/tasks", json={"tab": "t1", "op": 2, "title": "Move", "team": "globex"})
+            assert forged.status_code == 422 and f"<strong>team</strong>: {SET_BY_SERVER}" in forged.text
+    finally:
+        server.close()
+    with sqlite3.connect(folder / "acme.db") as conn:
+        assert conn.execute("SELECT title, owner, team FROM task").fetchall() == [("Plan", "alice", "acme")]
+
+
+class Claim(Command):
+    what: str
+    owner: Annotated[str, FromServer()]
+
+    def apply(self, tx: Tx) -> None:
+        tx.execute("INSERT INTO task (title, owner, team, tags) VALUES (:what, :owner, '', '')",
+                   {"what": self.what, "owner": self.owner})
+
+
+async def test_a_route_reading_such_a_command_whole_from_its_body_is_refused_at_start(tmp_path: Path) -> None:
+    """FastAPI's own body validation knows nothing of `FromServer`: the owner would be the
+    client's to say, so the app does not start."""
+    lith = Lith(tmp_path / "t.db", migrations=SUPPORT / "owners_migrations")
+    app = FastAPI()
+    app.include_router(lith.router)
+
+    @app.post("/claims", status_code=204)
+    async def claim(cmd: Claim, writer: Writer = Depends(lith.writer)) -> None:
+        await writer.do(cmd)
+
+    with pytest.raises(LithError, match=re.escape("POST /claims takes Claim as its body, so its FromServer fields")):
+        async with lith.lifespan(app):
+            pass
+
+
+def test_a_misplaced_from_server_is_refused_where_the_command_is_written() -> None:
+    with pytest.raises(CommandError, match="page's own field"):
+        class Hijack(TabCommand):
+            tab: Annotated[str, FromServer()]  # type: ignore[assignment]
+
+    with pytest.raises(CommandError, match="FastAPI dependency"):
+        FromServer("owner")  # type: ignore[arg-type]
+
+    with pytest.raises(CommandError, match="validation alias must be a str"):
+        from pydantic import AliasChoices, Field
+
+        class Aliased(Command):
+            owner: Annotated[str, FromServer(), Field(validation_alias=AliasChoices("a", "b"))]
