@@ -17,10 +17,10 @@ from typing import Any
 import htpy as h
 import sqlalchemy as sa
 from fastapi import Depends, FastAPI, Header, HTTPException
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import HTMLResponse, PlainTextResponse
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from fastapi_lith import Command, Db, Lith, Tx, Writer
+from fastapi_lith import Command, Db, Lith, Tx, Writer, new_tab
 
 MIGRATION = """
 CREATE TABLE sessions (id TEXT PRIMARY KEY, user TEXT NOT NULL);
@@ -140,6 +140,25 @@ async def connect(keys: str, tab: str, principal: Any = Depends(lith.principal))
     """The stream URL a page rendered for this session would open."""
     expression = lith.connect(*keys.split(","), tab=tab)
     return expression.split("'")[1]
+
+
+LOADS = {"page": 0}
+
+
+@app.get("/page", response_class=HTMLResponse)
+async def page(keys: str, principal: Any = Depends(lith.principal)) -> str:
+    """A page of `keys` for the session (Playwright sends `X-Session` with every request), and
+    how many times it was loaded: a stream it opens may be refused."""
+    LOADS["page"] += 1
+    tab = new_tab()
+    return str(h.html[h.body(data_init=lith.connect(*keys.split(","), tab=tab))[
+        lith.datastar(), h.p(id="loads")[LOADS["page"]],
+    ]])
+
+
+@app.get("/loads")
+async def loads() -> dict[str, int]:
+    return LOADS
 
 
 @app.post("/signin", status_code=204)
