@@ -46,8 +46,8 @@ class Changes:
 
     topics: frozenset[str] = frozenset()
     pushes: tuple[Push, ...] = ()
-    revoked: tuple[Principal, ...] = ()  # end these principals' streams
     everything: bool = False  # changes may have been missed: every view renders again
+    revoked: tuple[Principal, ...] = ()  # end these principals' streams
 
 
 class Feed:

@@ -202,7 +202,7 @@ class NotifyFeed(Feed):
                 revoked.append(value)
             else:
                 everything = True
-        return Changes(frozenset(topics), tuple(pushes), tuple(revoked), everything)
+        return Changes(frozenset(topics), tuple(pushes), everything, tuple(revoked))
 
     def forward(self, tab: str, frame: Frame) -> None:
         self._outbox.put(tab, frame)  # into the writer's next batch, as on SQLite

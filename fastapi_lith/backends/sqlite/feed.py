@@ -156,7 +156,7 @@ class SqliteFeed(Feed):
                 revoked.extend(json.loads(ended))
         if not topics and not pushes and not revoked and not everything:
             return None
-        return Changes(frozenset(topics), tuple(pushes), tuple(revoked), everything)
+        return Changes(frozenset(topics), tuple(pushes), everything, tuple(revoked))
 
     def forward(self, tab: str, frame: Frame) -> None:
         self._outbox.put(tab, frame)
