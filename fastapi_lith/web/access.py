@@ -58,9 +58,10 @@ class _Signer(TimestampSigner):
 class StreamTokens:
     """Sign and check the token that binds a stream's URL to what its page rendered.
 
-    The signed message is the tab, the sorted view instance keys and the principal; the token
-    holds only the time and the signature (about 50 characters however many views), since the
-    stream recomputes the message from its own query and principal. `secret` is one key or a
+    The signed message is the stream's path (an account's, under `Accounts`), the tab, the
+    sorted view instance keys and the principal; the token holds only the time and the
+    signature (about 50 characters however many views), since the stream recomputes the
+    message from its own request and principal. `secret` is one key or a
     list, the oldest first: the newest signs, every one verifies, so a key is rotated in by
     appending it and out by dropping it once `max_age` has passed.
     """
@@ -72,19 +73,19 @@ class StreamTokens:
         self.clock = clock
 
     @staticmethod
-    def _message(tab: str, keys: Iterable[str], principal: Principal) -> bytes:
-        return json.dumps([tab, sorted(set(keys)), principal], separators=(",", ":")).encode()
+    def _message(path: str, tab: str, keys: Iterable[str], principal: Principal) -> bytes:
+        return json.dumps([path, tab, sorted(set(keys)), principal], separators=(",", ":")).encode()
 
-    def sign(self, tab: str, keys: Iterable[str], principal: Principal) -> str:
-        message = self._message(tab, keys, principal)
+    def sign(self, path: str, tab: str, keys: Iterable[str], principal: Principal) -> str:
+        message = self._message(path, tab, keys, principal)
         return self._signer.sign(message)[len(message) + 1 :].decode()
 
-    def check(self, token: str | None, tab: str, keys: Iterable[str], principal: Principal) -> None:
-        """`AccessDenied` unless `token` was signed for exactly this tab, these keys and this
+    def check(self, token: str | None, path: str, tab: str, keys: Iterable[str], principal: Principal) -> None:
+        """`AccessDenied` unless `token` was signed for exactly this stream path, tab, keys and
         principal, by one of the keys, at most `max_age` seconds ago."""
         if not token:
             raise AccessDenied("this stream needs the token its page signed: open it with lith.connect")
-        message = self._message(tab, keys, principal)
+        message = self._message(path, tab, keys, principal)
         try:
             _, signed_at = self._signer.unsign(message + b"." + token.encode(), return_timestamp=True)
         except (BadSignature, UnicodeError):
@@ -116,6 +117,13 @@ def fill(key: str, tab: str, principal: Principal) -> str:
         if "," in str(principal) or "/" in str(principal):
             raise LithError(f"principal {principal!r} cannot key a view: its id holds ',' or '/'")
     return key.replace("{tab}", tab).replace("{principal}", str(principal))
+
+
+def stream_path(request: Request) -> str:
+    """The stream's path within the app, as `lith.connect` names it (a mount's prefix left out)."""
+    path: str = request.scope["path"]
+    root = request.scope.get("root_path", "")
+    return path[len(root):] if root and path.startswith(root) else path
 
 
 def refusal(request: Request, exc: AccessDenied | HTTPException) -> Response:

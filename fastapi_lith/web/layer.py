@@ -251,7 +251,7 @@ class WebLayer:
         keys = tuple(fill(k, tab, principal) for k in keys)
         self.views.for_tab(tab, keys, principal)
         views = ",".join(quote(k, safe="/{}") for k in keys)
-        token = "" if self.tokens is None else f"&token={self.tokens.sign(tab, keys, principal)}"
+        token = "" if self.tokens is None else f"&token={self.tokens.sign(url, tab, keys, principal)}"
         # The stream needs no signals: without the filter every reconnect would carry the
         # page's form drafts in its query string.
         options = "{retry: 'always', retryMaxCount: Infinity, filterSignals: {include: /^$/}}"

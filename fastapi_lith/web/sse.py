@@ -16,7 +16,7 @@ from ..engine.commands import TAB_ID
 from ..engine.encoders import Encoder
 from ..engine.streams import Principal, Stream, Subscription
 from ..exceptions import AccessDenied, ViewError
-from .access import StreamTokens, refusal
+from .access import StreamTokens, refusal, stream_path
 
 
 class StreamResponse(EventSourceResponse):
@@ -64,7 +64,7 @@ async def stream_response(
         return PlainTextResponse("views is required: ?views=key1,key2&tab=…", 400)
     try:
         if tokens is not None:
-            tokens.check(request.query_params.get("token"), tab, keys, principal)
+            tokens.check(request.query_params.get("token"), stream_path(request), tab, keys, principal)
         subscription = await open_views(Stream(tab, principal), keys)
     except AccessDenied as exc:
         return refusal(request, exc)

@@ -16,6 +16,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 import httpx
 import pytest
 
+from fastapi_lith import AccessDenied
 from fastapi_lith.web.access import StreamTokens
 from tests.support import REPO, SUPPORT
 from tests.support.browser import Server
@@ -115,7 +116,7 @@ def test_a_signed_stream_opens_and_every_edit_of_it_is_refused(server: Server) -
         ("no token", edited(url, token=None)),
         ("a forged token", edited(url, token=forged)),
         ("a token from another secret", edited(url, token=StreamTokens("not this app's key!!", 60).sign(
-            "t1", ["board", "tasks/alice", "outcome/t1"], "alice"))),
+            "/lith/stream", "t1", ["board", "tasks/alice", "outcome/t1"], "alice"))),
         ("another tab", edited(url, tab="t2", views="board,tasks/alice,outcome/t2")),
         ("a key left out", edited(url, views="board,tasks/alice")),
         ("a key added", edited(url, views="board,tasks/alice,outcome/t1,team/1")),
@@ -133,7 +134,7 @@ def test_an_expired_token_is_refused_and_a_young_one_opens(server: Server) -> No
     keys = ["board", "outcome/t1"]
     for age, expected in [(day + 60, 403), (day - 60, 200)]:
         signed_then = StreamTokens(NEW, day, clock=lambda age=age: time.time() - age)
-        url = f"{server.url}/lith/stream?views=board,outcome/t1&tab=t1&token={signed_then.sign('t1', keys, 'alice')}"
+        url = f"{server.url}/lith/stream?views=board,outcome/t1&tab=t1&token={signed_then.sign('/lith/stream', 't1', keys, 'alice')}"
         assert status(url, alice) == expected, age
 
 
@@ -143,7 +144,7 @@ def test_a_rotated_key_keeps_old_tokens_until_it_is_dropped(
     db = tmp_path / "access.db"
     rotating = serve(server_factory, db, secret=f"{OLD},{NEW}")
     alice = sign_in(rotating, "alice")
-    signed = {key: StreamTokens(key, 3600).sign("t1", ["board"], "alice") for key in (OLD, NEW)}
+    signed = {key: StreamTokens(key, 3600).sign("/lith/stream", "t1", ["board"], "alice") for key in (OLD, NEW)}
     url = f"{rotating.url}/lith/stream?views=board&tab=t1&token="
     assert status(url + signed[OLD], alice) == 200  # a page from before the new key
     assert status(url + signed[NEW], alice) == 200
@@ -152,6 +153,24 @@ def test_a_rotated_key_keeps_old_tokens_until_it_is_dropped(
     url = f"{rotated.url}/lith/stream?views=board&tab=t1&token="
     assert status(url + signed[OLD], alice) == 403  # the old key dropped from the list
     assert status(url + signed[NEW], alice) == 200
+
+
+def test_a_token_binds_the_stream_path_tab_keys_and_principal_and_no_more() -> None:
+    tokens = StreamTokens([OLD, NEW], 60)
+    token = tokens.sign("/a/acme/lith/stream", "t1", ["board", "outcome/t1"], 42)
+    tokens.check(token, "/a/acme/lith/stream", "t1", ["outcome/t1", "board", "board"], 42)  # a set of keys
+    for path, tab, keys, principal in [
+        ("/a/other/lith/stream", "t1", ["board", "outcome/t1"], 42),  # another account's stream
+        ("/a/acme/lith/stream", "t2", ["board", "outcome/t1"], 42),
+        ("/a/acme/lith/stream", "t1", ["board"], 42),
+        ("/a/acme/lith/stream", "t1", ["board", "outcome/t1"], "42"),  # the id 42 is not the name "42"
+        ("/a/acme/lith/stream", "t1", ["board", "outcome/t1"], None),
+    ]:
+        with pytest.raises(AccessDenied):
+            tokens.check(token, path, tab, keys, principal)
+    in_a_minute = StreamTokens(NEW, 60, clock=lambda: time.time() + 60).sign("/s", "t1", ["board"], None)
+    with pytest.raises(AccessDenied, match="expired"):  # from a clock far ahead: refused too
+        tokens.check(in_a_minute, "/s", "t1", ["board"], None)
 
 
 def test_another_principals_view_is_refused_with_or_without_a_secret(
