@@ -254,3 +254,27 @@ def test_revoke_in_one_process_ends_the_stream_another_process_serves(
     assert status(url, alice) == 403
     assert sign_in(a, "alice") == alice  # signed in again in process a: b admits her again
     assert status(url, alice) == 200
+
+
+def test_under_accounts_a_token_opens_its_own_accounts_stream_only_and_revoke_reaches_every_account(
+    server_factory: Callable[..., Server], tmp_path: Path
+) -> None:
+    env = {"ACCESS_ACCOUNTS": str(tmp_path / "accounts"), "PYTHONPATH": str(REPO)}
+    server = server_factory("accessaccountsapp:app", cwd=SUPPORT, env=env)
+    for name in ("acme", "other"):
+        assert httpx.post(f"{server.url}/accounts/{name}").status_code == 204
+    alice = {"X-User": "alice", "Accept-Encoding": "identity"}
+    urls = [httpx.get(f"{server.url}/a/{name}/connect", params={"tab": "t1"}, headers=alice).text for name in ("acme", "other")]
+    assert urls[0].startswith("/a/acme/lith/stream?views=tasks/alice&tab=t1&token=")
+    elsewhere = urls[0].replace("/a/acme/", "/a/other/")
+    assert httpx.get(server.url + elsewhere, headers=alice).status_code == 403  # acme's page, other's stream
+    with httpx.stream("GET", server.url + urls[0], headers=alice, timeout=10) as acme, httpx.stream(
+        "GET", server.url + urls[1], headers=alice, timeout=10
+    ) as other:
+        assert acme.status_code == other.status_code == 200
+        first, second = Events(acme), Events(other)
+        first.next()
+        second.next()
+        assert httpx.post(f"{server.url}/revoke/alice").json() == {"ended": 2}
+        first.until_end()
+        second.until_end()
