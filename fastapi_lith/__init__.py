@@ -30,6 +30,7 @@ from .engine.streams import Stream
 from .engine.tx import Tx
 from .engine.views import fragment
 from .exceptions import (
+    AccessDenied,
     AccountUnavailable,
     AlreadyRunning,
     BackupError,
@@ -81,9 +82,9 @@ __all__ = [
     # for scripts: a database opened and migrated as the app does
     "open_sqlite", "migrate", "open_backend",
     # errors: every one is a LithError
-    "LithError", "AccountUnavailable", "AlreadyRunning", "BackupError", "BadParameter", "CommandError",
-    "DatabaseError", "EncoderClosed", "FirstAttemptFailed", "InUse", "MigrationError", "MissingParameter",
-    "NotOneRow", "NotRunning", "OutcomeLost", "OutcomeRefused", "ProjectError", "ReplicaError", "SettingError",
-    "StorageError", "UnknownAccount", "ViewError", "WriterClosed",
+    "LithError", "AccessDenied", "AccountUnavailable", "AlreadyRunning", "BackupError", "BadParameter",
+    "CommandError", "DatabaseError", "EncoderClosed", "FirstAttemptFailed", "InUse", "MigrationError",
+    "MissingParameter", "NotOneRow", "NotRunning", "OutcomeLost", "OutcomeRefused", "ProjectError", "ReplicaError",
+    "SettingError", "StorageError", "UnknownAccount", "ViewError", "WriterClosed",
 ]  # fmt: skip
 __version__ = "0.2.0"

@@ -15,7 +15,7 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
@@ -31,10 +31,10 @@ from . import settings
 from .account_pool import Account, AccountPool
 from .engine.commands import Command
 from .engine.engine import Engine, register_view
-from .engine.views import Render, Topics
-from .exceptions import AccountUnavailable, LithError, SettingError, UnknownAccount
+from .engine.streams import Principal
+from .engine.views import Access, Render, Topics
+from .exceptions import AccountUnavailable, LithError, NotRunning, SettingError, UnknownAccount
 from .lith import Lith
-from .web.identity import Principal
 from .web.layer import WebLayer
 
 _current: ContextVar[Account | None] = ContextVar("lith_account", default=None)
@@ -237,9 +237,20 @@ class Accounts(AccountPool):
             )
         return account
 
-    def view(self, key: str, *, topics: Topics = ()) -> Callable[[Render], Render]:
+    def view(self, key: str, *, topics: Topics = (), access: Access | None = None) -> Callable[[Render], Render]:
         """`@accounts.view(...)`: as `@lith.view`, a view every account has, on its own data."""
-        return register_view(self.views, key, topics)
+        return register_view(self.views, key, topics, access)
+
+    async def revoke(self, principal: Principal) -> int:
+        """As `lith.revoke`, in every account open in this process (one that is not open has no
+        stream here); returns how many streams ended."""
+        ended = 0
+        for name in self.open_names():
+            account = self._open.get(name)
+            if account is not None and account.ready is not None and account.ready.done() and account.engine.running:
+                with suppress(NotRunning):  # closing meanwhile: its streams end with it
+                    ended += await account.lith.revoke(principal)
+        return ended
 
     def command(
         self, path: str, command: type[Command], *, dependencies: list[Any] | None = None, max_body: int | None = None

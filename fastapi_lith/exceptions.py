@@ -83,6 +83,13 @@ class BadParameter(ViewError):
     """
 
 
+class AccessDenied(LithError, PermissionError):
+    """A stream may not watch what it asked for: another principal's `{principal}` view, a view
+    whose `access` rule said no, a stream token that is missing, forged, edited or expired, or a
+    stream of a principal `lith.revoke` cut off while it opened. The stream route answers it as
+    a refusal (web/access.py); the message says what, never why the rule said no."""
+
+
 class OutcomeLost(LithError):
     """A repeated command's first outcome was recorded but cannot be given back.
 

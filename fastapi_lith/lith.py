@@ -30,7 +30,8 @@ from .engine.engine import Engine, app_views, register_view
 from .engine.feed import Feed
 from .engine.hub import Hub
 from .engine.readers import Readers
-from .engine.views import Render, Topics, Views
+from .engine.streams import Principal
+from .engine.views import Access, Render, Topics, Views
 from .engine.writer import Writer
 from .exceptions import AlreadyRunning, BadParameter, SettingError, WriterClosed
 from .ops import Backups
@@ -247,15 +248,18 @@ class Lith:
     async def _current(self) -> Engine:
         return self.engine
 
-    def view(self, key: str, *, topics: Topics = ()) -> Callable[[Render], Render]:
+    def view(self, key: str, *, topics: Topics = (), access: Access | None = None) -> Callable[[Render], Render]:
         """Register `fn(db, **params) -> HTML` as the view `key`, rendered when `topics` change.
 
         ```python
-        @lith.view("board/{board_id}", topics={"board:{board_id}"})
+        @lith.view("board/{board_id}", topics={"board:{board_id}"}, access=is_member)
         def board(db: Db, board_id: int) -> Element: ...
         ```
+
+        `access(db, principal, **params) -> bool` is asked on every stream open; a key with a
+        `{principal}` parameter is private to that principal (docs/access.md).
         """
-        return register_view(self.views, key, topics)
+        return register_view(self.views, key, topics, access)
 
     def command(
         self, app: FastAPI | APIRouter, path: str, command: type[Command], *,
@@ -334,11 +338,21 @@ class Lith:
     async def render(self, key: str, **params: Any) -> Markup:
         """A view's HTML for a page's first paint: the page and its stream share one function.
 
-        A parameter the view refuses (a path parameter past SQLite's integers) answers 400."""
+        A parameter the view refuses (a path parameter past SQLite's integers) answers 400.
+        `{principal}` is the page's own (`Depends(lith.principal)`) unless given."""
+        params = self.web.render_params(key, params)
         try:
             return Markup(await self.engine.render(key, params or None))
         except BadParameter as exc:
             raise BadRequest(str(exc)) from None
+
+    async def revoke(self, principal: Principal) -> int:
+        """End every stream opened as `principal`, at once and in every process (on logout, or
+        when a member is removed); returns how many ended in this one. Each page reconnects, and
+        its reconnect asks the identity and the views' access rules again."""
+        if principal is None or type(principal) not in (str, int):
+            raise SettingError(f"revoke takes a principal's id (a str or an int), not {principal!r}")
+        return await self.engine.revoke(principal)
 
     async def db(self) -> AsyncIterator[AsyncConnection]:
         """`Depends(lith.db)`: an async read-only connection for ad hoc reads in a handler."""

@@ -19,16 +19,17 @@ from typing import Any
 
 from .engine.commands import Command
 from .engine.frames import Frame
-from .engine.streams import Stream
+from .engine.streams import Principal, Stream
 from .lith import Lith
 
 
 class Tab:
     """One virtual browser tab: a stream of frames and the HTML it last received per view."""
 
-    def __init__(self, tabs: Tabs, tab_id: str) -> None:
+    def __init__(self, tabs: Tabs, tab_id: str, principal: Principal = None) -> None:
         self.id = tab_id
-        self.stream = Stream(tab_id)
+        self.principal = principal
+        self.stream = Stream(tab_id, principal)
         self.received: list[Frame] = []
         self._tabs = tabs
         self._html: dict[str, str] = {}
@@ -44,7 +45,7 @@ class Tab:
     def html(self, key: str) -> str:
         """The newest HTML this tab holds for a view instance (reading what waits first)."""
         self.read()
-        return self._html[key.format(tab=self.id)]
+        return self._html[key.replace("{tab}", self.id).replace("{principal}", str(self.principal))]
 
     async def do(self, cmd: Command) -> Any:
         """Send a command through the real writer, as this tab's POST would."""
@@ -69,10 +70,14 @@ class Tabs:
     async def __aexit__(self, *exc: object) -> None:
         await self._stack.aclose()
 
-    async def open(self, *keys: str, tab: str | None = None) -> Tab:
-        """A new tab watching view instances, their first frames read; `{tab}` is its id."""
-        new = Tab(self, tab or f"tab-{next(self._ids)}")
-        await self.lith.hub.open(new.stream, [k.format(tab=new.id) for k in keys])
+    async def open(self, *keys: str, tab: str | None = None, principal: Principal = None) -> Tab:
+        """A new tab watching view instances, their first frames read; `{tab}` is its id and
+        `{principal}` who it is signed in as (the hub checks `{principal}` views and `access`
+        rules as for a stream; None is nobody)."""
+        new = Tab(self, tab or f"tab-{next(self._ids)}", principal)
+        await self.lith.hub.open(
+            new.stream, [k.replace("{tab}", new.id).replace("{principal}", str(principal)) for k in keys]
+        )
         new.read()
         return new
 

@@ -23,7 +23,8 @@ from .feed import Feed
 from .frames import Frame
 from .hub import Hub
 from .readers import Readers
-from .views import Render, Topics, Views
+from .streams import Principal
+from .views import Access, Render, Topics, Views
 from .writer import Writer
 
 OUTCOME_VIEW = "outcome/{tab}"
@@ -51,9 +52,9 @@ def app_views(outcome_hint: str = "") -> Views:
     return views
 
 
-def register_view(views: Views, key: str, topics: Topics) -> Callable[[Render], Render]:
+def register_view(views: Views, key: str, topics: Topics, access: Access | None = None) -> Callable[[Render], Render]:
     """`@lith.view` and `@accounts.view`: the app's own `"outcome/{tab}"` replaces the built-in."""
-    register = views.register(key, topics)  # its topics checked before anything changes
+    register = views.register(key, topics, access)  # its topics checked before anything changes
     builtin = views.get(key)
     if builtin is not None and builtin.render in _BUILTIN:
         views.drop(key)
@@ -154,6 +155,10 @@ class Engine:
         """Send `frame` to every stream of `tab` (a refused command's error); none if stopped."""
         if self._hub is not None:
             self._hub.push(tab, frame)
+
+    async def revoke(self, principal: Principal) -> int:
+        """End every stream opened as `principal`, in every process; how many ended here."""
+        return await self.hub.revoke(principal)
 
     def is_idle(self) -> bool:
         """No stream open and no command waiting: nothing would notice it stopping (a command a

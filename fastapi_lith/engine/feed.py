@@ -9,7 +9,7 @@ and vanish with a rollback. Every hub asks the feed at each tick what other proc
 The interface is the class `Feed`; each backend has its shared feed: a table and a file lock on
 SQLite (backends/sqlite/feed.py), NOTIFY and a LISTEN connection on PostgreSQL
 (backends/postgres/feed.py). Both carry frames pushed to other processes' tabs into the
-writer's next batch through an `Outbox`.
+writer's next batch through an `Outbox`, and the principals whose streams `lith.revoke` ends.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from pydantic import ConfigDict
 from ..exceptions import StorageError, WriterClosed
 from .commands import Command
 from .frames import Frame
+from .streams import Principal
 from .tx import Tx
 
 log = logging.getLogger("fastapi_lith.feed")
@@ -46,6 +47,7 @@ class Changes:
     topics: frozenset[str] = frozenset()
     pushes: tuple[Push, ...] = ()
     everything: bool = False  # changes may have been missed: every view renders again
+    revoked: tuple[Principal, ...] = ()  # end these principals' streams
 
 
 class Feed:
@@ -53,7 +55,7 @@ class Feed:
 
     The base class is a feed for one process: the writer's commit subscriber already tells the
     hub, so there is nothing to publish, poll or forward. The writer calls `turn`, `setup` and
-    `publish` on its own thread; the hub calls `poll` and `forward` on the event loop.
+    `publish` on its own thread; the hub calls `poll`, `forward` and `revoke` on the event loop.
     """
 
     shared = False  # other processes publish here too: the hub polls at every tick
@@ -66,8 +68,10 @@ class Feed:
     def setup(self, conn: Any) -> None:
         """Create what the feed needs in the database (writer thread, in `turn`, once)."""
 
-    def publish(self, conn: Any, topics: Collection[str], pushes: Sequence[Push] = ()) -> None:
-        """Record a batch's topics and pushes inside its transaction, just before COMMIT."""
+    def publish(
+        self, conn: Any, topics: Collection[str], pushes: Sequence[Push] = (), revoked: Sequence[Principal] = ()
+    ) -> None:
+        """Record a batch's topics, pushes and revocations inside its transaction, before COMMIT."""
 
     async def start(self, writer: Applier) -> None:
         """Begin listening; `writer` carries forwarded pushes into the feed."""
@@ -78,6 +82,10 @@ class Feed:
 
     def forward(self, tab: str, frame: Frame) -> None:
         """Send a frame to the tab's streams in other processes (the hub served its own)."""
+
+    async def revoke(self, principal: Principal) -> None:
+        """End the principal's streams in other processes (the hub ended its own): returns once
+        the writer committed it, so other hubs read it at their next poll."""
 
     async def close(self) -> None:
         """Stop listening and let go of the lock (after the writer closed)."""
@@ -118,6 +126,12 @@ class Outbox:
         finally:
             self._sending = None
 
+    async def revoke(self, principal: Principal) -> None:
+        """One feed entry of its own, awaited: a revocation is rare and its caller (a logout)
+        wants it written before answering."""
+        if self.writer is not None:
+            await self.writer.do(_Forward.model_construct(feed=self.feed, pushes=[], revoked=[principal]))
+
     def close(self) -> None:
         if self._sending is not None:
             self._sending.cancel()
@@ -126,11 +140,12 @@ class Outbox:
 
 
 class _Forward(Command):
-    """Pushes for other processes: one feed entry, written in the writer's next batch."""
+    """Pushes and revocations for other processes: one feed entry, in the writer's next batch."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
     feed: Any
     pushes: list[Any]
+    revoked: list[Any] = []
 
     def apply(self, tx: Tx) -> None:
-        self.feed.publish(tx.conn, (), self.pushes)
+        self.feed.publish(tx.conn, (), self.pushes, self.revoked)

@@ -12,17 +12,18 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from statistics import quantiles
 from typing import Any
 
+from ..exceptions import AccessDenied
 from .db import Db
 from .feed import Feed, LocalFeed
 from .frames import Frame
 from .readers import Readers
 from .shutdown import end_on_exit_signal, forget
-from .streams import Stream, Subscription
+from .streams import Principal, Stream, Subscription
 from .views import View, Views
 
 log = logging.getLogger("fastapi_lith.hub")
@@ -156,10 +157,16 @@ class Hub:
             self.dirty.update(self.instances.values())
             if self.dirty:
                 self._wake.set()
+            # A revocation may be among what was missed: every principal's stream reconnects,
+            # and its reconnect asks the identity and the access rules again.
+            self._end_streams_of(lambda s: s.principal is not None)
         elif changes.topics:
             self.touched(changes.topics)
         for tab, frame in changes.pushes:
             self._deliver(tab, frame)
+        if changes.revoked:
+            revoked = set(changes.revoked)
+            self._end_streams_of(lambda s: s.principal in revoked)
 
     def touched(self, topics: Iterable[str]) -> None:
         """The writer's commit subscriber: mark every instance on these topics dirty."""
@@ -181,10 +188,26 @@ class Hub:
     async def open(self, stream: Stream, keys: Iterable[str]) -> Subscription:
         """Watch view instances; the stream gets each one's current frame at once.
 
-        Raises `ViewError` for a bad key or parameter, before subscribing to anything. A view
-        with a `tab` parameter is private to that tab.
+        Raises `ViewError` for a bad key or parameter and `AccessDenied` for a view the stream's
+        principal may not watch, before subscribing to anything. A view with a `tab` parameter
+        is private to that tab, one with a `principal` parameter to that principal; the views
+        with an access rule are asked in one read transaction.
         """
-        resolved = self.views.for_tab(stream.tab, keys)
+        resolved = self.views.for_tab(stream.tab, keys, stream.principal)
+        checked = [(key, view, params) for key, view, params in resolved if view.access is not None]
+        if checked:
+            self.streams.add(stream)  # a revoke while the rules run ends this open too
+            try:
+                answers = await self.readers.run(
+                    lambda db: [view.allows(db, stream.principal, params) for _, view, params in checked]
+                )
+            finally:
+                self.streams.discard(stream)
+            refused = [key for (key, _, _), allowed in zip(checked, answers, strict=True) if not allowed]
+            if refused:
+                raise AccessDenied(f"view {refused[0]!r} is not for this principal")
+        if stream.revoked:
+            raise AccessDenied("this principal's streams were revoked")
         subscription = Subscription(self, stream, tuple(dict.fromkeys(key for key, _, _ in resolved)))
         stream.watch(subscription)
         self.streams.add(stream)
@@ -234,6 +257,21 @@ class Hub:
                             del self._by_topic[topic]
         stream.watch(None)
         self.streams.discard(stream)
+
+    async def revoke(self, principal: Principal) -> int:
+        """End every stream opened as `principal`, here and, through the feed, in every other
+        process; returns how many ended here. Each page's `retry: 'always'` reconnects, and the
+        reconnect asks the identity and the access rules again."""
+        ended = self._end_streams_of(lambda s: s.principal == principal)
+        await self.feed.revoke(principal)
+        return ended
+
+    def _end_streams_of(self, whose: Callable[[Stream], bool]) -> int:
+        streams = [s for s in self.streams if whose(s)]
+        for stream in streams:
+            stream.revoked = True
+            stream.end()
+        return len(streams)
 
     def push(self, tab: str, frame: Frame) -> int:
         """Offer a frame outside any view to every stream of one tab (a rejected command's

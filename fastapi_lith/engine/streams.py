@@ -7,7 +7,8 @@ tab's SSE response (`stream.body`) writes the ready bytes, each flushed so it de
 
 Who calls what of a stream, and nothing else:
 
-- the hub: `watch`, `keys`, `offer`, `holds`, `end`, and `tab` to find a tab's streams;
+- the hub: `watch`, `keys`, `offer`, `holds`, `end`, `tab` to find a tab's streams, and
+  `principal` to find whose streams `revoke` ends;
 - the fan-out: `start_encode` and `encoded`, once `body` gave the stream its encoder;
 - a reader without HTTP (virtual tabs, benchmarks): `take` and `next`.
 """
@@ -58,12 +59,18 @@ class Subscription:
 
 KEEPALIVE = b": keep-alive\n\n"
 
+# Who a stream was opened for, as the web layer established it: an opaque id to the engine,
+# compared for equality only (a `{principal}` view's key, `hub.revoke`). None is nobody.
+Principal = str | int | None
+
 
 class Stream:
     """The frames one tab has not taken yet, newest per view instance."""
 
-    def __init__(self, tab: str) -> None:
+    def __init__(self, tab: str, principal: Principal = None) -> None:
         self.tab = tab
+        self.principal = principal
+        self.revoked = False  # ended by `hub.revoke`: an open in progress is refused
         self.skipped = 0
         self.taken = 0
         self.ended = False

@@ -3,12 +3,18 @@
 A view reads the database and returns HTML whose root element carries the id Datastar patches
 by. Its key may carry parameters, `"board/{board_id}"`, typed by the function's annotations
 FastAPI-style; its topics may use them, `"board:{board_id}"`. `"board/3"` names one instance.
+
+Two parameter names are the server's, never the client's: a `{tab}` view is private to that tab
+and a `{principal}` view to that principal (the id the web layer established for the stream).
+A view may also carry an `access` rule, `fn(db, principal, **params) -> bool`, asked on every
+stream open: who is asking is known to the rule, never to the render, so `view = f(db)` stays.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import re
 import string
 from collections.abc import Callable, Hashable, Iterable
@@ -19,8 +25,11 @@ from markupsafe import Markup, escape
 from pydantic import BaseModel, ValidationError, create_model
 
 from .. import settings
-from ..exceptions import BadParameter, ViewError
+from ..exceptions import AccessDenied, BadParameter, ViewError
 from .db import Db, oversized_int
+from .streams import Principal
+
+log = logging.getLogger("fastapi_lith.views")
 
 
 class HasHtml(Protocol):
@@ -28,6 +37,7 @@ class HasHtml(Protocol):
 
 
 Render = Callable[..., HasHtml]
+Access = Callable[..., bool]  # fn(db, principal, **params): may this principal watch this instance?
 Topics = set[str] | frozenset[str] | tuple[str, ...] | list[str]
 
 
@@ -58,6 +68,7 @@ class View:
     pattern: str
     topics: frozenset[str]
     render: Render
+    access: Access | None = None
     names: tuple[str, ...] = ()
     _params: type[BaseModel] | None = None
     key_regex: re.Pattern[str] = field(default=re.compile(""))
@@ -80,6 +91,15 @@ class View:
             default = ... if param.default is inspect.Parameter.empty else param.default
             fields[name] = (annotation, default)
         self._params = create_model(f"{self.render.__name__}_params", **fields) if names else None
+        if self.access is not None:
+            rule = getattr(self.access, "__name__", repr(self.access))
+            try:
+                inspect.signature(self.access).bind(None, None, **{n: None for n in names if n != "principal"})
+            except (TypeError, ValueError):
+                raise ViewError(
+                    f"view {self.pattern!r}: access {rule}() must take (db, principal"
+                    + "".join(f", {n}" for n in names if n != "principal") + ")"
+                ) from None
         regex = "".join(
             re.escape(text) + (f"(?P<{name}>[^/]+)" if name else "")
             for text, name, _, _ in string.Formatter().parse(self.pattern)
@@ -103,6 +123,20 @@ class View:
                     f"view {self.pattern!r}: {name}: {value} is outside SQLite's integers (-2**63 to 2**63 - 1)"
                 )
         return params
+
+    def allows(self, db: Db, principal: Principal, params: dict[str, Any]) -> bool:
+        """The access rule's answer for one instance (True without a rule). Anything but True
+        refuses: a rule that fails is logged and refuses, so a bug never opens a view."""
+        if self.access is None:
+            return True
+        try:
+            answer = self.access(db, principal, **{k: v for k, v in params.items() if k != "principal"})
+        except Exception:  # noqa: BLE001 - refused, and logged for the app to fix
+            log.exception("view %s: access rule failed for %r", self.key(params), principal)
+            return False
+        if not isinstance(answer, bool):
+            log.error("view %s: access rule returned %r, not True or False", self.key(params), answer)
+        return answer is True
 
     def key(self, params: dict[str, Any]) -> str:
         return self.pattern.format(**params)
@@ -134,13 +168,15 @@ class Views:
     def __init__(self) -> None:
         self._views: dict[str, View] = {}
 
-    def register(self, pattern: str, topics: Topics = ()) -> Callable[[Render], Render]:
+    def register(self, pattern: str, topics: Topics = (), access: Access | None = None) -> Callable[[Render], Render]:
         watched = settings.topics(f"view {pattern!r}: topics", topics)
+        if access is not None and not callable(access):
+            raise ViewError(f"view {pattern!r}: access must be a function (db, principal, **params) -> bool")
 
         def decorator(fn: Render) -> Render:
             if pattern in self._views:
                 raise ViewError(f"view {pattern!r} is registered twice")
-            self._views[pattern] = View(pattern, watched, fn)
+            self._views[pattern] = View(pattern, watched, fn, access)
             return fn
 
         return decorator
@@ -162,19 +198,25 @@ class Views:
                 return view, view.validate(match.groupdict())
         raise ViewError(f"no view matches {key!r}")
 
-    def for_tab(self, tab: str, keys: Iterable[str]) -> list[tuple[str, View, dict[str, Any]]]:
+    def for_tab(
+        self, tab: str, keys: Iterable[str], principal: Principal = None
+    ) -> list[tuple[str, View, dict[str, Any]]]:
         """The instances a tab's stream of `keys` watches: key, view and typed parameters.
 
         `ViewError` for a key no view matches, a bad parameter, or another tab's view (one with
-        a `tab` parameter is private to that tab). The stream route and `lith.connect` share
-        this check, so a page that names a wrong key fails where it is rendered, not in a stream
-        answering 400 while Datastar retries it.
+        a `tab` parameter is private to that tab); `AccessDenied` for a `{principal}` view of
+        anyone but `principal` (of anyone at all when it is None). The stream route and
+        `lith.connect` share this check, so a page that names a wrong key fails where it is
+        rendered, not in a stream answering 400 while Datastar retries it.
         """
         resolved: list[tuple[str, View, dict[str, Any]]] = []
         for raw in keys:
             view, params = self.resolve(raw)
             if "tab" in params and params["tab"] != tab:
                 raise ViewError(f"view {raw!r} belongs to another tab")
+            # Compared as the key spells them: the instance `tasks/42` is principal 42's.
+            if "principal" in params and (principal is None or str(params["principal"]) != str(principal)):
+                raise AccessDenied(f"view {raw!r} belongs to another principal")
             resolved.append((view.key(params), view, params))
         return resolved
 

@@ -19,9 +19,10 @@ from typing import Any
 
 from fastapi import Depends
 
+from ..engine.streams import Principal
 from ..exceptions import LithError
 
-Principal = str | int | None
+__all__ = ["IdentityError", "Principal", "asked", "principal_dependency"]
 
 # The principal `lith.principal` gave in this request, boxed so that "nobody signed in" (None)
 # differs from "not asked". A dependency runs in the request's own context, so the page's
@@ -52,8 +53,9 @@ def principal_dependency(identity: Callable[..., Any] | None) -> Callable[..., A
                 f"identity {getattr(identity, '__name__', identity)!r} returned {type(who).__name__}: "
                 "it must return the principal's id (a str or an int), or None for nobody signed in"
             )
-        _asked.set((who,))
-        return who
+        checked: Principal = who
+        _asked.set((checked,))
+        return checked
 
     return principal
 

@@ -30,9 +30,11 @@ from ..engine.commands import TAB_ID, Command
 from ..engine.encoders import Encoder
 from ..engine.engine import Engine
 from ..engine.frames import Frame
+from ..engine.streams import Principal
 from ..engine.views import Views
 from ..engine.writer import Writer
-from ..exceptions import SettingError, ViewError
+from ..exceptions import AccessDenied, SettingError, ViewError
+from .access import StreamRoute, StreamTokens, fill, page_principal
 from .body import CommandBodies
 from .dependency import WriterDependency
 from .guard import (
@@ -131,7 +133,12 @@ class WebLayer:
         self.writer = WriterDependency(writer, current=current, same_origin_only=config.same_origin_only)
         self.principal = principal_dependency(config.identity)
         self.body = CommandBodies(self.writer, self.principal)
-        router.add_api_route(stream_path, self._stream_endpoint(), methods=["GET"], include_in_schema=False)
+        secret = config.secret
+        self.tokens = StreamTokens(secret, config.stream_max_age) if secret is not None else None
+        router.add_api_route(
+            stream_path, self._stream_endpoint(), methods=["GET"], include_in_schema=False,
+            route_class_override=StreamRoute,
+        )
 
     # -- the app: guard its command routes ----------------------------------------------------
 
@@ -203,18 +210,26 @@ class WebLayer:
 
     def _stream_endpoint(self) -> Callable[..., Any]:
         async def stream(
-            request: Request, engine: Engine = Depends(self.current), encoder: Encoder = Depends(self.encoder)
+            request: Request,
+            engine: Engine = Depends(self.current),
+            encoder: Encoder = Depends(self.encoder),
+            principal: Principal = Depends(self.principal),
         ) -> Response:
-            """`GET …/stream?views=counter,outcome/{tab}&tab=…`: one SSE response per tab."""
-            return await self.open_stream(engine, request, encoder)
+            """`GET …/stream?views=counter,outcome/{tab}&tab=…`: one SSE response per tab.
+
+            The identity is asked on every open and every reconnect (web/access.py)."""
+            return await self.open_stream(engine, request, encoder, principal)
 
         return stream
 
-    async def open_stream(self, engine: Engine, request: Request, encoder: Encoder) -> Response:
-        """Validate the views and the tab id (400 with a plain message), then stream."""
+    async def open_stream(
+        self, engine: Engine, request: Request, encoder: Encoder, principal: Principal = None
+    ) -> Response:
+        """Validate the views and the tab id (400 with a plain message), check what `principal`
+        may watch (a refusal), then stream."""
         config = self.settings
         return await stream_response(
-            engine.hub.open, request, encoder,
+            engine.hub.open, request, encoder, principal=principal, tokens=self.tokens,
             keepalive=config.keepalive, hibernate_after=config.hibernate_after, send_timeout=config.send_timeout,
         )
 
@@ -223,18 +238,34 @@ class WebLayer:
     def connect(self, url: str, *keys: str, tab: str) -> str:
         """The `data-init` expression that opens a tab's stream of `keys` at `url`.
 
-        `retry: 'always'` reconnects when the stream ends (a deploy) and, with no retry limit,
-        whenever the network comes back. A key the stream would refuse is a `ViewError` here.
+        `{tab}` and `{principal}` in a key are filled in; with a secret, the URL carries the
+        token that binds the tab, the keys and the page's principal. `retry: 'always'`
+        reconnects when the stream ends (a deploy) and, with no retry limit, whenever the
+        network comes back. A key the stream would refuse is a `ViewError` (or an
+        `AccessDenied`, another principal's) here.
         """
         if not TAB_ID.fullmatch(tab):
             raise ViewError(f"bad tab id {tab!r}: 1 to 64 letters, digits, '-' or '_'")
-        keys = tuple(k.format(tab=tab) for k in keys)
-        self.views.for_tab(tab, keys)
+        principal: Principal = None
+        if self.tokens is not None or any("{principal}" in k for k in keys):
+            principal = page_principal(self.settings.identity, "lith.connect")
+        keys = tuple(fill(k, tab, principal) for k in keys)
+        self.views.for_tab(tab, keys, principal)
         views = ",".join(quote(k, safe="/{}") for k in keys)
+        token = "" if self.tokens is None else f"&token={self.tokens.sign(url, tab, keys, principal)}"
         # The stream needs no signals: without the filter every reconnect would carry the
         # page's form drafts in its query string.
         options = "{retry: 'always', retryMaxCount: Infinity, filterSignals: {include: /^$/}}"
-        return f"@get('{url}?views={views}&tab={tab}', {options})"
+        return f"@get('{url}?views={views}&tab={tab}{token}', {options})"
+
+    def render_params(self, key: str, params: dict[str, Any]) -> dict[str, Any]:
+        """A page's `render(key, **params)`: `{principal}` is the page's own unless given."""
+        if "{principal}" in key and "principal" not in params:
+            principal = page_principal(self.settings.identity, f"rendering {key!r}")
+            if principal is None:
+                raise AccessDenied(f"view {key!r} needs a signed-in principal, and nobody is signed in")
+            params = {**params, "principal": principal}
+        return params
 
     def datastar(self) -> Markup:
         """Datastar's script and the notice shown if it cannot load: put it first in `<body>`.

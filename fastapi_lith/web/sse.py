@@ -1,4 +1,4 @@
-"""A tab's stream over HTTP: the query checked, then the stream's body as an SSE response."""
+"""A tab's stream over HTTP: the query and its access checked, then the body as an SSE response."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from starlette.types import Message, Send
 
 from ..engine.commands import TAB_ID
 from ..engine.encoders import Encoder
-from ..engine.streams import Stream, Subscription
-from ..exceptions import ViewError
+from ..engine.streams import Principal, Stream, Subscription
+from ..exceptions import AccessDenied, ViewError
+from .access import StreamTokens, refusal, stream_path
 
 
 class StreamResponse(EventSourceResponse):
@@ -42,13 +43,18 @@ async def stream_response(
     request: Request,
     encoder: Encoder,
     *,
+    principal: Principal = None,
+    tokens: StreamTokens | None = None,
     keepalive: float,
     hibernate_after: float,
     send_timeout: float,
 ) -> Response:
-    """`GET {prefix}/stream?views=key1,key2&tab=…`: one tab's SSE response, or a 400 saying why.
+    """`GET {prefix}/stream?views=key1,key2&tab=…&token=…`: one tab's SSE response, a 400
+    saying what is malformed, or a refusal (web/access.py).
 
-    `open_views` is the hub's `open`: it subscribes a new stream and gives its first frames.
+    `open_views` is the hub's `open`: it checks what `principal` may watch, subscribes a new
+    stream and gives its first frames. With `tokens` (a secret is set) the URL must carry the
+    token its page signed for this tab, these keys and this principal.
     """
     tab = request.query_params.get("tab", "")
     if not TAB_ID.fullmatch(tab):
@@ -57,7 +63,11 @@ async def stream_response(
     if not keys:
         return PlainTextResponse("views is required: ?views=key1,key2&tab=…", 400)
     try:
-        subscription = await open_views(Stream(tab), keys)
+        if tokens is not None:
+            tokens.check(request.query_params.get("token"), stream_path(request), tab, keys, principal)
+        subscription = await open_views(Stream(tab, principal), keys)
+    except AccessDenied as exc:
+        return refusal(request, exc)
     except ViewError as exc:
         return PlainTextResponse(str(exc), 400)
     shutdown = anyio.Event()

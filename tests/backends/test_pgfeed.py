@@ -92,3 +92,26 @@ async def test_a_dropped_listener_reconnects_and_marks_everything(pg_url: str) -
         assert got.everything and listener.reconnects == 1
     finally:
         await listener.close()
+
+
+async def test_revocations_reach_other_listeners_on_commit_even_when_large(pg_url: str) -> None:
+    sender, listener = NotifyFeed(pg_url), NotifyFeed(pg_url)
+    await listener.start(None)  # type: ignore[arg-type]
+    conn = open_postgres(pg_url)
+    try:
+        sender.setup(conn)
+        long_id = "x" * (LIMIT + 10)  # too long for a payload: it goes through the table
+        conn.execute("BEGIN")
+        sender.publish(conn, (), (), ["alice", 42, long_id])
+        conn.execute("COMMIT")
+        revoked: list[object] = []
+        async with asyncio.timeout(10):
+            while len(revoked) < 3:
+                got = listener.poll()
+                if got is not None:
+                    revoked += got.revoked
+                await asyncio.sleep(0.01)
+        assert sorted(revoked, key=str) == sorted(["alice", 42, long_id], key=str)  # 42 stays an int
+    finally:
+        conn.close()
+        await listener.close()

@@ -318,3 +318,23 @@ async def test_a_hub_on_its_timer_hears_another_process_with_no_commit_of_its_ow
         frames = await asyncio.wait_for(stream.next(), 10)  # b polls the feed every tick
         assert [f.html for f in frames] == ['<p id="counter">1</p>']
         subscription.close()
+
+
+async def test_a_revocation_crosses_to_the_other_process_and_an_old_feed_table_gains_its_column(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "app.db"
+    with sqlite3.connect(db) as conn:  # the feed table as releases before revocations made it
+        conn.execute(
+            "CREATE TABLE lith_feed (seq INTEGER PRIMARY KEY, origin TEXT NOT NULL, topics TEXT NOT NULL, pushes TEXT)"
+        )
+    a, b = make_lith(tmp_path), make_lith(tmp_path)
+    async with Tabs(a), Tabs(b) as tabs_b:
+        hers = await tabs_b.open("counter", principal="alice")
+        his = await tabs_b.open("counter", principal="bob")
+        number = await tabs_b.open("counter", principal=7)
+        assert await a.revoke("alice") == 0  # none of hers in process a
+        assert await a.revoke("7") == 0  # the principal "7" is not the principal 7
+        await tabs_b.tick()  # revoke returned once committed: b's next poll reads it
+        assert hers.stream.ended and hers.stream.revoked
+        assert not his.stream.ended and not number.stream.ended

@@ -26,6 +26,7 @@ import psycopg
 
 from ...engine.feed import Applier, Changes, Feed, Outbox, Push
 from ...engine.frames import Frame
+from ...engine.streams import Principal
 from .db import dsn
 
 log = logging.getLogger("fastapi_lith.pgfeed")
@@ -65,12 +66,15 @@ class NotifyFeed(Feed):
     def setup(self, conn: Any) -> None:
         conn.execute(PUSHES_SCHEMA)
 
-    def publish(self, conn: Any, topics: Collection[str], pushes: Sequence[Push] = ()) -> None:
-        if not topics and not pushes:
+    def publish(
+        self, conn: Any, topics: Collection[str], pushes: Sequence[Push] = (), revoked: Sequence[Principal] = ()
+    ) -> None:
+        if not topics and not pushes and not revoked:
             return
         payloads = list(self._pack(sorted(topics)))
-        for tab, frame in pushes:
-            body = json.dumps({"o": self.origin, "p": [tab, frame.key, frame.html, frame.signals]})
+        bodies = [json.dumps({"o": self.origin, "p": [tab, f.key, f.html, f.signals]}) for tab, f in pushes]
+        bodies += [json.dumps({"o": self.origin, "x": principal}) for principal in revoked]
+        for body in bodies:
             if len(body.encode()) <= LIMIT:
                 payloads.append(body)
                 continue
@@ -172,6 +176,8 @@ class NotifyFeed(Feed):
         elif "p" in note:
             tab, key, html, signals = note["p"]
             self._inbox.append(("p", (tab, Frame(key, html, signals))))
+        elif "x" in note:
+            self._inbox.append(("x", note["x"]))
         elif "a" in note:
             self._inbox.append(("a", None))
         return []
@@ -184,6 +190,7 @@ class NotifyFeed(Feed):
             return None
         topics: set[str] = set()
         pushes: list[Push] = []
+        revoked: list[Principal] = []
         everything = False
         while inbox:
             kind, value = inbox.popleft()
@@ -191,12 +198,17 @@ class NotifyFeed(Feed):
                 topics.update(value)
             elif kind == "p":
                 pushes.append(value)
+            elif kind == "x":
+                revoked.append(value)
             else:
                 everything = True
-        return Changes(frozenset(topics), tuple(pushes), everything)
+        return Changes(frozenset(topics), tuple(pushes), everything, tuple(revoked))
 
     def forward(self, tab: str, frame: Frame) -> None:
         self._outbox.put(tab, frame)  # into the writer's next batch, as on SQLite
+
+    async def revoke(self, principal: Principal) -> None:
+        await self._outbox.revoke(principal)
 
     async def close(self) -> None:
         self._outbox.close()

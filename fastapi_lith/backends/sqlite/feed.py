@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ...engine.feed import Applier, Changes, Feed, Outbox, Push
 from ...engine.frames import Frame
+from ...engine.streams import Principal
 from .db import open_sqlite
 
 try:
@@ -81,18 +82,24 @@ class SqliteFeed(Feed):
     def setup(self, conn: sqlite3.Connection) -> None:
         conn.execute(
             f"CREATE TABLE IF NOT EXISTS {self.TABLE} ("
-            " seq INTEGER PRIMARY KEY, origin TEXT NOT NULL, topics TEXT NOT NULL, pushes TEXT)"
+            " seq INTEGER PRIMARY KEY, origin TEXT NOT NULL, topics TEXT NOT NULL, pushes TEXT, revoked TEXT)"
         )
+        # A feed table from before revocations: a column more, which older readers never select.
+        if "revoked" not in {row[1] for row in conn.execute(f"PRAGMA table_info({self.TABLE})")}:
+            conn.execute(f"ALTER TABLE {self.TABLE} ADD COLUMN revoked TEXT")
 
-    def publish(self, conn: sqlite3.Connection, topics: Collection[str], pushes: Sequence[Push] = ()) -> None:
-        if not topics and not pushes:
+    def publish(
+        self, conn: sqlite3.Connection, topics: Collection[str], pushes: Sequence[Push] = (),
+        revoked: Sequence[Principal] = (),
+    ) -> None:
+        if not topics and not pushes and not revoked:
             return
         sent = json.dumps([[tab, f.key, f.html, f.signals] for tab, f in pushes]) if pushes else None
         # Rows are only ever deleted below the newest, so the next seq is always the next number:
         # a gap in what a hub reads means entries were pruned before it saw them.
         seq = conn.execute(
-            f"INSERT INTO {self.TABLE} (origin, topics, pushes) VALUES (?, ?, ?)",
-            (self.origin, json.dumps(sorted(topics)), sent),
+            f"INSERT INTO {self.TABLE} (origin, topics, pushes, revoked) VALUES (?, ?, ?, ?)",
+            (self.origin, json.dumps(sorted(topics)), sent, json.dumps(list(revoked)) if revoked else None),
         ).lastrowid
         if seq is not None and seq % self.prune_every == 0:
             conn.execute(f"DELETE FROM {self.TABLE} WHERE seq <= ?", (seq - self.keep,))
@@ -120,7 +127,7 @@ class SqliteFeed(Feed):
                 return None
             self.changed += 1
             rows = conn.execute(
-                f"SELECT seq, origin, topics, pushes FROM {self.TABLE} WHERE seq > ? ORDER BY seq",
+                f"SELECT seq, origin, topics, pushes, revoked FROM {self.TABLE} WHERE seq > ? ORDER BY seq",
                 (self._last,),
             ).fetchall()
         except sqlite3.OperationalError as exc:  # busy (a recovery) or locked: next tick
@@ -137,19 +144,25 @@ class SqliteFeed(Feed):
         self._last = rows[-1][0]
         topics: set[str] = set()
         pushes: list[Push] = []
-        for _, origin, touched, sent in rows:
+        revoked: list[Principal] = []
+        for _, origin, touched, sent, ended in rows:
             if origin == self.origin:
                 continue
             if not everything:
                 topics.update(json.loads(touched))
             if sent:
                 pushes.extend((tab, Frame(key, html, signals)) for tab, key, html, signals in json.loads(sent))
-        if not topics and not pushes and not everything:
+            if ended:
+                revoked.extend(json.loads(ended))
+        if not topics and not pushes and not revoked and not everything:
             return None
-        return Changes(frozenset(topics), tuple(pushes), everything)
+        return Changes(frozenset(topics), tuple(pushes), everything, tuple(revoked))
 
     def forward(self, tab: str, frame: Frame) -> None:
         self._outbox.put(tab, frame)
+
+    async def revoke(self, principal: Principal) -> None:
+        await self._outbox.revoke(principal)
 
     async def close(self) -> None:
         self._outbox.close()

@@ -1,0 +1,4 @@
+CREATE TABLE notes (id INTEGER PRIMARY KEY, author TEXT NOT NULL, text TEXT NOT NULL);
+CREATE TABLE tasks (id INTEGER PRIMARY KEY, owner TEXT NOT NULL, title TEXT NOT NULL);
+CREATE TABLE members (team TEXT NOT NULL, user TEXT NOT NULL, PRIMARY KEY (team, user));
+INSERT INTO members VALUES ('staff', 'alice');

@@ -1,0 +1,280 @@
+"""Who may watch what, over a real uvicorn: signed stream tokens, `{principal}` views, access
+rules, refusals in both forms, and `lith.revoke` ending live streams in one process and in two.
+
+The app (tests/support/accessapp.py) keeps sessions as rows, named by `X-Session`; `/connect`
+gives the stream URL a page rendered for the request's session would open.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import parse_qs, urlencode, urlsplit
+
+import httpx
+import pytest
+
+from fastapi_lith import AccessDenied
+from fastapi_lith.web.access import StreamTokens
+from tests.support import REPO, SUPPORT
+from tests.support.browser import Server
+
+APP = "accessapp:app"
+OLD, NEW = "the key of the last deploy", "the key of this deploy!!"
+DATASTAR = {"Datastar-Request": "true"}
+
+
+def serve(server_factory: Callable[..., Server], db: Path, secret: str | None = f"{OLD},{NEW}") -> Server:
+    env = {"ACCESS_DB": str(db), "ACCESS_SECRET": secret, "PYTHONPATH": str(REPO)}
+    return server_factory(APP, cwd=SUPPORT, env=env)
+
+
+def sign_in(server: Server, user: str) -> str:
+    session = f"s-{user}"
+    response = httpx.post(f"{server.url}/signin", json={"session": session, "user": user})
+    assert response.status_code == 204, response.text
+    return session
+
+
+def page_url(server: Server, session: str | None, keys: str, tab: str = "t1") -> str:
+    """The stream URL the page rendered for `session` opens, as Datastar would request it."""
+    headers = {"X-Session": session} if session else {}
+    response = httpx.get(f"{server.url}/connect", params={"keys": keys, "tab": tab}, headers=headers)
+    assert response.status_code == 200, response.text
+    return server.url + response.text
+
+
+def edited(url: str, **changes: str | None) -> str:
+    parts = urlsplit(url)
+    query = {k: v[0] for k, v in parse_qs(parts.query).items()}
+    for name, value in changes.items():
+        if value is None:
+            query.pop(name, None)
+        else:
+            query[name] = value
+    return parts._replace(query=urlencode(query, safe="/,")).geturl()
+
+
+@contextmanager
+def stream(url: str, session: str | None, *, datastar: bool = False) -> Iterator[httpx.Response]:
+    headers = {"Accept-Encoding": "identity", **({"X-Session": session} if session else {})}
+    if datastar:
+        headers.update(DATASTAR)
+    with httpx.stream("GET", url, headers=headers, timeout=10) as response:
+        yield response
+
+
+def status(url: str, session: str | None) -> int:
+    with stream(url, session) as response:
+        return response.status_code
+
+
+class Events:
+    """A stream's body read event by event, then to its end."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self._chunks = response.iter_text()
+        self._text = ""
+
+    def next(self) -> str:
+        while "\n\n" not in self._text:
+            self._text += next(self._chunks)
+        event, self._text = self._text.split("\n\n", 1)
+        return event
+
+    def until_end(self) -> None:
+        for _ in self._chunks:
+            pass
+
+
+def first_event(response: httpx.Response) -> str:
+    return Events(response).next()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One server for the tests that leave every session as they found it."""
+    db = tmp_path_factory.mktemp("access") / "access.db"
+    env = {"ACCESS_DB": str(db), "ACCESS_SECRET": f"{OLD},{NEW}", "PYTHONPATH": str(REPO)}
+    with Server(APP, cwd=SUPPORT, env=env) as server:
+        yield server
+
+
+def test_a_signed_stream_opens_and_every_edit_of_it_is_refused(server: Server) -> None:
+    alice, bob = sign_in(server, "alice"), sign_in(server, "bob")
+    url = page_url(server, alice, "board,tasks/{principal},outcome/{tab}")
+    assert "views=board,tasks/alice,outcome/t1&tab=t1&token=" in url
+    assert len(parse_qs(urlsplit(url).query)["token"][0]) < 64  # small enough for every reconnect
+    with stream(url, alice) as response:
+        assert response.status_code == 200
+        assert 'id="board"' in first_event(response)
+    token = parse_qs(urlsplit(url).query)["token"][0]
+    forged = token[:-2] + ("AA" if not token.endswith("AA") else "BB")
+    for what, other in [
+        ("no token", edited(url, token=None)),
+        ("a forged token", edited(url, token=forged)),
+        ("a token from another secret", edited(url, token=StreamTokens("not this app's key!!", 60).sign(
+            "/lith/stream", "t1", ["board", "tasks/alice", "outcome/t1"], "alice"))),
+        ("another tab", edited(url, tab="t2", views="board,tasks/alice,outcome/t2")),
+        ("a key left out", edited(url, views="board,tasks/alice")),
+        ("a key added", edited(url, views="board,tasks/alice,outcome/t1,team/1")),
+    ]:
+        with stream(other, alice) as response:
+            assert response.status_code == 403, what
+            assert response.headers["content-type"].startswith("text/plain")
+    assert status(url, bob) == 403  # another principal replaying alice's URL
+    assert status(url, None) == 403  # alice signed out: the identity no longer admits her
+
+
+def test_an_expired_token_is_refused_and_a_young_one_opens(server: Server) -> None:
+    alice = sign_in(server, "alice")
+    day = 24 * 3600
+    keys = ["board", "outcome/t1"]
+    for age, expected in [(day + 60, 403), (day - 60, 200)]:
+        signed_then = StreamTokens(NEW, day, clock=lambda age=age: time.time() - age)
+        url = f"{server.url}/lith/stream?views=board,outcome/t1&tab=t1&token={signed_then.sign('/lith/stream', 't1', keys, 'alice')}"
+        assert status(url, alice) == expected, age
+
+
+def test_a_rotated_key_keeps_old_tokens_until_it_is_dropped(
+    server_factory: Callable[..., Server], tmp_path: Path
+) -> None:
+    db = tmp_path / "access.db"
+    rotating = serve(server_factory, db, secret=f"{OLD},{NEW}")
+    alice = sign_in(rotating, "alice")
+    signed = {key: StreamTokens(key, 3600).sign("/lith/stream", "t1", ["board"], "alice") for key in (OLD, NEW)}
+    url = f"{rotating.url}/lith/stream?views=board&tab=t1&token="
+    assert status(url + signed[OLD], alice) == 200  # a page from before the new key
+    assert status(url + signed[NEW], alice) == 200
+    rotating.close()
+    rotated = serve(server_factory, db, secret=NEW)
+    url = f"{rotated.url}/lith/stream?views=board&tab=t1&token="
+    assert status(url + signed[OLD], alice) == 403  # the old key dropped from the list
+    assert status(url + signed[NEW], alice) == 200
+
+
+def test_a_token_binds_the_stream_path_tab_keys_and_principal_and_no_more() -> None:
+    tokens = StreamTokens([OLD, NEW], 60)
+    token = tokens.sign("/a/acme/lith/stream", "t1", ["board", "outcome/t1"], 42)
+    tokens.check(token, "/a/acme/lith/stream", "t1", ["outcome/t1", "board", "board"], 42)  # a set of keys
+    for path, tab, keys, principal in [
+        ("/a/other/lith/stream", "t1", ["board", "outcome/t1"], 42),  # another account's stream
+        ("/a/acme/lith/stream", "t2", ["board", "outcome/t1"], 42),
+        ("/a/acme/lith/stream", "t1", ["board"], 42),
+        ("/a/acme/lith/stream", "t1", ["board", "outcome/t1"], "42"),  # the id 42 is not the name "42"
+        ("/a/acme/lith/stream", "t1", ["board", "outcome/t1"], None),
+    ]:
+        with pytest.raises(AccessDenied):
+            tokens.check(token, path, tab, keys, principal)
+    in_a_minute = StreamTokens(NEW, 60, clock=lambda: time.time() + 60).sign("/s", "t1", ["board"], None)
+    with pytest.raises(AccessDenied, match="expired"):  # from a clock far ahead: refused too
+        tokens.check(in_a_minute, "/s", "t1", ["board"], None)
+
+
+def test_another_principals_view_is_refused_with_or_without_a_secret(
+    server_factory: Callable[..., Server], tmp_path: Path
+) -> None:
+    server = serve(server_factory, tmp_path / "access.db", secret=None)
+    alice = sign_in(server, "alice")
+    base = f"{server.url}/lith/stream?tab=t1&views="
+    assert status(base + "board", None) == 200  # no secret, no rule: public as its page is
+    assert status(base + "tasks/alice", alice) == 200
+    assert status(base + "tasks/bob", alice) == 403
+    assert status(base + "board,tasks/bob", alice) == 403
+    assert status(base + "tasks/alice", None) == 403  # nobody signed in
+    # A page that names another principal's view fails where it is rendered.
+    response = httpx.get(f"{server.url}/connect", params={"keys": "tasks/bob", "tab": "t1"}, headers={"X-Session": alice})
+    assert response.status_code == 500
+
+
+def test_a_views_access_rule_is_asked_on_every_open(server: Server) -> None:
+    alice = sign_in(server, "alice")
+    url = page_url(server, alice, "board,team/1")  # the page may render it: the stream asks the rule
+    assert status(url, alice) == 403
+    assert httpx.post(f"{server.url}/members", json={"team": 1, "user": "alice", "member": True}).status_code == 204
+    with stream(url, alice) as response:
+        assert response.status_code == 200
+        events = Events(response)
+        assert "<li>alice</li>" in events.next() + events.next()
+    assert httpx.post(f"{server.url}/members", json={"team": 1, "user": "alice", "member": False}).status_code == 204
+    assert status(url, alice) == 403
+
+
+def test_refusals_stop_datastar_and_tell_other_clients_the_status(server: Server) -> None:
+    alice = sign_in(server, "alice")
+    url = page_url(server, alice, "board")
+    for session in (None, "expired"):  # the stream's own refusal, and the identity's 401
+        with stream(url, session, datastar=True) as response:
+            assert response.status_code == 200  # Datastar retries every other status forever
+            assert response.headers["content-type"].startswith("text/html")
+            assert response.headers["datastar-selector"] == "body"
+            assert response.headers["datastar-mode"] == "append"
+            html = response.read().decode()
+            assert 'id="lith-refused"' in html and 'role="alert"' in html and "out of date" in html
+            assert "location.reload()" in html
+    with stream(url, None) as response:
+        assert response.status_code == 403
+        assert "token" in response.read().decode()
+    with stream(url, "expired") as response:
+        assert response.status_code == 401
+        assert response.headers["www-authenticate"] == "Session"
+        assert response.read().decode() == "the session expired: sign in again"
+
+
+def test_revoke_ends_the_principals_live_streams_at_once_and_their_reconnect_is_refused(server: Server) -> None:
+    alice, bob = sign_in(server, "alice"), sign_in(server, "bob")
+    alice_url = page_url(server, alice, "board,tasks/{principal}")
+    bob_url = page_url(server, bob, "board,tasks/{principal}", tab="t2")
+    with stream(alice_url, alice) as theirs, stream(bob_url, bob) as others:
+        hers, his = Events(theirs), Events(others)
+        hers.next()
+        his.next()
+        his.next()  # the board and bob's tasks
+        assert httpx.post(f"{server.url}/signout", json={"session": alice}).status_code == 204
+        hers.until_end()  # the body ends: alice's stream was cut off
+        assert httpx.post(f"{server.url}/notes", json={"text": "still here"}).status_code == 204
+        assert "still here" in his.next()  # bob's stream goes on
+    assert status(alice_url, alice) == 403
+
+
+def test_revoke_in_one_process_ends_the_stream_another_process_serves(
+    server_factory: Callable[..., Server], tmp_path: Path
+) -> None:
+    db = tmp_path / "access.db"
+    a, b = serve(server_factory, db), serve(server_factory, db)
+    alice = sign_in(a, "alice")
+    url = page_url(b, alice, "board,tasks/{principal}")
+    with stream(url, alice) as response:
+        events = Events(response)
+        events.next()
+        assert httpx.post(f"{a.url}/signout", json={"session": alice}).status_code == 204
+        events.until_end()  # process b heard it through the feed
+    assert status(url, alice) == 403
+    assert sign_in(a, "alice") == alice  # signed in again in process a: b admits her again
+    assert status(url, alice) == 200
+
+
+def test_under_accounts_a_token_opens_its_own_accounts_stream_only_and_revoke_reaches_every_account(
+    server_factory: Callable[..., Server], tmp_path: Path
+) -> None:
+    env = {"ACCESS_ACCOUNTS": str(tmp_path / "accounts"), "PYTHONPATH": str(REPO)}
+    server = server_factory("accessaccountsapp:app", cwd=SUPPORT, env=env)
+    for name in ("acme", "other"):
+        assert httpx.post(f"{server.url}/accounts/{name}").status_code == 204
+    alice = {"X-User": "alice", "Accept-Encoding": "identity"}
+    urls = [httpx.get(f"{server.url}/a/{name}/connect", params={"tab": "t1"}, headers=alice).text for name in ("acme", "other")]
+    assert urls[0].startswith("/a/acme/lith/stream?views=tasks/alice&tab=t1&token=")
+    elsewhere = urls[0].replace("/a/acme/", "/a/other/")
+    assert httpx.get(server.url + elsewhere, headers=alice).status_code == 403  # acme's page, other's stream
+    with httpx.stream("GET", server.url + urls[0], headers=alice, timeout=10) as acme, httpx.stream(
+        "GET", server.url + urls[1], headers=alice, timeout=10
+    ) as other:
+        assert acme.status_code == other.status_code == 200
+        first, second = Events(acme), Events(other)
+        first.next()
+        second.next()
+        assert httpx.post(f"{server.url}/revoke/alice").json() == {"ended": 2}
+        first.until_end()
+        second.until_end()
