@@ -121,7 +121,7 @@ def signin_routes(lith: Lith, *, title: str, style: str = "") -> APIRouter:
     async def signout(request: Request) -> Response:
         who = request.session.pop("person", None)
         if who is not None:
-            lith.revoke(who)  # every tab of theirs stops now; a reconnect finds nobody signed in
+            await lith.revoke(who)  # every tab of theirs stops now; a reconnect finds nobody signed in
         return RedirectResponse("/signin", status_code=303)
 
     return router
