@@ -14,12 +14,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
 
 from fastapi_lith import __version__
 from fastapi_lith.cli import main
 from tests.app.test_deploy import Site
+from tests.app.test_scaffold import TEST_SECRET, signed_up
 from tests.support import REPO
 from tests.support.browser import ensure_datastar_js, find_chromium
 
@@ -78,12 +78,13 @@ def test_a_tagged_release_deploys_to_a_server_and_a_broken_one_rolls_back(clone:
     (root / "data").mkdir(parents=True)
     site = Site(root, tmp_path / "incoming")
     env = root / "env"
-    env.write_text(f"APP=guestbook.app:app\nPORT={site.port}\n")
+    env.write_text(f"APP=guestbook.app:app\nPORT={site.port}\nAPP_SECRET={TEST_SECRET}\n")
     env.chmod(0o600)
     python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else str(Path(sys.executable).resolve())
     server = {**site.env, "INSTALL_CMD": "", "PYTHON": python, "APP": "guestbook.app:app",
               "PY": str(root / "current" / ".venv" / "bin" / "python"), "HEALTH_TIMEOUT": "60",
-              "APP_DB": str(root / "data" / "app.db"), "APP_BACKUPS": str(root / "data" / "backups")}  # fmt: skip
+              "APP_DB": str(root / "data" / "app.db"), "APP_BACKUPS": str(root / "data" / "backups"),
+              "APP_SECRET": TEST_SECRET}  # fmt: skip
     server = {k: v for k, v in server.items() if k not in {"PYTHONPATH", "VIRTUAL_ENV"}}
 
     def deploy(version: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -99,7 +100,8 @@ def test_a_tagged_release_deploys_to_a_server_and_a_broken_one_rolls_back(clone:
         assert done.returncode == 0, done.stdout + done.stderr
         assert site.health() == "200 1"  # migrated to version 1
         url = f"http://127.0.0.1:{site.port}"
-        signed = httpx.post(f"{url}/sign", json={"name": "Ada", "tab": "t1", "op": 1}, headers=SAME_ORIGIN)
+        with signed_up(url, "ada") as ada:
+            signed = ada.post("/sign", json={"note": "hello", "tab": "t1", "op": 1}, headers=SAME_ORIGIN)
         assert signed.status_code == 204, signed.text
         first = site.current()
         # What runs is what the tests passed with: every installed version is the pinned one.

@@ -24,7 +24,7 @@ from tests.support.browser import Server, ensure_datastar_js, find_chromium
 PLACEHOLDER = re.compile(r"\{\{(name|package|lith_version)\}\}")
 EXPECTED = {
     ".ci/run", ".gitignore", "Makefile", "README.md", "pyproject.toml",
-    "guestbook/__init__.py", "guestbook/app.py", "guestbook/migrations/0001_init.sql",
+    "guestbook/__init__.py", "guestbook/app.py", "guestbook/signin.py", "guestbook/migrations/0001_init.sql",
     "tests/conftest.py", "tests/test_app.py", "tests/test_browser.py",
     "deploy/Caddyfile", "deploy/deploy.sh", "deploy/env.example", "deploy/lith@.service",
     "deploy/logging.json",
@@ -51,7 +51,8 @@ def test_the_project_has_every_part_and_no_placeholder_left(project: Path) -> No
     app = (project / "guestbook/app.py").read_text()
     # the same helpers as the examples: a tab command, its one-line route, the pending button
     for piece in ("class Sign(TabCommand)", 'lith.command(app, "/sign", Sign)', 'send("/sign")',
-                  "h.button(pending())", "tab_signals(tab", "Backups(", '@app.get("/health"'):  # fmt: skip
+                  "h.button(pending())", "tab_signals(tab", "Backups(", '@app.get("/health"',
+                  "identity=signed_in", "FromServer()", '"mine/{principal}"'):  # fmt: skip
         assert piece in app, piece
     compile(app, "app.py", "exec")
 
@@ -107,6 +108,22 @@ def test_the_project_installs_and_its_tests_pass(project: Path, tmp_path: Path) 
     assert subprocess.run(["bash", "-n", str(project / ".ci" / "run")]).returncode == 0
 
 
+TEST_SECRET = "a secret for the tests alone"
+
+
+def signed_up(url: str, name: str) -> httpx.Client:
+    """A client holding a new person's session cookie, as the browser has after signing up."""
+    client = httpx.Client(base_url=url, headers={"Sec-Fetch-Site": "same-origin"}, timeout=30)
+    answer = client.post("/signup", data={"name": name, "password": "correct horse battery"})
+    assert answer.status_code == 303, answer.text
+    return client
+
+
+def test_the_sign_in_is_the_todo_examples(project: Path) -> None:
+    """One sign-in, written once: the template's file is the example's, byte for byte."""
+    assert (project / "guestbook" / "signin.py").read_bytes() == (REPO / "examples" / "todos" / "signin.py").read_bytes()
+
+
 def test_make_exists() -> None:
     assert shutil.which("make"), "the project template's Makefile needs make"
 
@@ -115,14 +132,18 @@ def test_the_projects_app_replicates_when_its_environment_names_a_replica(projec
     """What the deploy's env file sets (APP_REPLICA) reaches Litestream, and the health route says so."""
     db_path, replica = tmp_path / "data" / "app.db", f"file://{tmp_path / 'replica'}"
     server = Server("guestbook.app:app", cwd=project, log_path=tmp_path / "server.log", startup_timeout=60,
-                    env={"APP_DB": str(db_path), "APP_BACKUPS": str(tmp_path / "backups"), "APP_REPLICA": replica})  # fmt: skip
+                    env={"APP_DB": str(db_path), "APP_BACKUPS": str(tmp_path / "backups"), "APP_REPLICA": replica,
+                         "APP_SECRET": TEST_SECRET})  # fmt: skip
     headers = {"Datastar-Request": "true", "Sec-Fetch-Site": "same-origin"}
     with server:
         health = httpx.get(f"{server.url}/health").json()
         assert health["replica"]["replicating"] is True, health
-        signed = httpx.post(f"{server.url}/sign", json={"name": "Ada", "tab": "t1", "op": 1}, headers=headers)
+        with signed_up(server.url, "ada") as ada:
+            signed = ada.post("/sign", json={"note": "hello", "tab": "t1", "op": 1}, headers=headers)
         assert signed.status_code == 204, signed.text
     restored = tmp_path / "restored.db"
     assert main(["replica", "restore", str(restored), replica]) == 0  # uploaded by the time it stopped
     with closing(sqlite3.connect(restored)) as conn:
-        assert conn.execute("SELECT name FROM entry").fetchall() == [("Ada",)]
+        assert conn.execute("SELECT name, note FROM entry JOIN person ON person.id = entry.person").fetchall() == [
+            ("ada", "hello")
+        ]
