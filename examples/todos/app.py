@@ -61,7 +61,7 @@ MINE = sa.select(todo.c.id, todo.c.title, todo.c.done).where(todo.c.owner == sa.
 ADD = todo.insert().values(owner=sa.bindparam("owner"), title=sa.bindparam("title"))
 TOGGLE = (
     todo.update()
-    .where(todo.c.id == sa.bindparam("todo"), todo.c.owner == sa.bindparam("owner"))
+    .where(todo.c.id == sa.bindparam("todo"), todo.c.owner == sa.bindparam("me"))
     .values(done=1 - todo.c.done)
 )
 OPEN = (
@@ -93,7 +93,7 @@ class ToggleTodo(TabCommand):
     owner: Annotated[int, FromServer()]
 
     def apply(self, tx: Tx) -> None:
-        if tx.execute(TOGGLE, {"todo": self.todo, "owner": self.owner}).rowcount == 0:
+        if tx.execute(TOGGLE, {"todo": self.todo, "me": self.owner}).rowcount == 0:
             raise Rejected("That todo is not on your list.")
         tx.touch(f"todos:{self.owner}", "everyone")
 # --8<-- [end:commands]

@@ -9,7 +9,8 @@ import sqlite3
 import subprocess
 import sys
 import sysconfig
-from contextlib import closing
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 import httpx
@@ -111,12 +112,13 @@ def test_the_project_installs_and_its_tests_pass(project: Path, tmp_path: Path) 
 TEST_SECRET = "a secret for the tests alone"
 
 
-def signed_up(url: str, name: str) -> httpx.Client:
+@contextmanager
+def signed_up(url: str, name: str) -> Iterator[httpx.Client]:
     """A client holding a new person's session cookie, as the browser has after signing up."""
-    client = httpx.Client(base_url=url, headers={"Sec-Fetch-Site": "same-origin"}, timeout=30)
-    answer = client.post("/signup", data={"name": name, "password": "correct horse battery"})
-    assert answer.status_code == 303, answer.text
-    return client
+    with httpx.Client(base_url=url, headers={"Sec-Fetch-Site": "same-origin"}, timeout=30) as client:
+        answer = client.post("/signup", data={"name": name, "password": "correct horse battery"})
+        assert answer.status_code == 303, answer.text
+        yield client
 
 
 def test_the_sign_in_is_the_todo_examples(project: Path) -> None:

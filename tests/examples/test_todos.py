@@ -5,7 +5,8 @@ from __future__ import annotations
 import html
 import re
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -24,12 +25,13 @@ def serve(server_factory: Callable[..., Server], tmp_path: Path) -> Server:
     return server_factory("examples.todos.app:app", cwd=REPO, env=env)
 
 
-def sign_up(server: Server, name: str) -> httpx.Client:
+@contextmanager
+def sign_up(server: Server, name: str) -> Iterator[httpx.Client]:
     """A client holding `name`'s session cookie, as a browser would after signing up."""
-    client = httpx.Client(base_url=server.url, headers=SAME_ORIGIN, timeout=30)
-    answer = client.post("/signup", data={"name": name, "password": "correct horse"})
-    assert answer.status_code == 303 and answer.headers["location"] == "/", answer.text
-    return client
+    with httpx.Client(base_url=server.url, headers=SAME_ORIGIN, timeout=30) as client:
+        answer = client.post("/signup", data={"name": name, "password": "correct horse"})
+        assert answer.status_code == 303 and answer.headers["location"] == "/", answer.text
+        yield client
 
 
 def stream_url(client: httpx.Client) -> str:
@@ -79,6 +81,15 @@ def test_the_owner_of_a_todo_is_who_is_signed_in(server_factory: Callable[..., S
         forged = alice.post("/add", json={**tab, "op": 2, "title": "bob's now", "owner": bobs_id}, headers=COMMAND)
         assert forged.status_code == 422 and "owner" in forged.text
         assert todos(tmp_path / "todos.db") == [("alice", "milk")]
+        # Bob ticking Alice's todo: the update finds no todo of his, so it is refused (a tab
+        # command's refusal answers 204; its outcome view says why) and hers stays open.
+        ticked = bob.post("/toggle", json={"tab": "t2", "op": 1, "todo": 1}, headers=COMMAND)
+        assert ticked.status_code == 204, ticked.text
+        with sqlite3.connect(tmp_path / "todos.db") as conn:
+            assert conn.execute("SELECT done FROM todo").fetchall() == [(0,)]
+            assert conn.execute("SELECT message FROM lith_tab WHERE tab = 't2'").fetchall() == [
+                ("That todo is not on your list.",)
+            ]
         # Nobody signed in: no principal to own the todo.
         with httpx.Client(base_url=server.url, timeout=30) as nobody:
             assert nobody.post("/add", json={**tab, "title": "x"}, headers=COMMAND).status_code in (401, 403)
