@@ -3,12 +3,14 @@
 The engine's `Writer` knows nothing of HTTP; this is where a request becomes a command's: a
 cross-site request is refused (origin.py), a route the web layer did not guard (guard.py) is
 refused, and an `Idempotency-Key` header keys the route's commands,
-the first `do` `header:KEY:1`, the next `header:KEY:2`, so a retried request applies none twice.
+the first `do` `header:KEY:1`, the next `header:KEY:2`, so a retried request applies none twice
+(with the request's principal in the key once the route has asked it, `header:"alice":KEY:1`).
 """
 
 from __future__ import annotations
 
 import inspect
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +23,7 @@ from ..engine.outcomes import IDEMPOTENCY_KEY
 from ..engine.writer import Writer
 from ..exceptions import LithError
 from .guard import GUARD_KEY
+from .identity import asked
 from .origin import cross_site_reason
 
 
@@ -36,7 +39,13 @@ class KeyedWriter:
 
     async def do(self, cmd: Command, *, key: str | None = None) -> Any:
         self.sent += 1
-        return await self.writer.do(cmd, key=key if key is not None else f"header:{self.key}:{self.sent}")
+        if key is None:
+            # Keys are the client's to choose: under a principal the request established, one
+            # person's key can neither read another's outcome nor stop their command applying.
+            who = asked()
+            mine = f"{json.dumps(who[0])}:" if who is not None and who[0] is not None else ""
+            key = f"header:{mine}{self.key}:{self.sent}"
+        return await self.writer.do(cmd, key=key)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.writer, name)

@@ -96,6 +96,19 @@ def test_a_hand_written_route_takes_lith_body_and_the_identity_runs_once(served:
     assert tasks(db) == [*before, ("By hand", "bob", "blue", "x")]
 
 
+def test_one_idempotency_key_sent_by_two_people_applies_for_each(served: tuple[Server, Path]) -> None:
+    """A client picks its own keys: bob sending alice's neither gets her result nor is dropped."""
+    server, db = served
+    before = tasks(db)
+    key = {"Idempotency-Key": "the-same-key"}
+    for user in ("alice", "bob"):
+        with signed_in(server, user) as client:
+            for _ in range(2):  # the second is a retry: applied once
+                sent = client.post("/tasks/by-hand", json={"tab": "t9", "title": f"Keyed {user}"}, headers=key)
+                assert sent.status_code == 200 and sent.json()["owner"] == user, sent.text
+    assert tasks(db) == [*before, ("Keyed alice", "alice", "red", ""), ("Keyed bob", "bob", "blue", "")]
+
+
 def test_every_server_field_sent_is_named(served: tuple[Server, Path]) -> None:
     server, _ = served
     with signed_in(server, "bob") as bob:
