@@ -85,7 +85,8 @@ def test_the_project_installs_and_its_tests_pass(project: Path, tmp_path: Path) 
     )  # fmt: skip
     assert install.returncode == 0, install.stdout + install.stderr
     check = subprocess.run([python, "-c", "import guestbook.app, fastapi_lith; print(guestbook.app.__file__)"],
-                           capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
+                           capture_output=True, text=True, cwd=tmp_path,
+                           env={**os.environ, "APP_SECRET": TEST_SECRET})  # fmt: skip
     assert check.stdout.strip() == str(project / "guestbook" / "app.py"), check.stderr
 
     # `make test`, with the venv made above standing in for the one `make install` would make
