@@ -100,7 +100,7 @@ def test_the_project_installs_and_its_tests_pass(project: Path, tmp_path: Path) 
     # pytest's closing line; a `make` nested in ours adds "Leaving directory" after it
     summary = next(line for line in reversed(output.splitlines()) if re.search(r"\d+ (passed|failed)", line))
     if find_chromium() is not None:
-        assert re.search(r"\b6 passed\b", summary) and "skipped" not in summary, output
+        assert re.search(r"\b8 passed\b", summary) and "skipped" not in summary, output
     else:
         assert re.search(r"\b5 passed, 1 skipped\b", summary), output
     assert not (project / "app.db").exists()  # the tests keep their databases elsewhere

@@ -6,14 +6,15 @@ Run it with a secret of your own in APP_SECRET:
 
 import os
 from pathlib import Path
+from typing import Annotated
 
 import htpy as h
-from fastapi import Depends, FastAPI, Form, HTTPException, Request
+from fastapi import Depends, FastAPI, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 from pydantic import Field
 from starlette.middleware.sessions import SessionMiddleware
 
-from fastapi_lith import Db, Lith, TabCommand, Tx, Writer, new_tab, send, tab_signals
+from fastapi_lith import Db, FromServer, Lith, TabCommand, Tx, new_tab, send, tab_signals
 
 SECRET = os.environ["APP_SECRET"]  # signs the session cookie and the stream tokens
 
@@ -58,24 +59,18 @@ def team(db: Db, team: str) -> h.Element:
 # --8<-- [end:views]
 
 
-class NewNote(TabCommand):
+class AddNote(TabCommand):
     text: str = Field(min_length=1, max_length=200)
-
-
-class AddNote(NewNote):
-    author: str  # set by the server, from the session
+    author: Annotated[str, FromServer()]  # the signed-in user, never the page
 
     def apply(self, tx: Tx) -> None:
         tx.execute("INSERT INTO notes (author, text) VALUES (?, ?)", (self.author, self.text))
         tx.touch("notes")
 
 
-class NewTask(TabCommand):
+class AddTask(TabCommand):
     title: str = Field(min_length=1, max_length=200)
-
-
-class AddTask(NewTask):
-    owner: str  # set by the server, from the session
+    owner: Annotated[str, FromServer()]
 
     def apply(self, tx: Tx) -> None:
         tx.execute("INSERT INTO tasks (owner, title) VALUES (?, ?)", (self.owner, self.title))
@@ -85,22 +80,8 @@ class AddTask(NewTask):
 app = FastAPI()
 app.add_middleware(SessionMiddleware, secret_key=SECRET, same_site="lax", https_only=False)
 app.include_router(lith.router)
-
-
-async def signed_in(user: str | None = Depends(lith.principal)) -> str:
-    if user is None:
-        raise HTTPException(401, "sign in first")
-    return user
-
-
-@app.post("/notes", status_code=204, include_in_schema=False)
-async def add_note(body: NewNote, user: str = Depends(signed_in), writer: Writer = Depends(lith.writer)) -> None:
-    await writer.do(AddNote(**body.model_dump(), author=user))
-
-
-@app.post("/tasks", status_code=204, include_in_schema=False)
-async def add_task(body: NewTask, user: str = Depends(signed_in), writer: Writer = Depends(lith.writer)) -> None:
-    await writer.do(AddTask(**body.model_dump(), owner=user))
+lith.command(app, "/notes", AddNote)  # nobody signed in: 401, a str field has no None
+lith.command(app, "/tasks", AddTask)
 
 
 # --8<-- [start:sign_in]
