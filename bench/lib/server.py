@@ -30,9 +30,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def deploy_flags(workers: int = 1, *, access_log: bool = True) -> list[str]:
+def deploy_flags(workers: int = 1, *, access_log: bool = True, http: str = "httptools") -> list[str]:
     """The unit's ExecStart flags, as far as they apply on 127.0.0.1 (no proxy in front)."""
-    flags = ["--loop", "uvloop", "--http", "httptools", "--timeout-graceful-shutdown", "10",
+    flags = ["--loop", "uvloop", "--http", http, "--timeout-graceful-shutdown", "10",
              "--no-server-header", "--log-config", str(ROOT / "deploy" / "logging.json")]
     if workers > 1:
         flags += ["--workers", str(workers)]
@@ -55,10 +55,10 @@ class Server:
     """`python -m uvicorn APP` on a free port, its output in a log file, stopped by SIGINT."""
 
     def __init__(self, app: str, *, env: dict[str, str] | None = None, workers: int = 1, access_log: bool = True,
-                 ready: str = "/", log: Path | None = None) -> None:
+                 http: str = "httptools", ready: str = "/", log: Path | None = None) -> None:
         self.app, self.workers, self.ready = app, workers, ready
         self.env = child_env(**(env or {}))
-        self.flags = deploy_flags(workers, access_log=access_log)
+        self.flags = deploy_flags(workers, access_log=access_log, http=http)
         self.port = free_port()
         self.log = log or Path(tempfile.mkstemp(prefix="lith-bench-server-", suffix=".log")[1])
         self.proc: subprocess.Popen[bytes] | None = None
