@@ -86,8 +86,11 @@ class Usage:
             fields = _stat_fields(Path(f"/proc/{p}/stat"))
             if fields is None:
                 continue
-            # utime, stime and the children's cutime, cstime are fields 14-17 of stat (11-14 here)
+            # utime, stime, and the reaped children's cutime, cstime: fields 14-17 of stat (11-14
+            # here). A tree's root counts its children that exited (a database's backends).
             cpu += (int(fields[11]) + int(fields[12])) / CLK_TCK
+            if pid is not None and p == pid:
+                cpu += (int(fields[13]) + int(fields[14])) / CLK_TCK
             rss_now, peak = memory(p)
             rss, hwm = rss + rss_now, hwm + peak
             try:
