@@ -120,9 +120,10 @@ async def migrate(url: str, migrations: Path) -> None:
     await lith.writer.close()
 
 
-def writer_run(pg: Postgres, migrations: Path, config: str, seconds: float) -> dict[str, float]:
+def writer_run(pg: Postgres, migrations: Path, config: str, seconds: float, smoke: bool) -> dict[str, float]:
     kind, shape = config.split()
     processes, producers = (int(x) for x in shape.split("x"))
+    producers = 10 if smoke else producers
     url = fresh(pg, migrations)
     window = Window.open(pg.postmaster) if pg.postmaster else None
     answers = crossing.together("produce", [{"url": url, "migrations": str(migrations), "kind": kind,
@@ -159,7 +160,7 @@ def measure(args: argparse.Namespace) -> harness.Result:
             lat = asyncio.run(crossing.commit_to_frame(pg.create_database(), tmp / "migrations", commits, args.tick))
             for rep in range(reps):
                 for config in configs if rep % 2 == 0 else configs[::-1]:
-                    runs[config].append(writer_run(pg, tmp / "migrations", config, seconds))
+                    runs[config].append(writer_run(pg, tmp / "migrations", config, seconds, args.smoke))
                     print(f"  {config}: {runs[config][-1]['rate']:,.0f} commands/s", flush=True)
             server = pg.described
     finally:

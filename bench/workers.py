@@ -166,7 +166,7 @@ def arguments(ap: argparse.ArgumentParser) -> None:
 
 def measure(args: argparse.Namespace) -> harness.Result:
     commits, reps, seconds = (10, 1, 0.5) if args.smoke else (100, 1, 2.0) if args.quick else (args.commits, args.reps, args.seconds)
-    configs = ["1x200 feed", "2x100 feed"] if args.smoke else args.configs.split(",")
+    configs = ["2x100 feed"] if args.smoke else args.configs.split(",")
     tmp = Path(tempfile.mkdtemp(prefix="lith-bench-workers-"))
     try:
         path = fresh_db(tmp)
