@@ -35,7 +35,7 @@ from fastapi_lith import Accounts, Command, Db, Tx
 
 from .lib import harness
 from .lib.load import produce
-from .lib.proc import Window, rss
+from .lib.proc import rss
 from .lib.stats import median, percentile
 
 INIT = "CREATE TABLE counter (id INTEGER PRIMARY KEY, count INTEGER NOT NULL); INSERT INTO counter VALUES (1, 0);"
@@ -75,14 +75,14 @@ def build(root: Path, **kwargs: Any) -> tuple[Accounts, FastAPI]:
     return accounts, app
 
 
-async def throughput(accounts: Accounts, names: list[str], per_account: int, warmup: float, seconds: float) -> dict[str, float]:
+async def throughput(accounts: Accounts, names: list[str], per_account: int, warmup: float,
+                     seconds: float) -> dict[str, float]:
     async with contextlib.AsyncExitStack() as stack:
         liths = [await stack.enter_async_context(accounts.use(name)) for name in names]
-        edges: dict[str, Any] = {}
         load = await produce(lambda k, i: liths[k % len(liths)].writer.do(Add()), len(liths) * per_account,
-                             warmup=warmup, seconds=seconds, opened=lambda: edges.update(w=Window.open()),
-                             closed=lambda: edges.update(f=edges["w"].close()))
-    return {"rate": load.rate, "p50": load.p50_ms, "p99": load.p99_ms, "others": edges["f"].others}
+                             warmup=warmup, seconds=seconds)
+    assert load.cost is not None
+    return {"rate": load.rate, "p50": load.p50_ms, "p99": load.p99_ms, "others": load.cost.others}
 
 
 async def isolation(accounts: Accounts, small: str, large: str, seconds: float) -> dict[str, float]:
@@ -167,7 +167,8 @@ async def cold_open(root: Path, n: int) -> dict[str, float]:
 
 
 async def run(args: argparse.Namespace) -> harness.Result:
-    rounds, seconds, n_memory, n_cold = (1, 0.3, 10, 3) if args.smoke else (2, 1.5, 100, 20) if args.quick else (3, 3.0, 200, 50)
+    rounds, seconds, n_memory, n_cold = (1, 0.3, 10, 3) if args.smoke else (2, 1.5, 100, 20) if args.quick \
+        else (3, 3.0, 200, 50)
     root = Path(tempfile.mkdtemp(prefix="lith-bench-accounts-"))
     try:
         accounts, app = build(root / "throughput", max_open=1000, idle_after=600)
@@ -198,12 +199,13 @@ async def run(args: argparse.Namespace) -> harness.Result:
     lines += [f"| {k} | {m['rate']:,.0f} | {m['p50']:.2f} | {m['p99']:.2f} | {m['others']:.2f} |" for k, m in t.items()]
     lines += ["", f"Memory: {mem['open_kib']:.0f} KiB and {mem['open_objects']:.0f} Python objects per open account; "
               f"{mem['closed_kib']:.1f} KiB and {mem['closed_objects']:.2f} objects left per closed one.",
-              f"First page: cold {cold['cold_ms']:.2f} ms (p90 {cold['cold_p90_ms']:.2f}), warm {cold['warm_ms']:.2f} ms, "
-              f"{cold['cold_ms'] / cold['warm_ms']:.1f}× ."]
+              f"First page: cold {cold['cold_ms']:.2f} ms (p90 {cold['cold_p90_ms']:.2f}), "
+              f"warm {cold['warm_ms']:.2f} ms, {cold['cold_ms'] / cold['warm_ms']:.1f}×."]
     lines += ["", "| large writes go to | small commands' p50 ms | p99 ms |", "|---|---:|---:|"]
     lines += [f"| {k} | {m['p50']:.2f} | {m['p99']:.2f} |" for k, m in i.items()]
     figures = {"many_cmd_s": t["100 × 2"]["rate"], "one_cmd_s": t["1 × 200"]["rate"],
-               "open_account_kib": mem["open_kib"], "closed_account_kib": mem["closed_kib"], "cold_open_ms": cold["cold_ms"],
+               "open_account_kib": mem["open_kib"], "closed_account_kib": mem["closed_kib"],
+               "cold_open_ms": cold["cold_ms"],
                "isolated_p99_ms": i["other account"]["p99"], "shared_p99_ms": i["same account"]["p99"]}
     return harness.Result(figures, "\n".join(lines), {"throughput": t, "memory": mem, "cold": cold, "isolation": i})
 

@@ -139,7 +139,8 @@ def measure(args: argparse.Namespace) -> harness.Result:
         results[name].update(harness.answer(harness.child("memory", name=name, streams=streams, sent=min(n, 10))))
     figures = {"zstd_default_mean_bytes": results["zstd sized (default)"]["mean"],
                "brotli_default_median_bytes": results["brotli q4 (default)"]["median"]}
-    for name, key in (("zstd sized (default)", "zstd"), ("brotli q4 (default)", "brotli"), ("gzip L6 (default)", "gzip")):
+    defaults = (("zstd sized (default)", "zstd"), ("brotli q4 (default)", "brotli"), ("gzip L6 (default)", "gzip"))
+    for name, key in defaults:
         if "us" in results[name]:
             figures[f"{key}_us_per_frame"] = results[name]["us"]
         if "live" in results[name]:
@@ -152,7 +153,8 @@ def measure(args: argparse.Namespace) -> harness.Result:
 def table(results: dict[str, dict[str, float]], n: int, streams: int, mode: list[str]) -> str:
     lines = [f"{n} frames; CPU: pyperf timeit {' '.join(mode) or '(default: 20 processes)'}; memory: {streams} "
              "encoders × 10 frames.\n",
-             "| config | first B | median B | mean B | p90 B | µs per frame (± sd) | MiB per stream (hibernated) | lith B |",
+             "| config | first B | median B | mean B | p90 B | µs per frame (± sd) | MiB per stream (hibernated) "
+             "| lith B |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in results.items():
         us = f"{r['us']:.0f} ± {r['us_sd']:.0f}" if "us" in r else ""

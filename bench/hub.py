@@ -38,7 +38,6 @@ import random
 import shutil
 import sqlite3
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -106,7 +105,9 @@ class Bump(Command):
 def card_text(cid: int, title: str, body: str) -> h.Fragment:
     extra = EXTRA[cid]
     return h.fragment[
-        h.header(class_="card-header")[h.h3(class_="card-title")[title], h.span(class_="card-points")[str(extra["points"])]],
+        h.header(class_="card-header")[
+            h.h3(class_="card-title")[title], h.span(class_="card-points")[str(extra["points"])]
+        ],
         h.p(class_="card-description")[body],
         h.ul(class_="card-tags")[[h.li(class_=f"tag tag-{t}")[t] for t in extra["tags"]]],
     ]
@@ -116,8 +117,10 @@ def card_text(cid: int, title: str, body: str) -> h.Fragment:
 def card_footer(cid: int, lane: str) -> h.Element:
     return h.footer(class_="card-footer")[
         h.span(class_="card-assignee")[f"@{EXTRA[cid]['assignee']}"],
-        h.nav(class_="card-moves")[[h.button({"data-on:click": f"@post('/cards/{cid}/move?lane={to}')"})[LANE_TITLES[to]]
-                                    for to in LANES if to != lane]],
+        h.nav(class_="card-moves")[[
+            h.button({"data-on:click": f"@post('/cards/{cid}/move?lane={to}')"})[LANE_TITLES[to]]
+            for to in LANES if to != lane
+        ]],
     ]
 
 
@@ -132,7 +135,7 @@ def card(row: sqlite3.Row) -> h.Element:
 
 def clear_fragments() -> None:
     for fn in (card, card_text, card_footer):
-        fn.cache_clear()  # type: ignore[attr-defined]
+        fn.cache_clear()  # type: ignore[union-attr]
 
 
 def board_view(db: Db, board_id: int) -> h.Element:
@@ -178,7 +181,8 @@ async def consume(stream: Stream, last: dict[str, str] | None = None) -> None:
 async def run(sc: Scenario, folder: Path, warmup: float, seconds: float, rate: float, profile: bool) -> dict[str, Any]:
     (folder / "migrations").mkdir(parents=True)
     (folder / "migrations" / "0001_cards.sql").write_text(SCHEMA)
-    lith = Lith(folder / "board.db", migrations=folder / "migrations", synchronous=sc.sync, same_origin_only=False)
+    lith = Lith(folder / "board.db", migrations=folder / "migrations", synchronous=sc.sync,  # type: ignore[arg-type]
+                same_origin_only=False)
     lith.view("board/{board_id}", topics={"board:{board_id}"})(board_view)
     clear_fragments()
     last: dict[str, str] = {}
@@ -198,7 +202,7 @@ async def run(sc: Scenario, folder: Path, warmup: float, seconds: float, rate: f
 
         def move(k: int, i: int) -> Any:
             rng = random.Random(k * 7919 + i)
-            return writer.do(Move(card=rng.randint(1, 200), lane=rng.choice(LANES), position=rng.randint(0, 60)))
+            return writer.do(Move(card=rng.randint(1, 200), lane=rng.choice(LANES), position=rng.randint(0, 60)))  # type: ignore[arg-type]
 
         def bump(k: int, i: int) -> Any:  # one producer per alone board
             return writer.do(Bump(board=2 + k))
@@ -245,7 +249,8 @@ async def run(sc: Scenario, folder: Path, warmup: float, seconds: float, rate: f
         "others": f.others, "tick_p50_ms": percentile(window_ticks, 50) * 1e3,
         "tick_p95_ms": percentile(window_ticks, 95) * 1e3, "commit_p50_ms": load.p50_ms,
         "commit_p99_ms": load.p99_ms, "commands_s": load.rate, "html_bytes": float(html_bytes),
-        "cache_exact": float(cached == fresh), "streams_current": float(sum(1 for s in keepers if last.get(s.tab) == fresh)),
+        "cache_exact": float(cached == fresh),
+        "streams_current": float(sum(1 for s in keepers if last.get(s.tab) == fresh)),
         "errors": float(sum(load.errors.values())),
     }
 
@@ -285,7 +290,8 @@ def measure(args: argparse.Namespace) -> harness.Result:
 
 def table(results: dict[str, dict[str, Any]], seconds: float) -> str:
     names = list(results)
-    rows = [("ticks/s", "ticks_s", 2, LITH["ticks_s"]), ("renders per tick", "renders_per_tick", 3, LITH["renders_per_tick"]),
+    rows = [("ticks/s", "ticks_s", 2, LITH["ticks_s"]),
+            ("renders per tick", "renders_per_tick", 3, LITH["renders_per_tick"]),
             ("renders/s", "renders_s", 1, None), ("frames/s taken", "frames_s", 0, LITH["frames_s"]),
             ("frames lost, keeping-up streams", "lost", 0, 0), ("CPU cores, process", "cores", 3, LITH["cores"]),
             ("… event loop thread", "loop", 3, None), ("… reader threads", "readers", 3, None),

@@ -173,7 +173,8 @@ async def load(server: Server, encoding: str, rate: float, tabs_n: int, cards: l
     frames = edges["totals1"][1] - edges["totals"][1]
     board = edges["board1"] - edges["board"]
     if profile:
-        print(f"\nprofile of the server, {encoding} at {rate:g}/s ({edges['spy'].command}):\n{edges['spy'].summary()}\n")
+        spy = edges["spy"]
+        print(f"\nprofile of the server, {encoding} at {rate:g}/s ({spy.command}):\n{spy.summary()}\n")
     return {
         "moves_s": done.rate, "p50_ms": percentile(frame_ms, 50), "p95_ms": percentile(frame_ms, 95),
         "post_p50_ms": percentile(post_ms, 50), "board_frames_per_tab_s": board / s.seconds / tabs_n,
@@ -192,7 +193,9 @@ def one_run(tmp: Path, template: Path, encoding: str, rate: float, args: argpars
     cards, lanes = layout(db)
     with Server("examples.kanban.app:app", env={"KANBAN_DB": str(db)}, workers=args.workers, access_log=False,
                 ready=f"/boards/{BOARD}", log=tmp / f"{encoding}-{rate:g}.log") as server:
-        return client.run(load(server, encoding, rate, args.tabs, cards, lanes, warmup, seconds, args.profile))
+        result: dict[str, Any] = client.run(load(server, encoding, rate, args.tabs, cards, lanes, warmup, seconds,
+                                                 args.profile))
+        return result
 
 
 async def ceiling(db: str, producers: int, warmup: float, seconds: float) -> dict[str, float]:
@@ -212,15 +215,15 @@ async def ceiling(db: str, producers: int, warmup: float, seconds: float) -> dic
         return lith.writer.do(MoveCard(tab=f"ceiling-{k:03d}", op=next(ops), card_id=rng.choice(cards),
                                        lane_id=rng.choice(lanes), position=rng.randrange(0, 60)))
 
-    edges: dict[str, Any] = {}
-    done = await produce(send, producers, warmup=warmup, seconds=seconds,
-                         opened=lambda: edges.update(w=Window.open()), closed=lambda: edges.update(f=edges["w"].close()))
+    done = await produce(send, producers, warmup=warmup, seconds=seconds)
     await lith.writer.close()
-    return {"moves_s": done.rate, "cpu_us": edges["f"].cores / done.rate * 1e6, "p50_ms": done.p50_ms}
+    assert done.cost is not None
+    return {"moves_s": done.rate, "cpu_us": done.cost.cores / done.rate * 1e6, "p50_ms": done.p50_ms}
 
 
 def arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--runs", default="", help="ENCODING@RATE, comma-separated (default zstd@40,200,400,800 and br@800)")
+    ap.add_argument("--runs", default="",
+                    help="ENCODING@RATE, comma-separated (default: zstd at 40, 200, 400, 800 and br at 800)")
     ap.add_argument("--tabs", type=int, default=200)
     ap.add_argument("--cards", type=int, default=200)
     ap.add_argument("--workers", type=int, default=1, help="uvicorn --workers")
@@ -275,12 +278,15 @@ def table(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
             ("others' cores", "others", 2), ("lost moves", "lost", 0), ("reconnects", "reconnects", 0)]
     lines = [f"{args.tabs} tabs, {args.workers} server process(es); rows: offered moves/s by encoding.\n",
              "| figure | " + " | ".join(keys) + " |", "|---|" + "---:|" * len(keys)]
-    lines += [f"| {label} | " + " | ".join(number(results[k][key], d) for k in keys) + " |" for label, key, d in rows]
-    lines.append(f"\nlith (Go), 200 tabs: zstd {LITH['zstd']['cores']} cores and {LITH['zstd']['bytes']:,} B/frame, "
-                 f"br {LITH['br']['cores']} cores and {LITH['br']['bytes']:,} B/frame; its kanban's p95 {LITH_P95_MS:.0f} ms.")
+    lines += [f"| {label} | " + " | ".join(number(results[k][key], d) for k in keys) + " |"
+              for label, key, d in rows]
+    z, b = LITH["zstd"], LITH["br"]
+    lines.append(f"\nlith (Go), 200 tabs: zstd {z['cores']} cores and {z['bytes']:,} B/frame, "
+                 f"br {b['cores']} cores and {b['bytes']:,} B/frame; its kanban's p95 {LITH_P95_MS:.0f} ms.")
     if "ceiling" in results:
         c = results["ceiling"]
-        lines.append(f"The ceiling, the writer alone in process: {c['moves_s']:,.0f} moves/s, {c['cpu_us']:.0f} µs CPU per move.")
+        lines.append(f"The ceiling, the writer alone in process: {c['moves_s']:,.0f} moves/s, "
+                     f"{c['cpu_us']:.0f} µs CPU per move.")
     return "\n".join(lines)
 
 

@@ -46,6 +46,7 @@ CREATE TABLE event (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, counter_
 """
 INSERT = "INSERT INTO event (counter_id, at) VALUES (:id, :at)"
 UPDATE = "UPDATE counter SET count = count + 1 WHERE id = :id"
+COUNTS = "SELECT (SELECT count(*) FROM event), (SELECT sum(count) FROM counter)"
 CONFIGS = ("naive 1x200", "lith 1x200", "lith 2x100")
 
 
@@ -72,7 +73,8 @@ async def produce(url: str, migrations: str, kind: str, producers: int, seconds:
                 await conn.execute(insert, {"id": i, "at": time.time()})
                 await conn.execute(update, {"id": i})
 
-        close = engine.dispose
+        async def close() -> None:
+            await engine.dispose()
     else:
         lith = Lith(url, migrations=migrations)
         await lith.writer.start()
@@ -132,12 +134,13 @@ def writer_run(pg: Postgres, migrations: Path, config: str, seconds: float, smok
     import psycopg
 
     with psycopg.connect(pg.dsn(url)) as conn:  # every acknowledged command there, once
-        events, counted = conn.execute("SELECT (SELECT count(*) FROM event), (SELECT sum(count) FROM counter)").fetchone()
+        events, counted = conn.execute(COUNTS).fetchone() or (0, 0)
     done = sum(a["done"] for a in answers)
     if not events == counted or events < done:
         raise SystemExit(f"{config}: {done} commands answered, {events} events and {counted} counts written")
     latencies = [x for a in answers for x in a["latencies"]]
-    return {"rate": done / seconds, "p50_ms": percentile(latencies, 50) * 1e3, "p99_ms": percentile(latencies, 99) * 1e3,
+    return {"rate": done / seconds, "p50_ms": percentile(latencies, 50) * 1e3,
+            "p99_ms": percentile(latencies, 99) * 1e3,
             "errors": float(sum(a["errors"] for a in answers)), "db_cores": db_cores}
 
 
@@ -149,7 +152,8 @@ def arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def measure(args: argparse.Namespace) -> harness.Result:
-    commits, reps, seconds = (10, 1, 0.5) if args.smoke else (100, 1, 2.0) if args.quick else (args.commits, args.reps, args.seconds)
+    commits, reps, seconds = (10, 1, 0.5) if args.smoke else (100, 1, 2.0) if args.quick \
+        else (args.commits, args.reps, args.seconds)
     configs = CONFIGS[:2] if args.smoke else CONFIGS
     tmp = Path(tempfile.mkdtemp(prefix="lith-bench-postgres-"))
     (tmp / "migrations").mkdir()
@@ -168,11 +172,13 @@ def measure(args: argparse.Namespace) -> harness.Result:
     med = {c: {k: median([r[k] for r in rs]) for k in rs[0]} for c, rs in runs.items()}
     naive = med["naive 1x200"]["rate"]
     lines = [f"Server: {server}.\n", f"Commit → frame offered, tick {args.tick * 1e3:.0f} ms, {commits} commits "
-             f"({lat['missing']} values coalesced away in B):\n", "| path | p50 ms | p95 ms | p99 ms |", "|---|---:|---:|---:|"]
+             f"({lat['missing']} values coalesced away in B):\n",
+             "| path | p50 ms | p95 ms | p99 ms |", "|---|---:|---:|---:|"]
     for name, values in (("A → A (writer's subscriber)", lat["local"]), ("A → B (NOTIFY)", lat["cross"])):
         lines.append(f"| {name} | " + " | ".join(f"{percentile(values, q) * 1e3:.1f}" for q in (50, 95, 99)) + " |")
     lines += ["", f"Writer, {reps} runs of {seconds:g} s each, medians:", "",
-              "| config | commands/s | × naive | p50 ms | p99 ms | server cores | errors |", "|---|---:|---:|---:|---:|---:|---:|"]
+              "| config | commands/s | × naive | p50 ms | p99 ms | server cores | errors |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
     for c, m in med.items():
         lines.append(f"| {c} | {m['rate']:,.0f} | {m['rate'] / naive:.1f} | {m['p50_ms']:.1f} | {m['p99_ms']:.1f} "
                      f"| {m['db_cores']:.2f} | {m['errors']:.0f} |")
@@ -187,4 +193,5 @@ def draw(ours: list[harness.Result], theirs: list[harness.Result], rev: str, arg
 
 
 if __name__ == "__main__":
-    harness.main(__doc__, measure, arguments=arguments, plot=draw, children={"watch": crossing.watch, "produce": produce})
+    harness.main(__doc__, measure, arguments=arguments, plot=draw,
+                 children={"watch": crossing.watch, "produce": produce})

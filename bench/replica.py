@@ -70,7 +70,7 @@ async def writer_run(path: Path, replicate: bool, checkpoint: int, producers: in
     def closed() -> None:
         edges.update(f=edges["w"].close(), ls1=Usage.of(replica.pid).cpu if replica and replica.pid else 0.0)
 
-    load = await produce(lambda k, i: writer.do(Add(id=IDS[(k * 7919 + i) & MASK])), producers, warmup=warmup,
+    load = await produce(lambda k, i: writer.do(Add(id=IDS[(k * 7919 + i) & MASK], n=1)), producers, warmup=warmup,
                          seconds=seconds, opened=opened, closed=closed)
     await writer.close()
     if replica is not None:
@@ -131,7 +131,8 @@ def recovery_point(tmp: Path, seconds: float) -> dict[str, float]:
         kept = conn.execute("SELECT count(*) FROM seq").fetchone()[0]
     lost = [at for n, at in acked.items() if n > kept]
     shutil.rmtree(path.parent, ignore_errors=True)
-    return {"acknowledged": float(len(acked)), "lost": float(len(lost)), "oldest_lost_s": killed_at - min(lost) if lost else 0.0}
+    return {"acknowledged": float(len(acked)), "lost": float(len(lost)),
+            "oldest_lost_s": killed_at - min(lost) if lost else 0.0}
 
 
 def restore_times(tmp: Path, mb: int, reps: int, s3: bool) -> dict[str, float]:
@@ -215,23 +216,26 @@ def measure(args: argparse.Namespace) -> harness.Result:
                 random.Random(rep * 31 + p).shuffle(order)  # interleaved, in another order each round
                 for name in order:
                     path = fresh(tmp, SCHEMA)
-                    runs.setdefault(f"{name} P={p}", []).append(asyncio.run(writer_run(path, *VARIANTS[name], p, 0.5, seconds)))
+                    run = asyncio.run(writer_run(path, *VARIANTS[name], p, 0.5, seconds))
+                    runs.setdefault(f"{name} P={p}", []).append(run)
                     shutil.rmtree(path.parent, ignore_errors=True)
         rpo = [recovery_point(tmp, 0.5 if args.smoke else 2.0) for _ in range(rpo_runs)]
         restore = restore_times(tmp, mb, 1 if args.smoke else 3, not (args.no_s3 or args.smoke))
     med = {k: {f: median([r[f] for r in rs]) for f in rs[0]} for k, rs in runs.items()}
     lines = [f"Writer, {reps} rounds of {seconds:g} s, medians:\n",
-             "| P | variant | commands/s | / off | p50 ms | p99 ms | CPU µs/command: app | Litestream | others' cores |",
+             "| P | variant | commands/s | / off | p50 ms | p99 ms | CPU µs/command: app | Litestream "
+             "| others' cores |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for p in producers:
         base = med[f"off P={p}"]["rate"]
         for name in VARIANTS:
             m = med[f"{name} P={p}"]
-            lines.append(f"| {p} | {name} | {m['rate']:,.0f} | {m['rate'] / base:.2f} | {m['p50_ms']:.2f} | {m['p99_ms']:.2f} "
-                         f"| {m['cpu_us']:.1f} | {m['litestream_us']:.1f} | {m['others']:.2f} |")
+            lines.append(f"| {p} | {name} | {m['rate']:,.0f} | {m['rate'] / base:.2f} | {m['p50_ms']:.2f} "
+                         f"| {m['p99_ms']:.2f} | {m['cpu_us']:.1f} | {m['litestream_us']:.1f} | {m['others']:.2f} |")
     lines += ["", "Recovery point, kill -9 under load, sync interval 1 s:", "",
               "| run | acknowledged | lost | oldest lost, s before the kill |", "|---|---:|---:|---:|"]
-    lines += [f"| {i} | {r['acknowledged']:,.0f} | {r['lost']:,.0f} | {r['oldest_lost_s']:.2f} |" for i, r in enumerate(rpo, 1)]
+    lines += [f"| {i} | {r['acknowledged']:,.0f} | {r['lost']:,.0f} | {r['oldest_lost_s']:.2f} |"
+              for i, r in enumerate(rpo, 1)]
     lines += ["", f"Restore of a {restore['mb']:.0f} MB database: "
               + ", ".join(f"{k.split('_')[0]} {v:.2f} s" for k, v in restore.items() if k.endswith("_restore_s"))]
     p = producers[-1]

@@ -48,7 +48,8 @@ async def hold_streams(port: int, count: int) -> list[client.SseStream]:
     for i in range(count):
         tab = f"bench{i}"
         firsts[tab] = asyncio.get_running_loop().create_future()
-        streams.append(await client.open_stream(port, f"/lith/stream?views=counter&tab={tab}", "identity", on_event, tab))
+        path = f"/lith/stream?views=counter&tab={tab}"
+        streams.append(await client.open_stream(port, path, "identity", on_event, tab))
     await asyncio.wait_for(asyncio.gather(*firsts.values()), 30)
     return streams
 
@@ -88,7 +89,8 @@ def measure(args: argparse.Namespace) -> harness.Result:
         db, log = Path(tmp) / "counter.db", Path(tmp) / "uvicorn.log"
         rows = [client.run(run_once(workers, args.streams, db, log)) for _ in range(runs)]
     keys = list(rows[0])
-    lines = [f"{workers} worker(s), {args.streams} streams; seconds from SIGTERM (start: spawn to the port answering):\n",
+    lines = [f"{workers} worker(s), {args.streams} streams; seconds from SIGTERM "
+             "(start: spawn to the port answering):\n",
              "| run | " + " | ".join(keys) + " |", "|---|" + "---:|" * len(keys)]
     lines += [f"| {i} | " + " | ".join(f"{r[k]:.3f}" for k in keys) + " |" for i, r in enumerate(rows, 1)]
     med = {k: median([r[k] for r in rows]) for k in keys}

@@ -116,7 +116,8 @@ def make_app() -> Any:
     async def app(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"] == "/raw":
             q = dict(p.split("=") for p in scope["query_string"].decode().split("&"))
-            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+            headers = [(b"content-type", b"text/event-stream")]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
             async for chunk in chunks(int(q["n"]), int(q["size"])):
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -172,7 +173,8 @@ def arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def measure(args: argparse.Namespace) -> harness.Result:
-    chunks, posts, reps = (400, 100, 1) if args.smoke else (10_000, 2_000, 3) if args.quick else (args.chunks, args.posts, args.reps)
+    chunks, posts, reps = (400, 100, 1) if args.smoke else (10_000, 2_000, 3) if args.quick \
+        else (args.chunks, args.posts, args.reps)
     conns = args.conns
     runs: dict[str, list[float]] = {}
     https = ("httptools",) if args.smoke else ("h11", "httptools")
@@ -186,16 +188,16 @@ def measure(args: argparse.Namespace) -> harness.Result:
         for _ in range(reps):
             for http, server in servers.items():
                 for layer in LAYERS:
-                    runs.setdefault(f"{http} {layer}", []).append(
-                        cpu_us_per(server, chunks // conns * conns, read_bodies(server.port, layer, chunks // conns, conns, args.size)))
+                    bodies = read_bodies(server.port, layer, chunks // conns, conns, args.size)
+                    runs.setdefault(f"{http} {layer}", []).append(cpu_us_per(server, chunks // conns * conns, bodies))
                 runs.setdefault(f"{http} POST", []).append(
                     cpu_us_per(server, posts // conns * conns, post_all(server.port, posts // conns, conns)))
     finally:
         for server in servers.values():
             server.stop()
     med = {k: median(v) for k, v in runs.items()}
-    lines = [f"{chunks} chunks of {args.size} B over {conns} connections per run; {posts} POSTs over {conns} keep-alive "
-             f"connections; {reps} rounds. Server CPU µs per chunk (or POST), medians (min–max):\n",
+    lines = [f"{chunks} chunks of {args.size} B over {conns} connections per run; {posts} POSTs over {conns} "
+             f"keep-alive connections; {reps} rounds. Server CPU µs per chunk (or POST), medians (min–max):\n",
              "| layer | " + " | ".join(f"{h} | added" for h in https) + " | httptools / h11 |",
              "|---|" + "---:|---:|" * len(https) + "---:|"]
     previous: dict[str, float] = {}

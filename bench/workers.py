@@ -139,7 +139,8 @@ def writer_run(tmp: Path, config: str, seconds: float) -> dict[str, float]:
             print(f"  {config}: Writer.close() failed: {a['closing']}", flush=True)
     done = sum(a["done"] for a in answers)
     latencies = [x for a in answers for x in a["latencies"]]
-    return {"rate": done / seconds, "p50_ms": percentile(latencies, 50) * 1e3, "p99_ms": percentile(latencies, 99) * 1e3,
+    return {"rate": done / seconds, "p50_ms": percentile(latencies, 50) * 1e3,
+            "p99_ms": percentile(latencies, 99) * 1e3,
             "last_p50_ms": percentile(answers[-1]["latencies"], 50) * 1e3,
             "last_p99_ms": percentile(answers[-1]["latencies"], 99) * 1e3,
             "per_tx": done / max(1, sum(a["batches"] for a in answers)),
@@ -165,7 +166,8 @@ def arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def measure(args: argparse.Namespace) -> harness.Result:
-    commits, reps, seconds = (10, 1, 0.5) if args.smoke else (100, 1, 2.0) if args.quick else (args.commits, args.reps, args.seconds)
+    commits, reps, seconds = (10, 1, 0.5) if args.smoke else (100, 1, 2.0) if args.quick \
+        else (args.commits, args.reps, args.seconds)
     configs = ["2x100 feed"] if args.smoke else args.configs.split(",")
     tmp = Path(tempfile.mkdtemp(prefix="lith-bench-workers-"))
     try:
@@ -179,8 +181,10 @@ def measure(args: argparse.Namespace) -> harness.Result:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     lines = [f"Commit → frame offered, tick {args.tick * 1e3:.0f} ms, {commits} commits 20–80 ms apart "
-             f"({lat['missing']} values coalesced away in B):\n", "| path | p50 ms | p95 ms | p99 ms |", "|---|---:|---:|---:|"]
-    for name, values in (("same process (writer's subscriber)", lat["local"]), ("other process (SQLite feed)", lat["cross"])):
+             f"({lat['missing']} values coalesced away in B):\n",
+             "| path | p50 ms | p95 ms | p99 ms |", "|---|---:|---:|---:|"]
+    paths = (("same process (writer's subscriber)", lat["local"]), ("other process (SQLite feed)", lat["cross"]))
+    for name, values in paths:
         lines.append(f"| {name} | {ms(values, 50)} | {ms(values, 95)} | {ms(values, 99)} |")
     lines += ["", f"Writer, {reps} runs of {seconds:g} s each, medians:", "",
               f"| config | commands/s | / {configs[0]} | p50 ms | p99 ms | the last process's p50 / p99 ms "

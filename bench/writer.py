@@ -116,29 +116,30 @@ def figures_of(load: Load, cpu: float, **more: float) -> dict[str, float]:
 
 async def ours(path: Path, sync: str, producers: int, warmup: float, seconds: float, *, tab: bool,
                profile: bool) -> dict[str, float]:
-    writer = Writer(path, migrations=path.parent / "migrations", synchronous=sync)
+    writer = Writer(path, migrations=path.parent / "migrations", synchronous=sync)  # type: ignore[arg-type]
     await writer.start()
     edges: dict[str, Any] = {}
 
     def send(k: int, i: int) -> Any:
         cid = IDS[(k * 7919 + i) & MASK]
-        return writer.do(TabAdd(id=cid, tab=f"tab{k}", op=i + 1) if tab else Add(id=cid))
+        return writer.do(TabAdd(id=cid, n=1, tab=f"tab{k}", op=i + 1) if tab else Add(id=cid, n=1))
 
     def opened() -> None:
-        edges.update(window=Window.open(), threads=ThreadClocks(), commands=writer.commands, batches=writer.batches)
+        edges.update(threads=ThreadClocks(), commands=writer.commands, batches=writer.batches)
         if profile:
             edges["spy"] = Spy(os.getpid(), seconds)
 
     def closed() -> None:
-        edges.update(figures=edges["window"].close(), cores=edges["threads"].cores(),
+        edges.update(cores=edges["threads"].cores(),
                      per_tx=(writer.commands - edges["commands"]) / max(1, writer.batches - edges["batches"]))
 
     load = await produce(send, producers, warmup=warmup, seconds=seconds, opened=opened, closed=closed)
     await writer.close()
     check_total(path, load.done)
-    w, cores = edges["figures"], edges["cores"]
+    w, cores, per = load.cost, edges["cores"], 1e6 / load.rate
+    assert w is not None
     out = figures_of(load, w.cores * w.seconds, per_tx=edges["per_tx"], others=w.others,
-                     loop_us=cores.get("loop", NAN) / load.rate * 1e6, writer_us=cores.get("writer", NAN) / load.rate * 1e6)
+                     loop_us=cores.get("loop", NAN) * per, writer_us=cores.get("writer", NAN) * per)
     if profile:
         print(f"\nprofile of ours, {sync}, {producers} producers ({edges['spy'].command}):\n{edges['spy'].summary()}\n")
     return out
@@ -156,16 +157,14 @@ async def naive(path: Path, sync: str, producers: int, warmup: float, seconds: f
         conn.execute(f"PRAGMA synchronous = {sync}")
 
     async def send(k: int, i: int) -> None:
-        cmd = Add(id=IDS[(k * 7919 + i) & MASK])
+        cmd = Add(id=IDS[(k * 7919 + i) & MASK], n=1)
         async with engine.begin() as conn:
             await conn.execute(ADD, {"cid": cmd.id, "n": cmd.n})
 
-    edges: dict[str, Window] = {}
-    load = await produce(send, producers, warmup=warmup, seconds=seconds,
-                         opened=lambda: edges.update(w=Window.open()), closed=lambda: edges.update(f=edges["w"].close()))  # type: ignore[arg-type]
+    load = await produce(send, producers, warmup=warmup, seconds=seconds)
     await engine.dispose()
-    f = edges["f"]
-    return figures_of(load, f.cores * f.seconds, per_tx=1.0, others=f.others)  # type: ignore[attr-defined]
+    assert load.cost is not None
+    return figures_of(load, load.cost.cores * load.seconds, per_tx=1.0, others=load.cost.others)
 
 
 def floor(path: Path, sync: str, warmup: float, seconds: float) -> dict[str, float]:
@@ -238,11 +237,13 @@ def measure(args: argparse.Namespace) -> harness.Result:
                     key = f"{v} {sync} {'-' if v == 'floor' else p}"
                     runs[key] = run_one(v, tmp, sync, p, warmup, seconds, args.profile and p == producers[-1])
                     r = runs[key]
-                    print(f"  {key:<22} {number(r['rate']):>9} cmd/s  {r['per_tx']:6.1f}/tx  CPU {r['cpu_us']:6.1f} µs/cmd"
-                          f"  p50 {r.get('p50_ms', NAN):6.3f} ms  others {r['others']:.2f} cores", flush=True)
+                    print(f"  {key:<22} {number(r['rate']):>9} cmd/s  {r['per_tx']:6.1f}/tx  "
+                          f"CPU {r['cpu_us']:6.1f} µs/cmd  p50 {r.get('p50_ms', NAN):6.3f} ms  "
+                          f"others {r['others']:.2f} cores", flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return harness.Result(headline(runs, syncs, producers), table(runs, syncs, producers, variants, seconds), {"runs": runs})
+    text = table(runs, syncs, producers, variants, seconds)
+    return harness.Result(headline(runs, syncs, producers), text, {"runs": runs})
 
 
 def headline(runs: dict[str, dict[str, float]], syncs: list[str], producers: list[int]) -> dict[str, float]:
@@ -279,7 +280,8 @@ def table(runs: dict[str, dict[str, float]], syncs: list[str], producers: list[i
                 lith = f"{go[0]:,} ({go[1]})" if go else ""
                 lines.append(
                     f"| {sync} | {'–' if v == 'floor' else p} | {v} | {number(r['rate'])} | {r['per_tx']:.1f} "
-                    f"| {number(r.get('p50_ms', NAN), 3)} / {number(r.get('p99_ms', NAN), 3)} | {r['cpu_us']:.1f}{split} "
+                    f"| {number(r.get('p50_ms', NAN), 3)} / {number(r.get('p99_ms', NAN), 3)} "
+                    f"| {r['cpu_us']:.1f}{split} "
                     f"| {vs_floor} | {lith} |")
     return "\n".join(lines)
 

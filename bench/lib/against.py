@@ -59,7 +59,10 @@ def run_side(module: str, library: Path, argv: list[str], out: Path) -> dict[str
     return result
 
 
-def interleave(module: str, rev: str, argv: list[str], rounds: int) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:
+Runs = list[dict[str, Any]]
+
+
+def interleave(module: str, rev: str, argv: list[str], rounds: int) -> tuple[str, Runs, Runs]:
     """Rounds of ours and theirs, alternating; returns theirs' commit, our results and theirs."""
     ours: list[dict[str, Any]] = []
     theirs: list[dict[str, Any]] = []

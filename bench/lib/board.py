@@ -14,8 +14,23 @@ from typing import Any
 LANES = ("todo", "doing", "review", "done")
 LANE_TITLES = {"todo": "To do", "doing": "Doing", "review": "In review", "done": "Done"}
 
-_WORDS = ["account", "admin", "alert", "api", "archive", "audit", "backup", "badge", "billing", "board", "bug", "build", "cache", "calendar", "card", "cart", "chart", "checkout", "client", "cluster", "comment", "config", "cookie", "cron", "dashboard", "database", "deploy", "design", "digest", "docs", "draft", "email", "error", "export", "feature", "feed", "filter", "form", "gateway", "graph", "header", "import", "index", "invoice", "job", "label", "layout", "lint", "login", "logout", "mail", "metric", "migration", "mobile", "modal", "monitor", "navbar", "notify", "onboarding", "order", "page", "password", "payment", "plan", "policy", "profile", "query", "queue", "quota", "release", "report", "request", "retry", "review", "role", "router", "schema", "search", "session", "settings", "signup", "sitemap", "sync", "table", "team", "test", "theme", "ticket", "timeout", "token", "tooltip", "trace", "upload", "user", "vendor", "webhook", "widget", "worker"]
-_VERBS = ["Add", "Fix", "Refactor", "Update", "Remove", "Document", "Test", "Speed", "up", "Migrate", "Rename", "Split", "Merge", "Validate", "Cache", "Log", "Translate", "Audit", "Polish", "Redesign", "Simplify"]
+_WORDS = [
+    "account", "admin", "alert", "api", "archive", "audit", "backup", "badge", "billing", "board",
+    "bug", "build", "cache", "calendar", "card", "cart", "chart", "checkout", "client", "cluster",
+    "comment", "config", "cookie", "cron", "dashboard", "database", "deploy", "design", "digest",
+    "docs", "draft", "email", "error", "export", "feature", "feed", "filter", "form", "gateway",
+    "graph", "header", "import", "index", "invoice", "job", "label", "layout", "lint", "login",
+    "logout", "mail", "metric", "migration", "mobile", "modal", "monitor", "navbar", "notify",
+    "onboarding", "order", "page", "password", "payment", "plan", "policy", "profile", "query", "queue",
+    "quota", "release", "report", "request", "retry", "review", "role", "router", "schema", "search",
+    "session", "settings", "signup", "sitemap", "sync", "table", "team", "test", "theme", "ticket",
+    "timeout", "token", "tooltip", "trace", "upload", "user", "vendor", "webhook", "widget", "worker"
+]
+_VERBS = [
+    "Add", "Fix", "Refactor", "Update", "Remove", "Document", "Test", "Speed", "up", "Migrate",
+    "Rename", "Split", "Merge", "Validate", "Cache", "Log", "Translate", "Audit", "Polish", "Redesign",
+    "Simplify"
+]
 _PEOPLE = ("ada", "bob", "chen", "dara", "eve", "farid", "gus", "hana", "ivan", "jo")
 _TAGS = ("bug", "feature", "ops", "ux", "docs", "perf", "security", "infra")
 

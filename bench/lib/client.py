@@ -46,12 +46,12 @@ class Decoder:
                 if not rest:
                     break
                 out += self.z.decompress(rest)
-            return out
+            return bytes(out)
         if self.encoding == "br":
             out = self.br.process(payload)
             while more := self.br.process(b""):  # process() can hold back part of a flushed block
                 out += more
-            return out
+            return bytes(out)
         return payload
 
 

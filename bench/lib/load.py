@@ -9,8 +9,9 @@ drives its writer with these, so "commands/s" and "p50" mean the same thing in e
     load.rate, load.p50_ms, load.p99_ms, load.errors
 
 `send(k, i)` sends producer k's i-th command and returns once it is answered. The window opens
-after the warm-up; `opened` and `closed` run at its edges (snapshots of counters or CPU), so
-what they measure is the window the rate was counted over.
+after the warm-up; `load.cost` is this process's CPU and memory over it, and `opened` and
+`closed` run at its edges (snapshots of counters, another process's CPU), so what they measure
+is the window the rate was counted over.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from .proc import Figures, Window
 from .stats import percentile
 
 Send = Callable[[int, int], Awaitable[object]]
@@ -33,6 +35,7 @@ class Load:
     seconds: float = 0.0
     latencies: list[float] = field(default_factory=list)  # seconds from send to answer
     errors: Counter[str] = field(default_factory=Counter)
+    cost: Figures | None = None  # this process's CPU and memory over the window
 
     @property
     def rate(self) -> float:
@@ -90,11 +93,11 @@ async def produce(send: Send, producers: int, *, warmup: float, seconds: float, 
         await asyncio.sleep(warmup)
         if opened is not None:
             opened()
-        t0 = time.perf_counter()
+        window, t0 = Window.open(), time.perf_counter()
         phase.measuring = True
         await asyncio.sleep(seconds)
         phase.measuring = False
-        load.seconds = time.perf_counter() - t0
+        load.seconds, load.cost = time.perf_counter() - t0, window.close()
         if closed is not None:
             closed()
     finally:

@@ -85,7 +85,7 @@ def summarise(raw: str, top: int = 12) -> str:
     for role, n in roles.most_common():
         if role.endswith("waiting"):
             continue
-        lines += ["", f"{role}: the library's deepest function in the stack (inclusive) | the leaf frame (exclusive)", ""]
-        for (label, c), (leaf, k) in zip(own[role].most_common(top), leaves[role].most_common(top)):
+        lines += ["", f"{role}: the library's deepest function in the stack (inclusive) | the leaf (exclusive)", ""]
+        for (label, c), (leaf, k) in zip(own[role].most_common(top), leaves[role].most_common(top), strict=False):
             lines.append(f"- {c / n:5.1%} `{label}` | {k / n:5.1%} `{leaf}`")
     return "\n".join(lines)

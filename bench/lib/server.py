@@ -57,7 +57,7 @@ class Server:
     def __init__(self, app: str, *, env: dict[str, str] | None = None, workers: int = 1, access_log: bool = True,
                  http: str = "httptools", ready: str = "/", log: Path | None = None) -> None:
         self.app, self.workers, self.ready = app, workers, ready
-        self.env = child_env(**(env or {}))
+        self.env = child_env(LIBRARY, **(env or {}))
         self.flags = deploy_flags(workers, access_log=access_log, http=http)
         self.port = free_port()
         self.log = log or Path(tempfile.mkstemp(prefix="lith-bench-server-", suffix=".log")[1])
