@@ -35,7 +35,7 @@ from fastapi_lith import BrotliEncoder, Encoder, GzipEncoder, IdentityEncoder, Z
 
 from .lib import harness, plot
 from .lib.board import board_html, change_card, make_cards
-from .lib.checkout import LIBRARY, child_env
+from .lib.checkout import LIBRARY, PRELUDE, child_env
 from .lib.conditions import conditions_line
 from .lib.proc import rss
 from .lib.stats import number
@@ -94,10 +94,8 @@ def timed(name: str, n: int, mode: list[str], out: Path) -> dict[str, float]:
     """µs per encode from `pyperf timeit` over the library under test."""
     import pyperf
 
-    prelude = ("import os, sys; sys.path.insert(0, os.environ['BENCH_ROOT']); import bench; "
-               "sys.path.insert(0, os.environ['BENCH_LIBRARY'])")
     cmd = [sys.executable, "-m", "pyperf", "timeit", "--quiet", *mode, "--inherit-environ",
-           "PYTHONPATH,BENCH_ROOT,BENCH_LIBRARY", "--name", name, "-o", str(out), "-s", prelude,
+           "PYTHONPATH,BENCH_ROOT,BENCH_LIBRARY", "--name", name, "-o", str(out), "-s", PRELUDE,
            "-s", f"from bench.encoders import setup; encoder, events = setup({name!r}, {n})",
            "encoder.encode(next(events))"]
     subprocess.run(cmd, cwd=LIBRARY, env=child_env(), check=True, stdout=subprocess.DEVNULL)

@@ -31,11 +31,11 @@ def child_env(library: Path = LIBRARY, **extra: str) -> dict[str, str]:
 
 # This repository's `bench` is imported first, then the library under test goes first on the
 # path: another commit's checkout has a bench/ of its own, and its scenarios are not the ones run.
-LAUNCH = (
-    "import os, runpy, sys; sys.path.insert(0, os.environ['BENCH_ROOT']); import bench; "
-    "sys.path.insert(0, os.environ['BENCH_LIBRARY']); module = sys.argv.pop(1); sys.argv[0] = module; "
-    "runpy.run_module(module, run_name='__main__', alter_sys=True)"
-)
+PRELUDE = ("import os, sys; sys.path.insert(0, os.environ['BENCH_ROOT']); import bench; "
+           "sys.path.insert(0, os.environ['BENCH_LIBRARY'])")
+"""Python that makes `bench` this repository's and `fastapi_lith` the library under test's."""
+LAUNCH = (PRELUDE + "; import runpy; module = sys.argv.pop(1); sys.argv[0] = module; "
+          "runpy.run_module(module, run_name='__main__', alter_sys=True)")
 
 
 def module_argv(module: str, *args: str) -> list[str]:
