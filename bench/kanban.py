@@ -47,7 +47,7 @@ from .lib.load import produce
 from .lib.proc import Window
 from .lib.profile import Spy
 from .lib.server import Server
-from .lib.stats import NAN, median, number, percentile
+from .lib.stats import NAN, median, number, percentile, ratio
 
 BOARD = 1
 DONE = b'data-signals:done="'
@@ -218,7 +218,7 @@ async def ceiling(db: str, producers: int, warmup: float, seconds: float) -> dic
     done = await produce(send, producers, warmup=warmup, seconds=seconds)
     await lith.writer.close()
     assert done.cost is not None
-    return {"moves_s": done.rate, "cpu_us": done.cost.cores / done.rate * 1e6, "p50_ms": done.p50_ms}
+    return {"moves_s": done.rate, "cpu_us": ratio(done.cost.cores, done.rate) * 1e6, "p50_ms": done.p50_ms}
 
 
 def arguments(ap: argparse.ArgumentParser) -> None:

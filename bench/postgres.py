@@ -34,7 +34,7 @@ from fastapi_lith import Command, Lith, Tx
 from .lib import crossing, harness
 from .lib.pg import Postgres
 from .lib.proc import Window
-from .lib.stats import median, percentile
+from .lib.stats import median, percentile, ratio
 from .workers import commit_to_frame_plot
 
 ROWS = 1000
@@ -180,8 +180,8 @@ def measure(args: argparse.Namespace) -> harness.Result:
               "| config | commands/s | × naive | p50 ms | p99 ms | server cores | errors |",
               "|---|---:|---:|---:|---:|---:|---:|"]
     for c, m in med.items():
-        lines.append(f"| {c} | {m['rate']:,.0f} | {m['rate'] / naive:.1f} | {m['p50_ms']:.1f} | {m['p99_ms']:.1f} "
-                     f"| {m['db_cores']:.2f} | {m['errors']:.0f} |")
+        lines.append(f"| {c} | {m['rate']:,.0f} | {ratio(m['rate'], naive):.1f} | {m['p50_ms']:.1f} "
+                     f"| {m['p99_ms']:.1f} | {m['db_cores']:.2f} | {m['errors']:.0f} |")
     figures = {"notify_p50_ms": percentile(lat["cross"], 50) * 1e3, "notify_p95_ms": percentile(lat["cross"], 95) * 1e3}
     figures.update({c.replace(" ", "_") + "_cmd_s": m["rate"] for c, m in med.items()})
     return harness.Result(figures, "\n".join(lines), {"latency": lat, "writer": med})

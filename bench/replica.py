@@ -40,7 +40,7 @@ from fastapi_lith.ops import Replica, litestream
 from .lib import harness
 from .lib.load import produce
 from .lib.proc import Usage, Window
-from .lib.stats import median
+from .lib.stats import median, ratio
 from .writer import IDS, MASK, SCHEMA, Add
 
 VARIANTS = {"off": (False, 1000), "on": (True, litestream.WRITER_CHECKPOINT_PAGES), "on, ckpt 1000": (True, 1000)}
@@ -230,7 +230,7 @@ def measure(args: argparse.Namespace) -> harness.Result:
         base = med[f"off P={p}"]["rate"]
         for name in VARIANTS:
             m = med[f"{name} P={p}"]
-            lines.append(f"| {p} | {name} | {m['rate']:,.0f} | {m['rate'] / base:.2f} | {m['p50_ms']:.2f} "
+            lines.append(f"| {p} | {name} | {m['rate']:,.0f} | {ratio(m['rate'], base):.2f} | {m['p50_ms']:.2f} "
                          f"| {m['p99_ms']:.2f} | {m['cpu_us']:.1f} | {m['litestream_us']:.1f} | {m['others']:.2f} |")
     lines += ["", "Recovery point, kill -9 under load, sync interval 1 s:", "",
               "| run | acknowledged | lost | oldest lost, s before the kill |", "|---|---:|---:|---:|"]

@@ -33,7 +33,7 @@ from pydantic import BaseModel
 from .lib import harness
 from .lib.proc import Usage
 from .lib.server import Server
-from .lib.stats import median
+from .lib.stats import median, ratio
 
 LAYERS = ("raw", "starlette", "sse", "sse+timeout", "lith-timeout", "lith")
 
@@ -208,7 +208,7 @@ def measure(args: argparse.Namespace) -> harness.Result:
             row += [f"{v:.1f} ({min(vs):.1f}–{max(vs):.1f})",
                     f"{v - previous[http]:+.1f}" if http in previous and layer != "POST" else "–"]
             previous[http] = v
-        row.append(f"{med['httptools ' + layer] / med['h11 ' + layer]:.2f}×" if len(https) == 2 else "")
+        row.append(f"{ratio(med['httptools ' + layer], med['h11 ' + layer]):.2f}×" if len(https) == 2 else "")
         lines.append("| " + " | ".join(row) + " |")
     figures = {f"{k.replace(' ', '_')}_us": v for k, v in med.items() if k.startswith("httptools")}
     if "h11 POST" in med:

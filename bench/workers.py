@@ -36,7 +36,7 @@ from fastapi_lith import Command, Feed, LocalFeed, SqliteFeed, Tx, Writer
 
 from .lib import crossing, harness, plot
 from .lib.conditions import conditions_line
-from .lib.stats import median, percentile
+from .lib.stats import median, percentile, ratio
 
 ROWS = 1000
 SCHEMA = f"""
@@ -191,7 +191,7 @@ def measure(args: argparse.Namespace) -> harness.Result:
               "| per transaction | CPU µs per command | errors |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     med = {c: {k: median([r[k] for r in rs]) for k in rs[0]} for c, rs in runs.items()}
     for c, m in med.items():
-        lines.append(f"| {c} | {m['rate']:,.0f} | {m['rate'] / med[configs[0]]['rate']:.2f} | {m['p50_ms']:.1f} "
+        lines.append(f"| {c} | {m['rate']:,.0f} | {ratio(m['rate'], med[configs[0]]['rate']):.2f} | {m['p50_ms']:.1f} "
                      f"| {m['p99_ms']:.1f} | {m['last_p50_ms']:.2f} / {m['last_p99_ms']:.1f} | {m['per_tx']:.0f} "
                      f"| {m['cpu_us']:.1f} | {m['errors']:.0f} |")
     figures = {"cross_p50_ms": percentile(lat["cross"], 50) * 1e3, "cross_p95_ms": percentile(lat["cross"], 95) * 1e3,

@@ -47,7 +47,7 @@ from .lib.conditions import conditions_line
 from .lib.load import Load, produce
 from .lib.proc import ThreadClocks, Window
 from .lib.profile import Spy
-from .lib.stats import NAN, number
+from .lib.stats import NAN, number, ratio
 
 ROWS = 1000
 BATCH = 512  # the floor's commands per COMMIT: the writer's default batch_size
@@ -136,7 +136,7 @@ async def ours(path: Path, sync: str, producers: int, warmup: float, seconds: fl
     load = await produce(send, producers, warmup=warmup, seconds=seconds, opened=opened, closed=closed)
     await writer.close()
     check_total(path, load.done)
-    w, cores, per = load.cost, edges["cores"], 1e6 / load.rate
+    w, cores, per = load.cost, edges["cores"], ratio(1e6, load.rate)
     assert w is not None
     out = figures_of(load, w.cores * w.seconds, per_tx=edges["per_tx"], others=w.others,
                      loop_us=cores.get("loop", NAN) * per, writer_us=cores.get("writer", NAN) * per)
@@ -276,7 +276,7 @@ def table(runs: dict[str, dict[str, float]], syncs: list[str], producers: list[i
                     continue
                 split = f" ({r['loop_us']:.1f} + {r['writer_us']:.1f})" if "loop_us" in r else ""
                 go = LITH_GO.get(sync) if p == 200 and v == "ours" else None
-                vs_floor = "" if v == "floor" else f"{floor_rate / r['rate']:.1f}×"
+                vs_floor = "" if v == "floor" else f"{ratio(floor_rate, r['rate']):.1f}×"
                 lith = f"{go[0]:,} ({go[1]})" if go else ""
                 lines.append(
                     f"| {sync} | {'–' if v == 'floor' else p} | {v} | {number(r['rate'])} | {r['per_tx']:.1f} "

@@ -36,3 +36,8 @@ def spread(values: Sequence[float]) -> str:
 def number(x: float, digits: int = 0) -> str:
     """A figure for a table: thousands separated, a dash for nan."""
     return "–" if x != x else f"{x:,.{digits}f}"
+
+
+def ratio(a: float, b: float) -> float:
+    """a / b, nan when b is zero or either is nan: a starved run's figures stay printable."""
+    return a / b if b and a == a and b == b else NAN
