@@ -33,10 +33,9 @@ from datastar_py.sse import ServerSentEventGenerator
 
 from fastapi_lith import BrotliEncoder, Encoder, GzipEncoder, IdentityEncoder, ZstdEncoder
 
-from .lib import harness, plot
+from .lib import conditions, harness, plot
 from .lib.board import board_html, change_card, make_cards
 from .lib.checkout import LIBRARY, PRELUDE, child_env
-from .lib.conditions import conditions_line
 from .lib.proc import rss
 from .lib.stats import number
 
@@ -171,8 +170,8 @@ def table(results: dict[str, dict[str, float]], n: int, streams: int, mode: list
 
 def draw(ours: list[harness.Result], theirs: list[harness.Result], rev: str, args: argparse.Namespace) -> list[Path]:
     results = ours[-1].data["results"]
-    caption = f"python -m bench.encoders{' --quick' if args.quick else ''} --plot; {conditions_line()}"
-    fig, ax = plot.figure("Bytes per one-card frame of a 142 KB board against the zstd window", "window (log2 bytes)",
+    caption = conditions.caption(f"python -m bench.encoders{' --quick' if args.quick else ''} --plot")
+    fig, ax = plot.figure("zstd: bytes per one-card frame of a 142 KB board", "window (log2 bytes)",
                           "bytes per frame (mean)")
     points = sorted((int(k.split("^")[1]), r["mean"]) for k, r in results.items() if k.startswith("zstd 2^"))
     ax.plot(*zip(*points, strict=True), "o-", label="ours, zstd level 1")

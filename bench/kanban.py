@@ -40,9 +40,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .lib import client, harness, plot
+from .lib import client, conditions, harness, plot
 from .lib.checkout import LIBRARY, child_env
-from .lib.conditions import conditions_line
 from .lib.load import produce
 from .lib.proc import Window
 from .lib.profile import Spy
@@ -291,7 +290,7 @@ def table(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
 
 
 def draw(ours: list[harness.Result], theirs: list[harness.Result], rev: str, args: argparse.Namespace) -> list[Path]:
-    fig, ax = plot.figure("Kanban over HTTP: post→frame latency against the offered rate (zstd, 200 tabs)",
+    fig, ax = plot.figure("Kanban over HTTP, 200 tabs, zstd: post→frame latency",
                           "moves/s offered", "post→frame ms")
     for results, label, colour in ((ours, "ours", "tab:blue"), (theirs, rev, "tab:grey")):
         if not results:
@@ -304,7 +303,7 @@ def draw(ours: list[harness.Result], theirs: list[harness.Result], rev: str, arg
     ax.plot([800], [LITH_P95_MS], "x", color="tab:red", ms=8, label="lith (Go), p95, 200 tabs")
     ax.set_yscale("log")
     ax.legend(fontsize=7)
-    caption = f"python -m bench.kanban{' --quick' if args.quick else ''} --plot; {conditions_line()}"
+    caption = conditions.caption(f"python -m bench.kanban{' --quick' if args.quick else ''} --plot")
     return [plot.save(fig, "kanban-latency", caption)]
 
 

@@ -34,8 +34,7 @@ from typing import Any
 
 from fastapi_lith import Command, Feed, LocalFeed, SqliteFeed, Tx, Writer
 
-from .lib import crossing, harness, plot
-from .lib.conditions import conditions_line
+from .lib import conditions, crossing, harness, plot
 from .lib.stats import median, percentile, ratio
 
 ROWS = 1000
@@ -215,7 +214,7 @@ def commit_to_frame_plot(series: dict[str, dict[str, Any]], name: str, command: 
                 ax.plot(values, [(i + 1) / len(values) for i in range(len(values))], style,
                         label=f"{label}: {'same process' if key == 'local' else 'other process'}")
     ax.legend(fontsize=7)
-    return plot.save(fig, name, f"{command}; {conditions_line()}")
+    return plot.save(fig, name, conditions.caption(command))
 
 
 if __name__ == "__main__":

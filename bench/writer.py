@@ -42,8 +42,7 @@ from pydantic import Field
 
 from fastapi_lith import Command, TabCommand, Tx, Writer
 
-from .lib import harness, plot
-from .lib.conditions import conditions_line
+from .lib import conditions, harness, plot
 from .lib.load import Load, produce
 from .lib.proc import ThreadClocks, Window
 from .lib.profile import Spy
@@ -288,7 +287,7 @@ def table(runs: dict[str, dict[str, float]], syncs: list[str], producers: list[i
 
 def draw(ours: list[harness.Result], theirs: list[harness.Result], rev: str, args: argparse.Namespace) -> list[Path]:
     runs = ours[-1].data["runs"]
-    fig, ax = plot.figure("Writer throughput against producers (closed loop, in process)", "producers",
+    fig, ax = plot.figure("Writer: commands/s against producers (closed loop, in process)", "producers",
                           "commands/s")
     for sync, colour in (("NORMAL", "tab:blue"), ("FULL", "tab:orange")):
         points = sorted((int(k.split()[2]), r["rate"]) for k, r in runs.items() if k.startswith(f"ours {sync} "))
@@ -300,7 +299,7 @@ def draw(ours: list[harness.Result], theirs: list[harness.Result], rev: str, arg
             ax.plot([200], [LITH_GO[sync][0]], "x", color=colour, ms=8, label=f"lith (Go), {sync}, {LITH_GO[sync][1]}")
     ax.set_xscale("log")
     ax.legend(fontsize=7)
-    caption = f"python -m bench.writer{' --quick' if args.quick else ''} --plot; {conditions_line()}"
+    caption = conditions.caption(f"python -m bench.writer{' --quick' if args.quick else ''} --plot")
     return [plot.save(fig, "writer-producers", caption)]
 
 

@@ -81,3 +81,10 @@ def conditions() -> dict[str, str]:
 
 def conditions_line() -> str:
     return "; ".join(f"{k}: {v}" for k, v in conditions().items())
+
+
+def caption(command: str) -> str:
+    """A plot's caption: the command that drew it and the conditions it ran under, in brief."""
+    c = conditions()
+    load = f"load average {c['load average']}, {c['python']}, commit {c['commit']}"
+    return f"{command}\n{c['date']}, {c['machine']}\n{load}"

@@ -24,7 +24,7 @@ def figure(title: str, xlabel: str, ylabel: str) -> tuple[Any, Any]:
     import matplotlib.pyplot as plt
 
     plt.rcParams.update({"svg.hashsalt": "lith-bench", "font.size": 9, "axes.grid": True, "grid.alpha": 0.3})
-    fig, ax = plt.subplots(figsize=(6.4, 3.8), layout="constrained")
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), layout="constrained")
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
@@ -35,8 +35,8 @@ def save(fig: Any, name: str, caption: str) -> Path:
     """Write `name`.svg with `caption` (the command and conditions) under the axes."""
     import matplotlib.pyplot as plt
 
-    fig.text(0.01, 0.005, caption, fontsize=6, color="0.35", ha="left", va="bottom", wrap=True)
-    fig.get_layout_engine().set(rect=(0, 0.06, 1, 0.94))
+    fig.text(0.01, 0.01, caption, fontsize=6, color="0.35", ha="left", va="bottom")
+    fig.get_layout_engine().set(rect=(0, 0.1, 1, 0.9))
     PLOTS.mkdir(exist_ok=True)
     path = PLOTS / f"{name}.svg"
     fig.savefig(path, format="svg", metadata={"Date": None})
