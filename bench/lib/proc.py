@@ -1,12 +1,14 @@
 """What processes cost, read from /proc: CPU, the wait for a CPU, memory, per thread.
 
 One reader for every scenario. A `Usage` is a snapshot of a process tree (a uvicorn parent
-and its workers, or this process); two snapshots make a `Window`, whose figures are per
-second of wall time, so "cores" reads directly:
+and its workers, a database server, or this process); two snapshots make a `Window`, whose
+figures are per second of wall time, so "cores" reads directly:
 
     window = Window.open(pid)            # pid=None: this process
     ... measure ...
     w = window.close()                   # w.cores, w.waiting, w.others, w.rss_mib
+
+`ThreadClocks` splits this process's CPU by thread role (event loop, writer, readers).
 
 `waiting` is how long the tree's threads sat runnable without a CPU (schedstat), and `others`
 how many cores the rest of the machine kept busy: on a shared machine these say how far a
@@ -18,7 +20,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -57,13 +59,6 @@ def _stat_fields(path: Path) -> list[str] | None:
     return text[text.rindex(")") + 2:].split()  # after the command name, which may hold spaces
 
 
-def _comm(path: Path) -> str:
-    try:
-        return (path / "comm").read_text().strip()
-    except OSError:
-        return "?"
-
-
 @dataclass
 class Usage:
     """One snapshot of a process tree."""
@@ -74,14 +69,12 @@ class Usage:
     rss: int  # bytes resident now, summed
     hwm: int  # bytes resident at the peak, summed
     machine_busy: float  # seconds the whole machine was busy (all cores)
-    threads: dict[str, float] = field(default_factory=dict)  # CPU seconds per "name#tid"
 
     @classmethod
-    def of(cls, pid: int | None = None, *, threads: bool = False) -> Usage:
+    def of(cls, pid: int | None = None) -> Usage:
         pids = tree(pid) if pid is not None else [os.getpid()]
         cpu = waiting = 0.0
         rss = hwm = 0
-        per_thread: dict[str, float] = {}
         for p in pids:
             fields = _stat_fields(Path(f"/proc/{p}/stat"))
             if fields is None:
@@ -102,11 +95,7 @@ class Usage:
                     waiting += int((task / "schedstat").read_text().split()[1]) / 1e9
                 except (OSError, IndexError, ValueError):
                     pass
-                if threads:
-                    tf = _stat_fields(task / "stat")
-                    if tf is not None:
-                        per_thread[f"{_comm(task)}#{task.name}"] = (int(tf[11]) + int(tf[12])) / CLK_TCK
-        return cls(time.perf_counter(), cpu, waiting, rss, hwm, machine_busy(), per_thread)
+        return cls(time.perf_counter(), cpu, waiting, rss, hwm, machine_busy())
 
 
 def memory(pid: int | None = None) -> tuple[int, int]:
@@ -157,56 +146,32 @@ class Figures:
     seconds: float
     cores: float  # CPU of the tree
     waiting: float  # cores' worth of its threads waiting for a CPU
-    others: float  # cores the rest of the machine kept busy (this process and `also` excluded)
+    others: float  # cores the rest of the machine kept busy (this process excluded too)
     rss_mib: float
-    peak_mib: float
-    also_cores: float  # CPU of the `also` trees (a database server)
-    threads: dict[str, float]  # cores per thread group
-
-    def line(self) -> str:
-        return (f"{self.cores:.2f} cores (waiting for a CPU {self.waiting:.2f}), others {self.others:.2f} cores, "
-                f"RSS {self.rss_mib:.0f} MiB")
 
 
 class Window:
-    """CPU and memory of a process tree between `open` and `close`.
+    """CPU and memory of a process tree (`pid` None: this process) between `open` and `close`."""
 
-    `pid` None measures this process. `also`: more trees (a PostgreSQL server) whose CPU is
-    the scenario's own work, reported apart and not counted as the machine's noise."""
-
-    def __init__(self, pid: int | None, also: tuple[int, ...], threads: bool) -> None:
-        self.pid, self.also_pids, self.threads = pid, also, threads
+    def __init__(self, pid: int | None) -> None:
+        self.pid = pid
         self.own = os.times()
-        self.also = [Usage.of(p) for p in also]
-        self.start = Usage.of(pid, threads=threads)
+        self.start = Usage.of(pid)
 
     @classmethod
-    def open(cls, pid: int | None = None, *, also: tuple[int, ...] = (), threads: bool = False) -> Window:
-        return cls(pid, also, threads)
+    def open(cls, pid: int | None = None) -> Window:
+        return cls(pid)
 
     def close(self) -> Figures:
-        end = Usage.of(self.pid, threads=self.threads)
+        end = Usage.of(self.pid)
         own = os.times()
-        also = sum(Usage.of(p).cpu - u.cpu for p, u in zip(self.also_pids, self.also, strict=True))
         wall = end.at - self.start.at or float("nan")
         tree_cpu = end.cpu - self.start.cpu
         mine = (own.user + own.system) - (self.own.user + self.own.system)
-        counted = tree_cpu + also + (mine if self.pid is not None else 0.0)
-        groups: dict[str, float] = {}
-        for name, seconds in end.threads.items():
-            group = thread_group(name)
-            groups[group] = groups.get(group, 0.0) + (seconds - self.start.threads.get(name, 0.0)) / wall
+        counted = tree_cpu + (mine if self.pid is not None else 0.0)
         busy = end.machine_busy - self.start.machine_busy
-        return Figures(
-            seconds=wall,
-            cores=tree_cpu / wall,
-            waiting=(end.waiting - self.start.waiting) / wall,
-            others=max(0.0, (busy - counted) / wall),
-            rss_mib=end.rss / 2**20,
-            peak_mib=end.hwm / 2**20,
-            also_cores=also / wall,
-            threads=groups,
-        )
+        return Figures(seconds=wall, cores=tree_cpu / wall, waiting=(end.waiting - self.start.waiting) / wall,
+                       others=max(0.0, (busy - counted) / wall), rss_mib=end.rss / 2**20)
 
 
 class ThreadClocks:
