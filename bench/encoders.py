@@ -172,11 +172,14 @@ def draw(ours: list[harness.Result], theirs: list[harness.Result], rev: str, arg
     results = ours[-1].data["results"]
     caption = conditions.caption(f"python -m bench.encoders{' --quick' if args.quick else ''} --plot")
     fig, ax = plot.figure("zstd: bytes per one-card frame of a 142 KB board", "window (log2 bytes)",
-                          "bytes per frame (mean)")
-    points = sorted((int(k.split("^")[1]), r["mean"]) for k, r in results.items() if k.startswith("zstd 2^"))
-    ax.plot(*zip(*points, strict=True), "o-", label="ours, zstd level 1")
-    ax.axhline(results["zstd sized (default)"]["mean"], ls="--", lw=1, label="ours, default (sized to the first write)")
-    ax.plot(list(LITH_BYTES), list(LITH_BYTES.values()), "x--", color="tab:red", label="lith (Go)")
+                          "bytes per frame")
+    for stat, style in (("mean", "o-"), ("median", "o:")):
+        points = sorted((int(k.split("^")[1]), r[stat]) for k, r in results.items() if k.startswith("zstd 2^"))
+        ax.plot(*zip(*points, strict=True), style, color="tab:blue", label=f"ours, zstd level 1, {stat}")
+    ax.set_xticks(range(17, 22))
+    ax.axhline(results["zstd sized (default)"]["mean"], color="tab:green", ls="--", lw=1,
+               label="ours, default (sized to the first write), mean")
+    ax.plot(list(LITH_BYTES), list(LITH_BYTES.values()), "x--", color="tab:red", label="lith (Go), as published")
     ax.set_yscale("log")
     ax.legend(fontsize=7)
     paths = [plot.save(fig, "encoders-window", caption)]
@@ -186,6 +189,9 @@ def draw(ours: list[harness.Result], theirs: list[harness.Result], rev: str, arg
     hib = [(i, results[k]["hibernated"] / MiB) for i, k in enumerate(names) if "hibernated" in results[k]]
     if hib:
         ax.bar([i for i, _ in hib], [v for _, v in hib], width=0.4, label="hibernated")
+        for i, v in hib:
+            ax.annotate(f"hibernated {v:.3f}", (i, v), textcoords="offset points", xytext=(0, 4), ha="center",
+                        fontsize=6)
     ax.set_xticks(range(len(names)), names, rotation=15, fontsize=7)
     ax.axhline(LITH_MIB["zstd"], color="tab:red", ls="--", lw=1, label="lith (Go), zstd 2^19")
     ax.legend(fontsize=7)
