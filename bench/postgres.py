@@ -184,6 +184,9 @@ def measure(args: argparse.Namespace) -> harness.Result:
     for c, m in med.items():
         lines.append(f"| {c} | {m['rate']:,.0f} | {ratio(m['rate'], naive):.1f} | {m['p50_ms']:.1f} "
                      f"| {m['p99_ms']:.1f} | {m['db_us']:.0f} | {m['errors']:.0f} |")
+    if lat["closing"]:
+        lines.append(f"\nAn app's shutdown failed in the latency run (the library's, not the benchmark's): "
+                     f"{lat['closing']}")
     figures = {"notify_p50_ms": percentile(lat["cross"], 50) * 1e3, "notify_p95_ms": percentile(lat["cross"], 95) * 1e3}
     figures.update({c.replace(" ", "_") + "_cmd_s": m["rate"] for c, m in med.items()})
     return harness.Result(figures, "\n".join(lines), {"latency": lat, "writer": med})

@@ -193,6 +193,9 @@ def measure(args: argparse.Namespace) -> harness.Result:
         lines.append(f"| {c} | {m['rate']:,.0f} | {ratio(m['rate'], med[configs[0]]['rate']):.2f} | {m['p50_ms']:.1f} "
                      f"| {m['p99_ms']:.1f} | {m['last_p50_ms']:.2f} / {m['last_p99_ms']:.1f} | {m['per_tx']:.0f} "
                      f"| {m['cpu_us']:.1f} | {m['errors']:.0f} |")
+    if lat["closing"]:
+        lines.append(f"\nAn app's shutdown failed in the latency run (the library's, not the benchmark's): "
+                     f"{lat['closing']}")
     figures = {"cross_p50_ms": percentile(lat["cross"], 50) * 1e3, "cross_p95_ms": percentile(lat["cross"], 95) * 1e3,
                "local_p50_ms": percentile(lat["local"], 50) * 1e3}
     figures.update({c.replace(" ", "_").replace("+", "_") + "_cmd_s": m["rate"] for c, m in med.items()})

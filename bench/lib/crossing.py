@@ -68,37 +68,49 @@ async def drain(stream: Stream) -> None:
 async def watch(target: str, migrations: str, tick: float) -> dict[str, Any]:
     """Process B (a child): one stream on the counter, recording offers until told to stop."""
     lith = counter_app(target, migrations, tick)
-    async with lith.lifespan():
-        stream = Recorder("b")
-        await lith.hub.open(stream, ["counter"])
-        print("ready", flush=True)
-        taking = asyncio.create_task(drain(stream))
-        await asyncio.to_thread(sys.stdin.readline)
-        taking.cancel()
-    return {"offered": stream.offered}
+    stream = Recorder("b")
+    try:
+        async with lith.lifespan():
+            await lith.hub.open(stream, ["counter"])
+            print("ready", flush=True)
+            taking = asyncio.create_task(drain(stream))
+            await asyncio.to_thread(sys.stdin.readline)
+            taking.cancel()
+    except Exception as exc:  # noqa: BLE001 - a finding, reported: the app's shutdown failed
+        return {"offered": stream.offered, "closing": f"{type(exc).__name__}: {exc}"}
+    return {"offered": stream.offered, "closing": ""}
 
 
 async def commit_to_frame(target: str, migrations: Path, commits: int, tick: float) -> dict[str, Any]:
     lith = counter_app(target, str(migrations), tick)
-    async with lith.lifespan():  # A first: it migrates, B finds the database ready
-        watcher = harness.child("watch", target=target, migrations=str(migrations), tick=tick)
-        assert watcher.stdout.readline().strip() == "ready"
-        local = Recorder("a")
-        await lith.hub.open(local, ["counter"])
-        committed: dict[int, float] = {}
-        value = 0
-        lith.writer.subscribe(lambda topics: committed.setdefault(value, time.monotonic()))
-        taking = asyncio.create_task(drain(local))
-        rng = random.Random(13)
-        for value in range(1, commits + 1):  # noqa: B007 - the subscriber reads it
-            await lith.writer.do(Set(value=value))
-            await asyncio.sleep(rng.uniform(0.02, 0.08))
-        await asyncio.sleep(2 * tick + 0.2)  # the last value's tick, here and in B
-        taking.cancel()
-        watcher.stdin.write("stop\n")
-        watcher.stdin.flush()
-    offered = {int(k): v for k, v in harness.answer(watcher)["offered"].items()}
-    return {"cross": [offered[v] - t for v, t in committed.items() if v in offered],
+    committed: dict[int, float] = {}
+    local = Recorder("a")
+    measured, closing = False, ""
+    try:
+        async with lith.lifespan():  # A first: it migrates, B finds the database ready
+            watcher = harness.child("watch", target=target, migrations=str(migrations), tick=tick)
+            assert watcher.stdout.readline().strip() == "ready"
+            await lith.hub.open(local, ["counter"])
+            value = 0
+            lith.writer.subscribe(lambda topics: committed.setdefault(value, time.monotonic()))
+            taking = asyncio.create_task(drain(local))
+            rng = random.Random(13)
+            for value in range(1, commits + 1):  # noqa: B007 - the subscriber reads it
+                await lith.writer.do(Set(value=value))
+                await asyncio.sleep(rng.uniform(0.02, 0.08))
+            await asyncio.sleep(2 * tick + 0.2)  # the last value's tick, here and in B
+            taking.cancel()
+            watcher.stdin.write("stop\n")
+            watcher.stdin.flush()
+            measured = True
+    except Exception as exc:
+        if not measured:
+            raise
+        closing = f"A: {type(exc).__name__}: {exc}"  # a finding, reported: the app's shutdown failed
+    answer = harness.answer(watcher)
+    offered = {int(k): v for k, v in answer["offered"].items()}
+    closing = "; ".join(c for c in (closing, answer["closing"] and f"B: {answer['closing']}") if c)
+    return {"closing": closing, "cross": [offered[v] - t for v, t in committed.items() if v in offered],
             "local": [local.offered[v] - t for v, t in committed.items() if v in local.offered],
             "missing": commits - sum(1 for v in committed if v in offered)}
 
