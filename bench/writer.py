@@ -46,7 +46,7 @@ from .lib import conditions, harness, plot
 from .lib.load import Load, produce
 from .lib.proc import ThreadClocks, Window
 from .lib.profile import Spy
-from .lib.stats import NAN, number, ratio
+from .lib.stats import NAN, median, number, ratio
 
 ROWS = 1000
 BATCH = 512  # the floor's commands per COMMIT: the writer's default batch_size
@@ -224,7 +224,7 @@ def measure(args: argparse.Namespace) -> harness.Result:
     producers = [int(p) for p in (args.producers or ("50" if args.smoke else "1,50,200")).split(",")]
     syncs = ["NORMAL"] if args.smoke else [s.strip().upper() for s in args.sync.split(",")]
     variants = ["ours", "floor"] if args.smoke else args.variants.split(",")
-    warmup, seconds = (0.1, 0.2) if args.smoke else (0.2, 0.45) if args.quick else (0.4, args.seconds or 1.6)
+    warmup, seconds = (0.1, 0.2) if args.smoke else (0.3, 1.0) if args.quick else (0.4, args.seconds or 1.6)
     tmp = Path(tempfile.mkdtemp(prefix="lith-bench-writer-"))
     runs: dict[str, dict[str, float]] = {}
     try:
@@ -286,7 +286,8 @@ def table(runs: dict[str, dict[str, float]], syncs: list[str], producers: list[i
 
 
 def draw(ours: list[harness.Result], theirs: list[harness.Result], rev: str, args: argparse.Namespace) -> list[Path]:
-    runs = ours[-1].data["runs"]
+    runs = {k: {"rate": median([r.data["runs"][k]["rate"] for r in ours if k in r.data["runs"]])}
+            for k in ours[-1].data["runs"]}  # the median of the rounds
     fig, ax = plot.figure("Writer: commands/s against producers (closed loop, in process)", "producers",
                           "commands/s")
     for sync, colour in (("NORMAL", "tab:blue"), ("FULL", "tab:orange")):
