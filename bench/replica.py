@@ -123,8 +123,9 @@ def recovery_point(tmp: Path, seconds: float) -> dict[str, float]:
     child.send_signal(signal.SIGKILL)
     child.wait()
     for line in child.stdout.read().splitlines():  # acknowledged before the kill, read after it
-        n, at = line.split()
-        acked[int(n)] = float(at)
+        parts = line.split()
+        if len(parts) == 2:  # the last line may be cut short by the kill
+            acked[int(parts[0])] = float(parts[1])
     out = path.parent / "restored.db"
     litestream.restore(url, out)
     with sqlite3.connect(out) as conn:
