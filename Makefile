@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -27,8 +27,11 @@ lint: $(STAMP)
 docs: $(STAMP)
 	$(BIN)/mkdocs build --strict
 
+# A quick pass of every benchmark (bench/RESULTS.md says what they measure): under ten minutes
+# on two cores. `python -m bench.NAME --help` for one scenario's own flags, and --against REV.
+BENCHES := writer hub encoders send kanban workers postgres accounts replica restart
 bench: $(STAMP)
-	$(BIN)/python bench/writer.py
+	for name in $(BENCHES); do $(BIN)/python -m bench.$$name --quick || exit 1; done
 
 # Mutation testing of the core (tests/MUTATION.md). MUTANTS narrows it to one module, e.g.
 # `make mutate MUTANTS='fastapi_lith.engine.hub.*'`; `.venv/bin/mutmut browse` shows the survivors.

@@ -1,52 +1,49 @@
 """One database per account: what many small writers cost against one big one, in process.
 
-1. Throughput: 200 producers in a closed loop (each sends its next command once the previous
-   returned) through `writer.do`, either 100 accounts x 2 producers (100 files, 100 writers)
-   or 1 account x 200 producers (one file, one writer). Commands/s and the caller's p50/p99,
-   rounds interleaved, medians, and the ratio of the two in the same run.
-2. Memory: RSS per open account (N accounts open at once) and what a closed account leaves
-   behind (RSS and live Python objects after N more accounts opened and closed).
-3. Cold open: `GET /a/NAME/` (the page with its first render, through FastAPI in process) of an
-   account that is closed, against the same GET once it is open.
-4. Isolation: 2 producers of small commands while another producer sends large writes (a
-   20,000-row insert each), either into another account or into the same one: the small
-   commands' p50/p99 in both cases, and the ratio.
+1. Throughput: 200 closed-loop producers through `writer.do`, either 100 accounts × 2
+   producers (100 files, 100 writers) or 1 account × 200 (one file, one writer); rounds
+   interleaved, medians, and their ratio.
+2. Memory: RSS and live Python objects per open account (N open at once), and what a closed
+   account leaves behind (after 2N more were opened and closed).
+3. Cold open: `GET /a/NAME/` (the page with its first render, through FastAPI in process) of a
+   closed account, against the same GET once it is open.
+4. Isolation: 2 producers of small commands while another sends large writes (20,000 rows
+   each), into another account or into the same one: the small commands' p50/p99.
 
-    python bench/accounts.py            # about a minute and a half
-    python bench/accounts.py --quick
+    python -m bench.accounts            # about a minute and a half
+    python -m bench.accounts --quick
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import shutil
-import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE)]
+import httpx
+from fastapi import FastAPI
+from fastapi.responses import HTMLResponse
+from markupsafe import Markup
 
-import httpx  # noqa: E402
-from fastapi import FastAPI  # noqa: E402
-from fastapi.responses import HTMLResponse  # noqa: E402
+from fastapi_lith import Accounts, Command, Db, Tx
 
-from markupsafe import Markup  # noqa: E402
-from conditions import OtherLoad, load_average, percentile, print_conditions  # noqa: E402
-from fastapi_lith import Accounts, Command, Db, Tx  # noqa: E402
+from .lib import harness
+from .lib.load import produce
+from .lib.proc import rss
+from .lib.stats import median, percentile
 
 INIT = "CREATE TABLE counter (id INTEGER PRIMARY KEY, count INTEGER NOT NULL); INSERT INTO counter VALUES (1, 0);"
 
 
 class Add(Command):
-    n: int = 1
-
     def apply(self, tx: Tx) -> None:
-        tx.execute("UPDATE counter SET count = count + :n WHERE id = 1", {"n": self.n})
+        tx.execute("UPDATE counter SET count = count + 1 WHERE id = 1")
         tx.touch("counter")
 
 
@@ -59,37 +56,10 @@ class Bulk(Command):
         tx.execute("DELETE FROM bulk")
 
 
-async def isolation(accounts: Accounts, small: str, large: str, seconds: float) -> dict[str, float]:
-    """Small commands' latency in `small` while `large` takes large writes."""
-    latencies: list[float] = []
-    stop = False
-
-    async def bulk(lith: object) -> None:
-        while not stop:
-            await lith.writer.do(Bulk())  # type: ignore[attr-defined]
-
-    async def producer(lith: object) -> None:
-        while not stop:
-            started = time.perf_counter()
-            await lith.writer.do(Add())  # type: ignore[attr-defined]
-            latencies.append((time.perf_counter() - started) * 1000)
-            await asyncio.sleep(0.002)
-
-    async with accounts.use(small) as s, accounts.use(large) as big:
-        tasks = [asyncio.ensure_future(bulk(big)), *(asyncio.ensure_future(producer(s)) for _ in range(2))]
-        await asyncio.sleep(0.5)
-        latencies.clear()
-        await asyncio.sleep(seconds)
-        stop = True
-        await asyncio.gather(*tasks)
-    return {"p50": percentile(latencies, 50), "p99": percentile(latencies, 99), "n": len(latencies)}
-
-
-def build(root: Path, **kwargs: object) -> tuple[Accounts, FastAPI]:
-    migrations = root / "migrations"
-    migrations.mkdir(parents=True, exist_ok=True)
-    (migrations / "0001_init.sql").write_text(INIT)
-    accounts = Accounts(root / "accounts", migrations=migrations, same_origin_only=False, **kwargs)
+def build(root: Path, **kwargs: Any) -> tuple[Accounts, FastAPI]:
+    (root / "migrations").mkdir(parents=True, exist_ok=True)
+    (root / "migrations" / "0001_init.sql").write_text(INIT)
+    accounts = Accounts(root / "accounts", migrations=root / "migrations", same_origin_only=False, **kwargs)
 
     @accounts.view("counter", topics={"counter"})
     def counter(db: Db) -> Markup:
@@ -105,47 +75,40 @@ def build(root: Path, **kwargs: object) -> tuple[Accounts, FastAPI]:
     return accounts, app
 
 
-async def throughput(accounts: Accounts, names: list[str], per_account: int, seconds: float) -> dict[str, float]:
+async def throughput(accounts: Accounts, names: list[str], per_account: int, warmup: float,
+                     seconds: float) -> dict[str, float]:
+    async with contextlib.AsyncExitStack() as stack:
+        liths = [await stack.enter_async_context(accounts.use(name)) for name in names]
+        load = await produce(lambda k, i: liths[k % len(liths)].writer.do(Add()), len(liths) * per_account,
+                             warmup=warmup, seconds=seconds)
+    assert load.cost is not None
+    return {"rate": load.rate, "p50": load.p50_ms, "p99": load.p99_ms, "others": load.cost.others}
+
+
+async def isolation(accounts: Accounts, small: str, large: str, seconds: float) -> dict[str, float]:
+    """Small commands' latency in `small` while `large` takes large writes."""
     latencies: list[float] = []
-    done = 0
     stop = False
 
-    async def producer(lith: object) -> None:
-        nonlocal done
-        writer = lith.writer  # type: ignore[attr-defined]
+    async def bulk(lith: Any) -> None:
+        while not stop:
+            await lith.writer.do(Bulk())
+
+    async def producer(lith: Any) -> None:
         while not stop:
             started = time.perf_counter()
-            await writer.do(Add())
-            latencies.append(time.perf_counter() - started)
-            done += 1
+            await lith.writer.do(Add())
+            latencies.append((time.perf_counter() - started) * 1000)
+            await asyncio.sleep(0.002)  # a person's pace, not a closed loop
 
-    async with contextlib_all(accounts, names) as liths:
-        tasks = [asyncio.ensure_future(producer(lith)) for lith in liths for _ in range(per_account)]
-        await asyncio.sleep(0.5)  # warm-up
+    async with accounts.use(small) as s, accounts.use(large) as big:
+        tasks = [asyncio.ensure_future(bulk(big)), *(asyncio.ensure_future(producer(s)) for _ in range(2))]
+        await asyncio.sleep(seconds / 4)
         latencies.clear()
-        done, other = 0, OtherLoad()
-        started = time.perf_counter()
         await asyncio.sleep(seconds)
-        elapsed, count = time.perf_counter() - started, done
-        cores = other.stop()
         stop = True
         await asyncio.gather(*tasks)
-    ms = [x * 1000 for x in latencies]
-    return {"rate": count / elapsed, "p50": percentile(ms, 50), "p99": percentile(ms, 99), "other": cores}
-
-
-class contextlib_all:
-    """Hold several accounts open at once."""
-
-    def __init__(self, accounts: Accounts, names: list[str]) -> None:
-        self.uses = [accounts.use(name) for name in names]
-
-    async def __aenter__(self) -> list[object]:
-        return [await use.__aenter__() for use in self.uses]
-
-    async def __aexit__(self, *exc: object) -> None:
-        for use in self.uses:
-            await use.__aexit__(None, None, None)
+    return {"p50": percentile(latencies, 50), "p99": percentile(latencies, 99)}
 
 
 def tracked() -> int:
@@ -153,119 +116,103 @@ def tracked() -> int:
     return len(gc.get_objects()) + gc.get_freeze_count()
 
 
-def rss_kib() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
+async def memory(root: Path, n: int) -> dict[str, float]:
+    accounts, app = build(root, max_open=10_000, idle_after=600)
+    async with accounts.lifespan(app):
+        names = [f"m{i:04d}" for i in range(3 * n)]
+        for name in names:  # created, then closed: every code path and allocator arena used once
+            await accounts.create(name)
+            await accounts.close(name)
+        gc.collect()
+        base = rss(), tracked()
+        async with contextlib.AsyncExitStack() as stack:
+            for name in names[:n]:
+                await (await stack.enter_async_context(accounts.use(name))).render("counter")
+            gc.collect()
+            opened = rss(), tracked()
+        for name in names[:n]:
+            await accounts.close(name)
+        gc.collect()
+        closed = rss(), tracked()
+        for name in names[n:]:
+            async with accounts.use(name):
+                pass
+            await accounts.close(name)
+        gc.collect()
+        after = rss(), tracked()
+    return {"open_kib": (opened[0] - base[0]) / n / 1024, "open_objects": (opened[1] - base[1]) / n,
+            "closed_kib": (after[0] - closed[0]) / (2 * n) / 1024, "closed_objects": (after[1] - closed[1]) / (2 * n)}
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    rounds, seconds, n_memory, n_cold = (2, 1.5, 100, 20) if args.quick else (3, 3.0, 200, 50)
-    print_conditions(loop="asyncio")
-    print(f"rounds {rounds} x {seconds} s per throughput config; memory over {n_memory} accounts; "
-          f"cold open over {n_cold} accounts\n")  # fmt: skip
-    root = Path(tempfile.mkdtemp(prefix="bench-accounts-"))
+async def cold_open(root: Path, n: int) -> dict[str, float]:
+    accounts, app = build(root, max_open=10_000, idle_after=600)
+    cold, warm = [], []
+    async with accounts.lifespan(app):
+        names = [f"c{i:03d}" for i in range(n)]
+        for name in names:
+            await accounts.create(name)
+            await accounts.close(name)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://bench") as client:
+            await client.get(f"/a/{names[0]}/")
+            await accounts.close(names[0])
+            for name in names:
+                started = time.perf_counter()
+                response = await client.get(f"/a/{name}/")
+                cold.append((time.perf_counter() - started) * 1000)
+                assert response.status_code == 200 and '<p id="counter">0</p>' in response.text
+                started = time.perf_counter()
+                await client.get(f"/a/{name}/")
+                warm.append((time.perf_counter() - started) * 1000)
+    return {"cold_ms": median(cold), "cold_p90_ms": percentile(cold, 90), "warm_ms": median(warm)}
+
+
+async def run(args: argparse.Namespace) -> harness.Result:
+    rounds, seconds, n_memory, n_cold = (1, 0.3, 10, 3) if args.smoke else (2, 1.5, 100, 20) if args.quick \
+        else (3, 3.0, 200, 50)
+    root = Path(tempfile.mkdtemp(prefix="lith-bench-accounts-"))
     try:
-        accounts, app = build(root, max_open=1000, idle_after=600)
+        accounts, app = build(root / "throughput", max_open=1000, idle_after=600)
         async with accounts.lifespan(app):
             many = [f"a{i:03d}" for i in range(100)]
             for name in [*many, "solo"]:
                 await accounts.create(name)
-            results: dict[str, list[dict[str, float]]] = {"100 x 2": [], "1 x 200": []}
+            tp: dict[str, list[dict[str, float]]] = {"100 × 2": [], "1 × 200": []}
             for _ in range(rounds):
-                results["100 x 2"].append(await throughput(accounts, many, 2, seconds))
-                results["1 x 200"].append(await throughput(accounts, ["solo"], 200, seconds))
-            print("1. Throughput, 200 producers (medians)")
-            print(f"  {'accounts x producers':<22}{'commands/s':>12}{'p50 ms':>9}{'p99 ms':>9}{'other cores':>13}")
-            med = {}
-            for label, runs in results.items():
-                med[label] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-                m = med[label]
-                print(f"  {label:<22}{m['rate']:>12,.0f}{m['p50']:>9.2f}{m['p99']:>9.2f}{m['other']:>13.2f}")
-            a, b = med["100 x 2"], med["1 x 200"]
-            print(f"  ratio 100x2 / 1x200: commands/s {a['rate'] / b['rate']:.2f}, p99 {a['p99'] / b['p99']:.2f}\n")
-            for name in accounts.open_names():
-                await accounts.close(name)
-
-        accounts, app = build(root / "memory", max_open=10_000, idle_after=600)
-        async with accounts.lifespan(app):
-            names = [f"m{i:04d}" for i in range(3 * n_memory)]
-            for name in names:
-                await accounts.create(name)
-            for name in names:  # warm: every code path and allocator arena used once
-                await accounts.close(name)
-            gc.collect()
-            base_rss, base_objects = rss_kib(), tracked()
-            async with contextlib_all(accounts, names[:n_memory]) as liths:
-                for lith in liths:
-                    await lith.render("counter")  # type: ignore[attr-defined]
-                gc.collect()
-                open_rss, open_objects = rss_kib(), tracked()
-            for name in names[:n_memory]:
-                await accounts.close(name)
-            gc.collect()
-            closed_rss, closed_objects = rss_kib(), tracked()
-            for name in names[n_memory:]:  # n more opened and closed: what stays per closed one
-                async with accounts.use(name):
-                    pass
-                await accounts.close(name)
-            gc.collect()
-            after_rss, after_objects = rss_kib(), tracked()
-        print("2. Memory")
-        print(f"  per open account     {(open_rss - base_rss) / n_memory:8.0f} KiB RSS, "
-              f"{(open_objects - base_objects) / n_memory:6.0f} Python objects ({n_memory} open at once)")
-        print(f"  per closed account   {(after_rss - closed_rss) / (2 * n_memory):8.1f} KiB RSS, "
-              f"{(after_objects - closed_objects) / (2 * n_memory):6.2f} Python objects "
-              f"(after {2 * n_memory} more opened and closed)\n")  # fmt: skip
-
-        accounts, app = build(root / "cold", max_open=10_000, idle_after=600)
-        async with accounts.lifespan(app):
-            names = [f"c{i:03d}" for i in range(n_cold)]
-            for name in names:
-                await accounts.create(name)
-                await accounts.close(name)
-            transport = httpx.ASGITransport(app=app)
-            cold, warm = [], []
-            async with httpx.AsyncClient(transport=transport, base_url="http://bench") as client:
-                await client.get(f"/a/{names[0]}/")
-                await accounts.close(names[0])
-                for name in names:
-                    started = time.perf_counter()
-                    response = await client.get(f"/a/{name}/")
-                    cold.append((time.perf_counter() - started) * 1000)
-                    assert response.status_code == 200 and '<p id="counter">0</p>' in response.text
-                    started = time.perf_counter()
-                    await client.get(f"/a/{name}/")
-                    warm.append((time.perf_counter() - started) * 1000)
-        print("3. First page of an account (GET with its first render, in process)")
-        print(f"  cold (closed)  median {statistics.median(cold):6.2f} ms  p90 {percentile(cold, 90):6.2f} ms")
-        print(f"  warm (open)    median {statistics.median(warm):6.2f} ms  p90 {percentile(warm, 90):6.2f} ms")
-        print(f"  ratio cold / warm {statistics.median(cold) / statistics.median(warm):.1f}\n")
+                tp["100 × 2"].append(await throughput(accounts, many, 2, seconds / 3, seconds))
+                tp["1 × 200"].append(await throughput(accounts, ["solo"], 200, seconds / 3, seconds))
+        mem = await memory(root / "memory", n_memory)
+        cold = await cold_open(root / "cold", n_cold)
         accounts, app = build(root / "isolation", max_open=100, idle_after=600)
+        iso: dict[str, list[dict[str, float]]] = {"other account": [], "same account": []}
         async with accounts.lifespan(app):
             for name in ("small", "large"):
                 await accounts.create(name)
-            runs: dict[str, list[dict[str, float]]] = {"other account": [], "same account": []}
             for _ in range(rounds):
-                runs["other account"].append(await isolation(accounts, "small", "large", seconds))
-                runs["same account"].append(await isolation(accounts, "small", "small", seconds))
-        print("4. Small commands beside large writes (20,000 rows each), medians")
-        print(f"  {'large writes go to':<22}{'p50 ms':>9}{'p99 ms':>9}{'commands':>10}")
-        iso = {}
-        for label, results in runs.items():
-            iso[label] = {k: statistics.median(r[k] for r in results) for k in results[0]}
-            m = iso[label]
-            print(f"  {label:<22}{m['p50']:>9.2f}{m['p99']:>9.2f}{m['n']:>10.0f}")
-        a, b = iso["other account"], iso["same account"]
-        print(f"  ratio other / same: p50 {a['p50'] / b['p50']:.2f}, p99 {a['p99'] / b['p99']:.2f}\n")
-        print("load average at the end:", load_average())
+                iso["other account"].append(await isolation(accounts, "small", "large", seconds))
+                iso["same account"].append(await isolation(accounts, "small", "small", seconds))
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    t = {k: {f: median([r[f] for r in rs]) for f in rs[0]} for k, rs in tp.items()}
+    i = {k: {f: median([r[f] for r in rs]) for f in rs[0]} for k, rs in iso.items()}
+    lines = [f"{rounds} rounds of {seconds:g} s; memory over {n_memory} accounts; cold open over {n_cold}.\n",
+             "| accounts × producers | commands/s | p50 ms | p99 ms | others' cores |", "|---|---:|---:|---:|---:|"]
+    lines += [f"| {k} | {m['rate']:,.0f} | {m['p50']:.2f} | {m['p99']:.2f} | {m['others']:.2f} |" for k, m in t.items()]
+    lines += ["", f"Memory: {mem['open_kib']:.0f} KiB and {mem['open_objects']:.0f} Python objects per open account; "
+              f"{mem['closed_kib']:.1f} KiB and {mem['closed_objects']:.2f} objects left per closed one.",
+              f"First page: cold {cold['cold_ms']:.2f} ms (p90 {cold['cold_p90_ms']:.2f}), "
+              f"warm {cold['warm_ms']:.2f} ms, {cold['cold_ms'] / cold['warm_ms']:.1f}×."]
+    lines += ["", "| large writes go to | small commands' p50 ms | p99 ms |", "|---|---:|---:|"]
+    lines += [f"| {k} | {m['p50']:.2f} | {m['p99']:.2f} |" for k, m in i.items()]
+    figures = {"many_cmd_s": t["100 × 2"]["rate"], "one_cmd_s": t["1 × 200"]["rate"],
+               "open_account_kib": mem["open_kib"], "closed_account_kib": mem["closed_kib"],
+               "cold_open_ms": cold["cold_ms"],
+               "isolated_p99_ms": i["other account"]["p99"], "shared_p99_ms": i["same account"]["p99"]}
+    return harness.Result(figures, "\n".join(lines), {"throughput": t, "memory": mem, "cold": cold, "isolation": i})
+
+
+def measure(args: argparse.Namespace) -> harness.Result:
+    return asyncio.run(run(args))
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    harness.main(__doc__, measure)

@@ -1,25 +1,23 @@
-"""What one SSE chunk costs the server, layer by layer, and what one POST costs, h11 vs httptools.
+"""The send path: what one SSE chunk costs the server, layer by layer, and one POST, h11 and httptools.
 
-A real uvicorn (`--loop uvloop`, `--http h11` or `httptools`) serves this module's `app`; a
-client in this process reads the bodies over 127.0.0.1 and posts. The server's CPU (utime +
-stime of its process, every thread) over each run, divided by the chunks (or POSTs) it served,
-is the figure; the layers take turns, `--reps` rounds, and the medians are printed.
+A real uvicorn (the deploy's flags, `--http h11` or `httptools`) serves this module's `app`; the
+client in this process reads the bodies over 127.0.0.1 and posts. The figure is the server's
+CPU (every thread, /proc) over each run divided by the chunks or POSTs it served; the layers
+take turns in each round and the medians are printed.
 
 Layers, each adding one thing to the one above:
-  raw         a bare ASGI app: one `send` per chunk
-  starlette   Starlette's StreamingResponse over an async generator
-  sse         sse-starlette's EventSourceResponse, no ping, no send timeout
-  sse+timeout the same with a send timeout and a shutdown event (an AnyIO cancel scope per send)
-  lith-timeout  the same through `web.sse.StreamResponse`, lith's subclass (one asyncio timeout
-              per send instead of the cancel scope)
-  lith        lith's stream body: frames offered to a `Stream`, encoded (identity) by the fan-out,
-              written by `Stream.body` inside `web.sse.tab_body`, through lith-timeout. A frame is
-              offered as soon as the previous one is taken. Chunks under the fan-out's
-              INLINE_BELOW are encoded on the loop; `--size 8000` sends them to the workers.
+  raw           a bare ASGI app: one `send` per chunk
+  starlette     Starlette's StreamingResponse over an async generator
+  sse           sse-starlette's EventSourceResponse, no ping, no send timeout
+  sse+timeout   the same with a send timeout and a shutdown event (an AnyIO cancel scope per send)
+  lith-timeout  the same through the library's `StreamResponse` (one asyncio timeout per send)
+  lith          the library's stream body: frames offered to a `Stream`, encoded (identity) by
+                the fan-out, written by the tab's body inside `StreamResponse`; a frame is
+                offered as soon as the previous one is taken
 POST: a FastAPI route validating a small JSON body into a Pydantic model, answering 204.
 
-    python bench/send.py                  # about a minute
-    python bench/send.py --chunks 20000 --conns 20 --reps 5 --posts 4000
+    python -m bench.send                 # about a minute
+    python -m bench.send --chunks 20000 --conns 20 --posts 4000
 """
 
 from __future__ import annotations
@@ -28,19 +26,17 @@ import argparse
 import asyncio
 import json
 import os
-import socket
-import statistics
-import subprocess
-import sys
-import time
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path[:0] = [str(ROOT), str(HERE)]
+from .lib import harness
+from .lib.proc import Usage
+from .lib.server import Server
+from .lib.stats import median, ratio
+
+LAYERS = ("raw", "starlette", "sse", "sse+timeout", "lith-timeout", "lith")
+
 
 class Move(BaseModel):
     """The kanban example's move, as its page posts it."""
@@ -52,21 +48,16 @@ class Move(BaseModel):
     position: int
 
 
-LAYERS = ("raw", "starlette", "sse", "sse+timeout", "lith-timeout", "lith")
-
-
-# -- the server side -----------------------------------------------------------------------------
-
-
 def make_app() -> Any:
+    """The server's app; built only in the server process (SEND_SERVER set)."""
     import anyio
     from fastapi import FastAPI
     from sse_starlette import EventSourceResponse
-    from starlette.responses import StreamingResponse
+    from starlette.responses import PlainTextResponse, StreamingResponse
 
-    from fastapi_lith.engine.encoders import IdentityEncoder
-    from fastapi_lith.engine.frames import Frame, sse_event
-    from fastapi_lith.engine.streams import Stream, Subscription
+    from fastapi_lith import Frame, IdentityEncoder, Stream
+    from fastapi_lith.engine.frames import sse_event
+    from fastapi_lith.engine.streams import Subscription
     from fastapi_lith.web.sse import StreamResponse, tab_body
 
     api = FastAPI()
@@ -78,32 +69,21 @@ def make_app() -> Any:
             for _ in range(n):
                 yield chunk
 
-        return gen(), chunk
+        return gen()
 
     def sse(gen: Any, timeout: bool, cls: Any = EventSourceResponse) -> Any:
         if not timeout:
             return cls(gen, ping=0)
         return cls(gen, ping=0, send_timeout=10.0, shutdown_event=anyio.Event(), shutdown_grace_period=1.0)
 
-    @api.get("/starlette")
-    async def starlette(n: int, size: int) -> Any:
-        return StreamingResponse(chunks(n, size)[0], media_type="text/event-stream")
-
-    @api.get("/sse")
-    async def bare(n: int, size: int) -> Any:
-        return sse(chunks(n, size)[0], timeout=False)
-
-    @api.get("/sse+timeout")
-    async def timed(n: int, size: int) -> Any:
-        return sse(chunks(n, size)[0], timeout=True)
-
-    @api.get("/lith-timeout")
-    async def lith_timed(n: int, size: int) -> Any:
-        return sse(chunks(n, size)[0], timeout=True, cls=StreamResponse)
+    api.get("/")(lambda: PlainTextResponse("ok"))
+    api.get("/starlette")(lambda n, size: StreamingResponse(chunks(n, size), media_type="text/event-stream"))
+    api.get("/sse")(lambda n, size: sse(chunks(n, size), timeout=False))
+    api.get("/sse+timeout")(lambda n, size: sse(chunks(n, size), timeout=True))
+    api.get("/lith-timeout")(lambda n, size: sse(chunks(n, size), timeout=True, cls=StreamResponse))
 
     class Feeder:
-        """The hub's part: offers the next frame the moment the fan-out takes one, until `n` were
-        taken."""
+        """The hub's part: offers the next frame the moment the fan-out takes one, `n` in all."""
 
         def __init__(self, stream: Stream, n: int, frame: Frame) -> None:
             self.stream, self.left, self.frame = stream, n, frame
@@ -118,23 +98,16 @@ def make_app() -> Any:
             else:
                 asyncio.get_running_loop().call_soon(self.stream.end)
 
-    def frame_of(size: int) -> Frame:
-        """A frame whose event is `size` bytes, as long as the other layers' chunks."""
-        padding = size - len(sse_event(Frame("k", "x")))
-        return Frame("k", "x" * max(1, 1 + padding))
-
     @api.get("/lith")
     async def ours(n: int, size: int) -> Any:
-        frame = frame_of(size)
+        frame = Frame("k", "x" * max(1, 1 + size - len(sse_event(Frame("k", "x")))))  # an event of `size` bytes
         stream = Stream("t")
         subscription = Subscription(Feeder(stream, n, frame), stream, ("k",))
         stream.watch(subscription)
         stream.offer(frame)
         shutdown = anyio.Event()
-        return StreamResponse(
-            tab_body(subscription, IdentityEncoder(), shutdown, keepalive=15.0, hibernate_after=30.0),
-            ping=0, send_timeout=10.0, shutdown_event=shutdown, shutdown_grace_period=1.0,
-        )
+        return StreamResponse(tab_body(subscription, IdentityEncoder(), shutdown, keepalive=15.0, hibernate_after=30.0),
+                              ping=0, send_timeout=10.0, shutdown_event=shutdown, shutdown_grace_period=1.0)
 
     @api.post("/post", status_code=204)
     async def post(move: Move) -> None:
@@ -143,10 +116,9 @@ def make_app() -> Any:
     async def app(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"] == "/raw":
             q = dict(p.split("=") for p in scope["query_string"].decode().split("&"))
-            gen, _ = chunks(int(q["n"]), int(q["size"]))
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": [(b"content-type", b"text/event-stream")]})
-            async for chunk in gen:
+            headers = [(b"content-type", b"text/event-stream")]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            async for chunk in chunks(int(q["n"]), int(q["size"])):
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             return
@@ -159,140 +131,90 @@ if os.environ.get("SEND_SERVER"):
     app = make_app()
 
 
-# -- the client side -----------------------------------------------------------------------------
+async def read_bodies(port: int, layer: str, per: int, conns: int, size: int) -> None:
+    async def one() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
+        writer.write(f"GET /{layer}?n={per}&size={size} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        while await reader.read(1 << 20):
+            pass
+        writer.close()
+
+    await asyncio.gather(*(one() for _ in range(conns)))
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Server:
-    def __init__(self, http: str) -> None:
-        self.port = free_port()
-        env = {**os.environ, "SEND_SERVER": "1", "PYTHONPATH": str(ROOT)}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "send:app", "--app-dir", str(HERE), "--port", str(self.port),
-             "--loop", "uvloop", "--http", http, "--no-access-log", "--log-level", "warning"],
-            env=env,
-        )
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "server did not start"
-                time.sleep(0.05)
-
-    def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
-
-
-async def read_body(port: int, path: str) -> int:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
-    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
-    total = 0
-    while data := await reader.read(1 << 20):
-        total += len(data)
-    writer.close()
-    return total
-
-
-async def stream_run(port: int, layer: str, chunks: int, conns: int, size: int) -> float:
-    per = chunks // conns
-    path = f"/{layer}?n={per}&size={size}"
-    await asyncio.gather(*(read_body(port, path) for _ in range(conns)))  # nothing measured: warm
-    return per * conns
-
-
-async def post_run(port: int, posts: int, conns: int) -> None:
+async def post_all(port: int, per: int, conns: int) -> None:
     body = json.dumps({"tab": "t1", "op": 1, "card_id": 7, "lane_id": 2, "position": 3}).encode()
-    request = (
-        b"POST /post HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        b"Datastar-Request: true\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
-    )
+    request = (b"POST /post HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nDatastar-Request: true\r\n"
+               b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
 
-    async def one_conn(n: int) -> None:
+    async def one() -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        for _ in range(n):
+        for _ in range(per):
             writer.write(request)
             head = await reader.readuntil(b"\r\n\r\n")
             assert head.startswith(b"HTTP/1.1 204"), head
         writer.close()
 
-    await asyncio.gather(*(one_conn(posts // conns) for _ in range(conns)))
+    await asyncio.gather(*(one() for _ in range(conns)))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--chunks", type=int, default=20_000)
-    parser.add_argument("--conns", type=int, default=20)
-    parser.add_argument("--size", type=int, default=1_000, help="bytes per chunk")
-    parser.add_argument("--posts", type=int, default=4_000)
-    parser.add_argument("--reps", type=int, default=5)
-    args = parser.parse_args()
+def cpu_us_per(server: Server, n: int, coro: Any) -> float:
+    before = Usage.of(server.pid).cpu
+    asyncio.run(coro)
+    return (Usage.of(server.pid).cpu - before) / n * 1e6
 
-    from conditions import load_average, print_conditions
 
-    print_conditions(loop="server uvloop, client asyncio", sources=("fastapi_lith/engine/streams.py", "fastapi_lith/engine/fanout.py", "bench/send.py"))
-    print(f"{args.chunks} chunks of {args.size} B over {args.conns} connections per run; "
-          f"{args.posts} POSTs over {args.conns} keep-alive connections; {args.reps} rounds, layers interleaved\n")
-    results: dict[str, list[float]] = {}
-    walls: dict[str, list[float]] = {}
-    servers = {http: Server(http) for http in ("h11", "httptools")}
+def arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--chunks", type=int, default=20_000)
+    ap.add_argument("--conns", type=int, default=20)
+    ap.add_argument("--size", type=int, default=1_000, help="bytes per chunk")
+    ap.add_argument("--posts", type=int, default=4_000)
+    ap.add_argument("--reps", type=int, default=5, help="rounds of every layer (medians)")
+
+
+def measure(args: argparse.Namespace) -> harness.Result:
+    chunks, posts, reps = (400, 100, 1) if args.smoke else (10_000, 2_000, 3) if args.quick \
+        else (args.chunks, args.posts, args.reps)
+    conns = args.conns
+    runs: dict[str, list[float]] = {}
+    https = ("httptools",) if args.smoke else ("h11", "httptools")
+    servers = {http: Server("bench.send:app", env={"SEND_SERVER": "1"}, access_log=False, http=http).start()
+               for http in https}
     try:
-        for http, server in servers.items():  # warm up: imports, first requests
+        for server in servers.values():  # warm: imports, first requests
             for layer in LAYERS:
-                asyncio.run(stream_run(server.port, layer, args.conns * 10, args.conns, args.size))
-            asyncio.run(post_run(server.port, args.conns * 10, args.conns))
-        for _ in range(args.reps):
+                asyncio.run(read_bodies(server.port, layer, 10, conns, args.size))
+            asyncio.run(post_all(server.port, 10, conns))
+        for _ in range(reps):
             for http, server in servers.items():
                 for layer in LAYERS:
-                    before, started = cpu_seconds(server.proc.pid), time.perf_counter()
-                    n = asyncio.run(stream_run(server.port, layer, args.chunks, args.conns, args.size))
-                    wall = time.perf_counter() - started
-                    results.setdefault(f"{http} {layer}", []).append((cpu_seconds(server.proc.pid) - before) / n * 1e6)
-                    walls.setdefault(f"{http} {layer}", []).append(wall / n * 1e6)
-                before, started = cpu_seconds(server.proc.pid), time.perf_counter()
-                asyncio.run(post_run(server.port, args.posts, args.conns))
-                wall = time.perf_counter() - started
-                results.setdefault(f"{http} POST", []).append((cpu_seconds(server.proc.pid) - before) / args.posts * 1e6)
-                walls.setdefault(f"{http} POST", []).append(wall / args.posts * 1e6)
+                    bodies = read_bodies(server.port, layer, chunks // conns, conns, args.size)
+                    runs.setdefault(f"{http} {layer}", []).append(cpu_us_per(server, chunks // conns * conns, bodies))
+                runs.setdefault(f"{http} POST", []).append(
+                    cpu_us_per(server, posts // conns * conns, post_all(server.port, posts // conns, conns)))
     finally:
         for server in servers.values():
-            server.close()
-
-    def med(key: str) -> float:
-        return statistics.median(results[key])
-
-    print("| layer | h11 server CPU µs per chunk | added by the layer | httptools µs per chunk | added by the layer | httptools / h11 |")
-    print("|---|---:|---:|---:|---:|---:|")
+            server.stop()
+    med = {k: median(v) for k, v in runs.items()}
+    lines = [f"{chunks} chunks of {args.size} B over {conns} connections per run; {posts} POSTs over {conns} "
+             f"keep-alive connections; {reps} rounds. Server CPU µs per chunk (or POST), medians (min–max):\n",
+             "| layer | " + " | ".join(f"{h} | added" for h in https) + " | httptools / h11 |",
+             "|---|" + "---:|---:|" * len(https) + "---:|"]
     previous: dict[str, float] = {}
-    for layer in LAYERS:
+    for layer in (*LAYERS, "POST"):
         row = [layer]
-        for http in ("h11", "httptools"):
-            v = med(f"{http} {layer}")
-            row += [f"{v:.1f}", f"{v - previous[http]:+.1f}" if http in previous else "–"]
+        for http in https:
+            v, vs = med[f"{http} {layer}"], runs[f"{http} {layer}"]
+            row += [f"{v:.1f} ({min(vs):.1f}–{max(vs):.1f})",
+                    f"{v - previous[http]:+.1f}" if http in previous and layer != "POST" else "–"]
             previous[http] = v
-        row.append(f"{med('httptools ' + layer) / med('h11 ' + layer):.2f}×")
-        print("| " + " | ".join(row) + " |")
-    h11, ht = med("h11 POST"), med("httptools POST")
-    print(f"| POST → 204 (per request) | {h11:.1f} | | {ht:.1f} | | {ht / h11:.2f}× |")
-    print()
-    print("Spread (min–max µs over the rounds): " + "; ".join(
-        f"{k} {min(v):.1f}–{max(v):.1f}" for k, v in results.items()))
-    print("Wall µs per chunk or POST (medians): " + "; ".join(
-        f"{k} {statistics.median(v):.1f}" for k, v in walls.items()))
-    print("load average at the end:", load_average())
+        row.append(f"{ratio(med['httptools ' + layer], med['h11 ' + layer]):.2f}×" if len(https) == 2 else "")
+        lines.append("| " + " | ".join(row) + " |")
+    figures = {f"{k.replace(' ', '_')}_us": v for k, v in med.items() if k.startswith("httptools")}
+    if "h11 POST" in med:
+        figures["h11_POST_us"] = med["h11 POST"]
+    return harness.Result(figures, "\n".join(lines), {"runs": runs})
 
 
 if __name__ == "__main__":
-    main()
+    harness.main(__doc__, measure, arguments=arguments)

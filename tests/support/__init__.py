@@ -1,5 +1,5 @@
 """What the tests share: the browser and PostgreSQL harnesses, the helper apps they serve and
-their migrations, and the board the encoder tests and benchmarks render."""
+their migrations, and the board the encoder tests render."""
 
 from __future__ import annotations
 

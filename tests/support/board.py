@@ -1,8 +1,8 @@
-"""A deterministic kanban board for benchmarks: 200 cards in 4 lanes, about 142 KB of HTML.
+"""A deterministic kanban board: 200 cards in 4 lanes, about 142 KB of HTML.
 
-It stands in for `examples/kanban` until that exists, so encoder, hub and stream benchmarks
-measure frames of the size and texture lith measured (142,067 bytes per frame). Plain
-f-strings: the point is the bytes on the wire, not how they were rendered.
+The encoder and stream tests encode frames of the size and texture lith measured (142,067
+bytes per frame). Plain f-strings: the point is the bytes on the wire, not how they were
+rendered. bench/lib/board.py is the benchmarks' own copy: bench and tests share no code.
 """
 
 from __future__ import annotations

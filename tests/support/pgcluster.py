@@ -1,4 +1,4 @@
-"""A throwaway PostgreSQL cluster for the tests and benchmarks, from Debian's `postgresql`.
+"""A throwaway PostgreSQL cluster for the tests, from Debian's `postgresql` (bench/lib/pg.py is bench's own).
 
 `LITH_PG_URL` points at an existing server instead. Otherwise the cluster tools (`initdb`,
 `pg_ctl`) create one in a temporary folder, listening on a unix socket in that folder only (no
