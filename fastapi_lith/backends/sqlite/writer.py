@@ -33,6 +33,9 @@ from ...engine.writer import BATCH_SIZE, CACHED_STATEMENTS, REPEAT_WINDOW, Write
 from . import db
 
 log = logging.getLogger("fastapi_lith.writer")
+# How long a closing writer waits for the file to run `PRAGMA optimize`: a shutdown is not held
+# for a hint.
+OPTIMIZE_WAIT_MS = 100
 
 
 class _Outcomes:
@@ -112,10 +115,19 @@ class SqliteStore:
         cur.execute(PRUNE_TABS, (time.time() - TAB_KEEP,))
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.execute("PRAGMA optimize")
-            self._conn.close()
-            self._conn = None
+        if self._conn is None:
+            return
+        # `optimize` may write the planner's statistics: in this process's turn, like a batch,
+        # and only a hint, skipped when another process holds the file (a worker's own close).
+        # The next close runs it.
+        try:
+            with self._feed.turn():
+                self._conn.execute(f"PRAGMA busy_timeout = {OPTIMIZE_WAIT_MS}")
+                self._conn.execute("PRAGMA optimize")
+        except sqlite3.OperationalError as exc:
+            log.info("%s: PRAGMA optimize skipped at close: %s", self.path, exc)
+        self._conn.close()
+        self._conn = None
 
     def run(self, batch: Batch) -> None:
         """Run the batch in this process's turn at the file (see `Feed.turn`)."""
