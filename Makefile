@@ -21,7 +21,7 @@ test: $(STAMP)
 
 # The rules and types in pyproject.toml ([tool.ruff], [tool.mypy]); no formatter: the code is laid out by hand.
 lint: $(STAMP)
-	$(BIN)/ruff check fastapi_lith tests
+	$(BIN)/ruff check fastapi_lith tests bench
 	$(BIN)/mypy fastapi_lith
 
 docs: $(STAMP)
