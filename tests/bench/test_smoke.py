@@ -17,7 +17,8 @@ import pytest
 
 from tests.support import REPO
 
-SCENARIOS = ("writer", "hub", "encoders", "send", "kanban", "workers", "postgres", "accounts", "replica", "restart")
+SCENARIOS = ("writer", "hub", "encoders", "send", "kanban", "workers", "postgres", "accounts", "replica", "restart",
+             "connects")
 
 
 def postgres_missing() -> str | None:
