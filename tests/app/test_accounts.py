@@ -289,6 +289,7 @@ def test_accounts_settings_are_checked_when_built(tmp_path: Path) -> None:
 # -- the command line: every account, or the ones named ----------------------------------------
 
 
+@pytest.mark.timeout(120)  # a child process imports the package: past `make mutate`'s hang limit in its copy
 async def test_the_command_line_backs_up_verifies_and_restores_every_account(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -144,6 +144,7 @@ def test_missing_migrations_folder_creates_nothing(tmp_path: Path, run: Run) -> 
     assert not (tmp_path / "app.db").exists()
 
 
+@pytest.mark.timeout(120)  # a child process imports the package: past `make mutate`'s hang limit in its copy
 def test_the_module_runs_from_a_shell(tmp_path: Path, migrations: Path) -> None:
     """One real `python -m fastapi_lith` (the others run `main` in this process)."""
     db_path = tmp_path / "app.db"

@@ -59,6 +59,7 @@ def seq_db(tmp_path: Path) -> tuple[Path, Path]:
 SHELL = "import sys; from fastapi_lith.cli import main; sys.stdin.readline(); sys.exit(main(sys.argv[1:]))"
 
 
+@pytest.mark.timeout(120)  # a child process imports the package: past `make mutate`'s hang limit in its copy
 async def test_backups_under_load_hold_exactly_the_commands_committed_before_them(
     seq_db: tuple[Path, Path], tmp_path: Path
 ) -> None:

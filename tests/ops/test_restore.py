@@ -201,6 +201,7 @@ def add(server: Server, n: int) -> None:
     assert response.status_code == 204, response.text
 
 
+@pytest.mark.timeout(120)  # a child process imports the package: past `make mutate`'s hang limit in its copy
 def test_restore_refuses_the_database_of_a_running_app_then_restores_it_stopped(
     tmp_path: Path, run: Callable[..., subprocess.CompletedProcess[str]]
 ) -> None:
@@ -343,6 +344,7 @@ sys.exit(fastapi_lith.cli.main(["verify", sys.argv[3]]))
 """
 
 
+@pytest.mark.timeout(120)  # a child process imports the package: past `make mutate`'s hang limit in its copy
 def test_without_fcntl_the_package_imports_and_only_the_lock_check_says_it_cannot_run(copy: Path, tmp_path: Path) -> None:
     target = tmp_path / "app.db"
     before = sha(target)
