@@ -153,7 +153,6 @@ def test_migration_files_are_found_by_their_number(tmp_path: Path) -> None:
         find_migrations(mig)
 
 
-@pytest.mark.timeout(120)  # a child process imports the package: past `make mutate`'s hang limit in its copy
 def test_a_relative_migrations_folder_that_is_missing_is_named_by_its_absolute_path(
     server_factory: Callable[..., Server], tmp_path: Path
 ) -> None:
