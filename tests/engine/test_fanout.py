@@ -254,3 +254,20 @@ async def test_the_fanout_needs_of_a_stream_only_start_encode_and_encoded(size: 
     [out] = outlet.out
     assert (fanout.inline, fanout.hops) == ((1, 0) if size < INLINE_BELOW else (0, 1))
     assert isinstance(out, bytes) and b"x" * size in zlib.decompressobj(31).decompress(out)
+
+
+async def test_a_fanout_starts_its_size_in_workers_and_none_keeps_the_process_alive() -> None:
+    """`workers` threads exactly, started by the first encode too big for the loop; daemons, since
+    the process's shared fan-out is never closed and a live worker would hold up its exit."""
+    before = set(threading.enumerate())  # the shared fan-out of earlier tests may run beside
+    fanout = Fanout(3)
+    outlet = Outlet([Frame("k", "x" * INLINE_BELOW)])
+    try:
+        fanout.request(outlet)
+        await asyncio.wait_for(outlet.done.wait(), 10)
+        workers = set(threading.enumerate()) - before
+        assert sorted(t.name for t in workers) == ["lith-fanout-0", "lith-fanout-1", "lith-fanout-2"]
+        assert all(t.daemon for t in workers)
+    finally:
+        fanout.close()
+    assert not workers & set(threading.enumerate())
