@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import threading
 import time
@@ -271,3 +272,9 @@ async def test_a_fanout_starts_its_size_in_workers_and_none_keeps_the_process_al
     finally:
         fanout.close()
     assert not workers & set(threading.enumerate())
+
+
+def test_a_fanout_without_a_size_takes_one_worker_a_core_up_to_four() -> None:
+    """Sized to the cores, which the process's streams share: more threads than cores only switch."""
+    assert Fanout().size == min(4, os.cpu_count() or 1)
+    assert Fanout(7).size == 7
