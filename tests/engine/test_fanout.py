@@ -278,3 +278,21 @@ def test_a_fanout_without_a_size_takes_one_worker_a_core_up_to_four() -> None:
     """Sized to the cores, which the process's streams share: more threads than cores only switch."""
     assert Fanout().size == min(4, os.cpu_count() or 1)
     assert Fanout(7).size == 7
+
+
+async def test_one_pass_encodes_every_stream_it_was_asked_for_and_counts_each() -> None:
+    """A stream with nothing to encode is skipped, not the end of the pass; the small ones are
+    counted one by one; and two large ones, far fewer than a worker takes, make one hop."""
+    fanout = Fanout(4)
+    empty = Outlet([])
+    empty.frames = None
+    small = [Outlet([Frame("k", f"small {i}")]) for i in range(2)]
+    large = [Outlet([Frame("k", f"{i}" * INLINE_BELOW)]) for i in range(2)]
+    try:
+        for outlet in (empty, *small, *large):
+            fanout.request(outlet)
+        await asyncio.wait_for(asyncio.gather(*(o.done.wait() for o in (*small, *large))), 10)
+    finally:
+        fanout.close()
+    assert (fanout.inline, fanout.encodes, fanout.hops) == (2, 4, 1)
+    assert empty.out == [] and all(len(o.out) == 1 for o in (*small, *large))
