@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import CHILD_HANG_LIMIT
 from tests.support import browser as _bh
 
 # --------------------------------------------------------------------------- browser harness
@@ -51,6 +52,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if _BROWSER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.browser)
+        if "server_factory" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("timeout"):
+            # a uvicorn child imports the package (CHILD_HANG_LIMIT says why that matters)
+            item.add_marker(pytest.mark.timeout(CHILD_HANG_LIMIT))
         if chromium is None and not _bh.is_ci() and item.get_closest_marker("browser"):
             # on CI the chromium_path fixture fails the test instead
             item.add_marker(pytest.mark.skip(reason=_bh.CHROMIUM_INSTALL_HINT))

@@ -33,7 +33,7 @@ from fastapi_lith import (
     ViewError,
     Writer,
 )
-from tests.support import REPO
+from tests.support import CHILD_HANG_LIMIT, REPO
 
 SAME_ORIGIN = {"Sec-Fetch-Site": "same-origin", "Datastar-Request": "true"}
 
@@ -289,6 +289,7 @@ def test_accounts_settings_are_checked_when_built(tmp_path: Path) -> None:
 # -- the command line: every account, or the ones named ----------------------------------------
 
 
+@pytest.mark.timeout(CHILD_HANG_LIMIT)  # a child process imports the package (tests/support)
 async def test_the_command_line_backs_up_verifies_and_restores_every_account(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

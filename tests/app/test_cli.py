@@ -15,6 +15,7 @@ from fastapi_lith.cli import build_parser, main
 from fastapi_lith.exceptions import LithError, MigrationError
 from fastapi_lith.ops import BackupError, InUse
 from fastapi_lith.scaffold import ProjectError, package_name
+from tests.support import CHILD_HANG_LIMIT
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -144,6 +145,7 @@ def test_missing_migrations_folder_creates_nothing(tmp_path: Path, run: Run) -> 
     assert not (tmp_path / "app.db").exists()
 
 
+@pytest.mark.timeout(CHILD_HANG_LIMIT)  # a child process imports the package (tests/support)
 def test_the_module_runs_from_a_shell(tmp_path: Path, migrations: Path) -> None:
     """One real `python -m fastapi_lith` (the others run `main` in this process)."""
     db_path = tmp_path / "app.db"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import threading
 import time
@@ -254,3 +255,44 @@ async def test_the_fanout_needs_of_a_stream_only_start_encode_and_encoded(size: 
     [out] = outlet.out
     assert (fanout.inline, fanout.hops) == ((1, 0) if size < INLINE_BELOW else (0, 1))
     assert isinstance(out, bytes) and b"x" * size in zlib.decompressobj(31).decompress(out)
+
+
+async def test_a_fanout_starts_its_size_in_workers_and_none_keeps_the_process_alive() -> None:
+    """`workers` threads exactly, started by the first encode too big for the loop; daemons, since
+    the process's shared fan-out is never closed and a live worker would hold up its exit."""
+    before = set(threading.enumerate())  # the shared fan-out of earlier tests may run beside
+    fanout = Fanout(3)
+    outlet = Outlet([Frame("k", "x" * INLINE_BELOW)])
+    try:
+        fanout.request(outlet)
+        await asyncio.wait_for(outlet.done.wait(), 10)
+        workers = set(threading.enumerate()) - before
+        assert sorted(t.name for t in workers) == ["lith-fanout-0", "lith-fanout-1", "lith-fanout-2"]
+        assert all(t.daemon for t in workers)
+    finally:
+        fanout.close()
+    assert not workers & set(threading.enumerate())
+
+
+def test_a_fanout_without_a_size_takes_one_worker_a_core_up_to_four() -> None:
+    """Sized to the cores, which the process's streams share: more threads than cores only switch."""
+    assert Fanout().size == min(4, os.cpu_count() or 1)
+    assert Fanout(7).size == 7
+
+
+async def test_one_pass_encodes_every_stream_it_was_asked_for_and_counts_each() -> None:
+    """A stream with nothing to encode is skipped, not the end of the pass; the small ones are
+    counted one by one; and two large ones, far fewer than a worker takes, make one hop."""
+    fanout = Fanout(4)
+    empty = Outlet([])
+    empty.frames = None
+    small = [Outlet([Frame("k", f"small {i}")]) for i in range(2)]
+    large = [Outlet([Frame("k", f"{i}" * INLINE_BELOW)]) for i in range(2)]
+    try:
+        for outlet in (empty, *small, *large):
+            fanout.request(outlet)
+        await asyncio.wait_for(asyncio.gather(*(o.done.wait() for o in (*small, *large))), 10)
+    finally:
+        fanout.close()
+    assert (fanout.inline, fanout.encodes, fanout.hops) == (2, 4, 1)
+    assert empty.out == [] and all(len(o.out) == 1 for o in (*small, *large))

@@ -19,6 +19,7 @@ import pytest
 from fastapi_lith import Command, Tx, Writer
 from fastapi_lith.ops import Backups, backup, verify
 from fastapi_lith.ops.files import checksum_path, copy_name
+from tests.support import CHILD_HANG_LIMIT
 
 
 def rows(path: Path) -> list[int]:
@@ -59,6 +60,7 @@ def seq_db(tmp_path: Path) -> tuple[Path, Path]:
 SHELL = "import sys; from fastapi_lith.cli import main; sys.stdin.readline(); sys.exit(main(sys.argv[1:]))"
 
 
+@pytest.mark.timeout(CHILD_HANG_LIMIT)  # a child process imports the package (tests/support)
 async def test_backups_under_load_hold_exactly_the_commands_committed_before_them(
     seq_db: tuple[Path, Path], tmp_path: Path
 ) -> None:

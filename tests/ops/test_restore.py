@@ -21,7 +21,7 @@ import pytest
 from fastapi_lith.cli import main
 from fastapi_lith.ops import Backups, backup, restore, verify
 from fastapi_lith.ops.files import checksum_path
-from tests.support import REPO
+from tests.support import CHILD_HANG_LIMIT, REPO
 from tests.support.browser import Server
 
 SAME_ORIGIN = {"Datastar-Request": "true", "Sec-Fetch-Site": "same-origin"}
@@ -201,6 +201,7 @@ def add(server: Server, n: int) -> None:
     assert response.status_code == 204, response.text
 
 
+@pytest.mark.timeout(CHILD_HANG_LIMIT)  # a child process imports the package (tests/support)
 def test_restore_refuses_the_database_of_a_running_app_then_restores_it_stopped(
     tmp_path: Path, run: Callable[..., subprocess.CompletedProcess[str]]
 ) -> None:
@@ -343,6 +344,7 @@ sys.exit(fastapi_lith.cli.main(["verify", sys.argv[3]]))
 """
 
 
+@pytest.mark.timeout(CHILD_HANG_LIMIT)  # a child process imports the package (tests/support)
 def test_without_fcntl_the_package_imports_and_only_the_lock_check_says_it_cannot_run(copy: Path, tmp_path: Path) -> None:
     target = tmp_path / "app.db"
     before = sha(target)

@@ -9,3 +9,7 @@ SUPPORT = Path(__file__).resolve().parent
 """This folder: uvicorn serves a helper app (`streamapp:app`, ...) with it as the working directory."""
 REPO = SUPPORT.parent.parent
 """The checkout: the examples, docs and deploy files the tests run."""
+CHILD_HANG_LIMIT = 120
+"""Seconds before a test whose child process imports the package counts as hung: in mutmut's
+copy every module carries all its mutants, and that import alone can pass `make mutate`'s
+limit for a hang (tests/MUTATION.md)."""

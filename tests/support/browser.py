@@ -380,6 +380,14 @@ class Server:
                 env.pop(key, None)
             else:
                 env[key] = str(value)
+        if self.env.get("PYTHONPATH", "") is not None:
+            # The package of this checkout (in mutmut's copy, the mutated one), whatever the working
+            # directory: not the checkout the virtualenv's editable install points at.
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(REPO)) if p)
+        if env.get("MUTANT_UNDER_TEST") == "stats":
+            # mutmut's stats run records the functions each test calls in its own process only; a
+            # child would look for mutmut's settings in its working directory, and fail.
+            del env["MUTANT_UNDER_TEST"]
         self.starts += 1
         cmd = self.command()
         with open(self.log_path, "ab") as log:

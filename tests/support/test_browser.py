@@ -171,6 +171,18 @@ def test_server_that_dies_reports_its_output(tmp_path: Path) -> None:
     server.close()
 
 
+def test_a_server_imports_the_package_of_this_checkout_from_any_folder(tmp_path: Path) -> None:
+    """Served from a folder outside the checkout, the app imports this checkout's package (in
+    mutmut's copy, the mutated one), not the one the virtualenv's editable install names."""
+    (tmp_path / "which.py").write_text(
+        "import fastapi_lith\nfrom fastapi import FastAPI\n"
+        "print('package at', fastapi_lith.__file__, flush=True)\napp = FastAPI()\n"
+    )  # fmt: skip
+    with Server("which:app", cwd=tmp_path, log_path=tmp_path / "server.log") as server:
+        pass
+    assert f"package at {REPO / 'fastapi_lith' / '__init__.py'}\n" in server.output
+
+
 def test_alive_is_false_for_a_process_reaped_while_it_looks() -> None:
     """A child is reaped by another thread while `alive` polls it: the answer is False, never
     an error, wherever in its reading of `/proc` the reaping lands."""
