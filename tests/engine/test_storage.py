@@ -8,6 +8,7 @@ all back. Needs root for `mount` (CI runs as root), skipped otherwise.
 from __future__ import annotations
 
 import errno
+import html
 import json
 import os
 import re
@@ -18,11 +19,13 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import closing
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
 
 from fastapi_lith.cli import main
+from tests.app.test_scaffold import TEST_SECRET, signed_up
 from tests.support import REPO
 from tests.support.browser import Server
 
@@ -60,12 +63,17 @@ def fill(disk: Path) -> Path:
 
 
 class Tab:
-    """One tab's identity-encoded stream, read on a thread, for the test to wait on."""
+    """One signed-in page's identity-encoded stream (the URL its page signed), read on a
+    thread, for the test to wait on."""
 
-    def __init__(self, server: Server, tab: str) -> None:
+    def __init__(self, browser: httpx.Client) -> None:
         self.data = ""
-        self._client = httpx.Client(timeout=None)
-        url = f"{server.url}/lith/stream?views=entries,outcome/{tab}&tab={tab}"
+        page = browser.get("/")
+        match = re.search(r"@get\('([^']+)'", html.unescape(page.text))
+        assert match, page.text
+        url = match.group(1)
+        self.id = parse_qs(urlsplit(url).query)["tab"][0]
+        self._client = httpx.Client(base_url=str(browser.base_url), cookies=browser.cookies, timeout=None)
         self._stream = self._client.stream("GET", url, headers={"Accept-Encoding": "identity"})
         self._response = self._stream.__enter__()
         assert self._response.status_code == 200
@@ -96,17 +104,27 @@ def test_a_full_disk_refuses_commands_with_503_tells_the_tab_and_fails_health(
     db = small_disk / "app.db"
     server = server_factory(
         "guestbook.app:app", cwd=project, startup_timeout=60,
-        env={"APP_DB": str(db), "APP_BACKUPS": str(tmp_path / "backups"), "PYTHONPATH": f"{project}:{REPO}"},
+        env={"APP_DB": str(db), "APP_BACKUPS": str(tmp_path / "backups"), "PYTHONPATH": f"{project}:{REPO}",
+             "APP_SECRET": TEST_SECRET},
         args=["--log-config", str(REPO / "deploy" / "logging.json")],
     )  # fmt: skip
 
-    def sign(op: int) -> httpx.Response:
-        body = json.dumps({"tab": "t1", "op": op, "name": f"signer {op}"})
-        return httpx.post(f"{server.url}/sign", content=body, headers=SAME_ORIGIN, timeout=30)
-
     health = httpx.get(f"{server.url}/health", timeout=30)
     assert health.status_code == 200 and health.json()["cannot_write"] is None, health.text
-    tab = Tab(server, "t1")
+    with signed_up(server.url, "ada") as ada:
+        tab = Tab(ada)
+
+        def sign(op: int) -> httpx.Response:
+            body = json.dumps({"tab": tab.id, "op": op, "note": f"note {op}"})
+            return ada.post("/sign", content=body, headers=SAME_ORIGIN)
+
+        run_out_of_disk(server, small_disk, db, tab, sign)
+
+
+def run_out_of_disk(
+    server: Server, small_disk: Path, db: Path, tab: Tab, sign: Callable[[int], httpx.Response]
+) -> None:
+    """Sign, fill the disk, see every command refused and the tab told, free it, sign again."""
     try:
         assert sign(1).status_code == 204
         tab.wait_for("You signed as #1")
@@ -143,6 +161,6 @@ def test_a_full_disk_refuses_commands_with_503_tells_the_tab_and_fails_health(
     finally:
         tab.close()
     with closing(sqlite3.connect(db)) as conn:
-        names = [row[0] for row in conn.execute("SELECT name FROM entry ORDER BY id")]
+        names = [row[0] for row in conn.execute("SELECT note FROM entry ORDER BY id")]
     # What answered 204 is there, what answered 503 is not, and nothing is lost.
-    assert names == [f"signer {op}" for op in [1, *[op for op, c in zip(range(2, 12), codes, strict=True) if c == 204], 12]]
+    assert names == [f"note {op}" for op in [1, *[op for op, c in zip(range(2, 12), codes, strict=True) if c == 204], 12]]
