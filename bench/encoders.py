@@ -1,6 +1,6 @@
 """The encoders: bytes, CPU and memory per stream on a 142 KB kanban board.
 
-Frames are Datastar `datastar-patch-elements` events of the whole board (bench/lib/board.py,
+Frames are Datastar `datastar-patch-elements` events of the whole board (examples/kanban/synthetic.py,
 200 cards, about 144 KB each), one card changed per frame: even steps rename a card, odd steps
 move one to another lane. Each configuration encodes the same frames in one stream, through
 the library's encoders.
@@ -31,10 +31,10 @@ from typing import Any
 
 from datastar_py.sse import ServerSentEventGenerator
 
+from examples.kanban.synthetic import board_html, change_card, make_cards
 from fastapi_lith import BrotliEncoder, Encoder, GzipEncoder, IdentityEncoder, ZstdEncoder
 
 from .lib import conditions, harness, plot
-from .lib.board import board_html, change_card, make_cards
 from .lib.checkout import LIBRARY, PRELUDE, child_env
 from .lib.proc import rss
 from .lib.stats import number

@@ -46,11 +46,11 @@ import htpy as h
 from markupsafe import Markup
 from pydantic import Field
 
+from examples.kanban.synthetic import LANE_TITLES, LANES, make_cards
 from fastapi_lith import Command, Db, Lith, Stream, Tx, fragment
 from fastapi_lith.engine.frames import sse_event
 
 from .lib import harness
-from .lib.board import LANE_TITLES, LANES, make_cards
 from .lib.load import produce
 from .lib.proc import ThreadClocks, Window
 from .lib.profile import Spy

@@ -14,6 +14,7 @@ import pytest
 import zstandard
 from datastar_py.sse import ServerSentEventGenerator as SSE
 
+from examples.kanban.synthetic import board_html, change_card, make_cards
 from fastapi_lith.engine.encoders import (
     BrotliEncoder,
     Encoder,
@@ -23,7 +24,6 @@ from fastapi_lith.engine.encoders import (
     make_encoder,
     negotiate,
 )
-from tests.support.board import board_html, change_card, make_cards
 
 # --------------------------------------------------------------------------- decoders
 

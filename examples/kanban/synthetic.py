@@ -1,8 +1,9 @@
-"""A deterministic kanban board: 200 cards in 4 lanes, about 142 KB of HTML.
+"""A synthetic kanban board: 200 cards in 4 lanes, about 142 KB of HTML, the same every time.
 
-The encoder and stream tests encode frames of the size and texture lith measured (142,067
-bytes per frame). Plain f-strings: the point is the bytes on the wire, not how they were
-rendered. bench/lib/board.py is the benchmarks' own copy: bench and tests share no code.
+Not the example's own page (views.py renders that): frames of the size and texture lith
+measured (142,067 bytes per frame) for what compresses them, the encoder tests and the encoder
+and hub benchmarks, which share it from here. Plain f-strings: the point is the bytes on the
+wire, not how they were rendered.
 """
 
 from __future__ import annotations
@@ -14,8 +15,23 @@ from typing import Any
 LANES = ("todo", "doing", "review", "done")
 LANE_TITLES = {"todo": "To do", "doing": "Doing", "review": "In review", "done": "Done"}
 
-_WORDS = ["account", "admin", "alert", "api", "archive", "audit", "backup", "badge", "billing", "board", "bug", "build", "cache", "calendar", "card", "cart", "chart", "checkout", "client", "cluster", "comment", "config", "cookie", "cron", "dashboard", "database", "deploy", "design", "digest", "docs", "draft", "email", "error", "export", "feature", "feed", "filter", "form", "gateway", "graph", "header", "import", "index", "invoice", "job", "label", "layout", "lint", "login", "logout", "mail", "metric", "migration", "mobile", "modal", "monitor", "navbar", "notify", "onboarding", "order", "page", "password", "payment", "plan", "policy", "profile", "query", "queue", "quota", "release", "report", "request", "retry", "review", "role", "router", "schema", "search", "session", "settings", "signup", "sitemap", "sync", "table", "team", "test", "theme", "ticket", "timeout", "token", "tooltip", "trace", "upload", "user", "vendor", "webhook", "widget", "worker"]
-_VERBS = ["Add", "Fix", "Refactor", "Update", "Remove", "Document", "Test", "Speed", "up", "Migrate", "Rename", "Split", "Merge", "Validate", "Cache", "Log", "Translate", "Audit", "Polish", "Redesign", "Simplify"]
+_WORDS = [
+    "account", "admin", "alert", "api", "archive", "audit", "backup", "badge", "billing", "board",
+    "bug", "build", "cache", "calendar", "card", "cart", "chart", "checkout", "client", "cluster",
+    "comment", "config", "cookie", "cron", "dashboard", "database", "deploy", "design", "digest",
+    "docs", "draft", "email", "error", "export", "feature", "feed", "filter", "form", "gateway",
+    "graph", "header", "import", "index", "invoice", "job", "label", "layout", "lint", "login",
+    "logout", "mail", "metric", "migration", "mobile", "modal", "monitor", "navbar", "notify",
+    "onboarding", "order", "page", "password", "payment", "plan", "policy", "profile", "query", "queue",
+    "quota", "release", "report", "request", "retry", "review", "role", "router", "schema", "search",
+    "session", "settings", "signup", "sitemap", "sync", "table", "team", "test", "theme", "ticket",
+    "timeout", "token", "tooltip", "trace", "upload", "user", "vendor", "webhook", "widget", "worker"
+]
+_VERBS = [
+    "Add", "Fix", "Refactor", "Update", "Remove", "Document", "Test", "Speed", "up", "Migrate",
+    "Rename", "Split", "Merge", "Validate", "Cache", "Log", "Translate", "Audit", "Polish", "Redesign",
+    "Simplify"
+]
 _PEOPLE = ("ada", "bob", "chen", "dara", "eve", "farid", "gus", "hana", "ivan", "jo")
 _TAGS = ("bug", "feature", "ops", "ux", "docs", "perf", "security", "infra")
 
