@@ -44,7 +44,8 @@ from .signin import person, signed_in, signin_routes
 HERE = Path(__file__).parent
 # Unset, every start makes a new one: sessions and stream tokens then last until the restart.
 SECRET = os.environ.get("TODOS_SECRET") or secrets.token_urlsafe(32)
-STYLE = (HERE / "todos.css").read_text()
+# The counter example's stylesheet, and the rules of a list and a sign-out button.
+STYLE = (HERE.parent / "counter" / "counter.css").read_text() + (HERE / "todos.css").read_text()
 
 # --8<-- [start:identity]
 lith = Lith(

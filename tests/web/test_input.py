@@ -75,16 +75,6 @@ class TabStream:
         self._client.close()
 
 
-@pytest.fixture
-def stream(served: tuple[Server, Path], request: pytest.FixtureRequest) -> Iterator[TabStream]:
-    tab = re.sub(r"[^A-Za-z0-9_-]", "_", request.node.name)[-64:]
-    tab_stream = TabStream(served[0], tab)
-    tab_stream.tab = tab  # type: ignore[attr-defined]
-    tab_stream.wait_for('data-signals:done="0"')
-    yield tab_stream
-    tab_stream.close()
-
-
 DEEP = 1000  # past Python's recursion limit: `json.loads` raises RecursionError
 
 

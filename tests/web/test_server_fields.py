@@ -50,16 +50,6 @@ def signed_in(server: Server, user: str | None) -> Iterator[httpx.Client]:
         yield client
 
 
-@pytest.fixture
-def stream(served: tuple[Server, Path], request: pytest.FixtureRequest) -> Iterator[TabStream]:
-    tab = re.sub(r"[^A-Za-z0-9_-]", "_", request.node.name)[-64:]
-    tab_stream = TabStream(served[0], tab)
-    tab_stream.tab = tab  # type: ignore[attr-defined]
-    tab_stream.wait_for('data-signals:done="0"')
-    yield tab_stream
-    tab_stream.close()
-
-
 def test_lith_command_stores_the_sessions_principal_and_refuses_a_body_naming_another(
     served: tuple[Server, Path], stream: TabStream
 ) -> None:
