@@ -1,9 +1,9 @@
 """OpenTelemetry spans of a command's path: accepted, queued, committed, first frame out.
 
 Imported only once the app has set a real TracerProvider (lith.py asks the API the app
-imported, before importing this): an app that does not trace pays for no span and no import. Each command the
-writer takes becomes a trace of its own, or the child of its caller's span (the request's
-server span, when FastAPI or opentelemetry-instrumentation-fastapi traces the app):
+imported, before importing this): an app that does not trace pays for no span and no import.
+Each command the writer takes becomes a trace of its own, or the child of its caller's span
+(the request's server span, when FastAPI or opentelemetry-instrumentation-fastapi traces it):
 
     lith.command <Name>    writer.do accepted it ... the writer answered
       lith.queued          accepted ... taken into a batch
@@ -18,6 +18,7 @@ watches a topic the batch touched.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections import deque
@@ -30,6 +31,7 @@ from opentelemetry import context, trace
 from opentelemetry.trace import Status, StatusCode, Tracer, TracerProvider
 
 from ..engine.engine import Engine
+from ..engine.frames import Frame
 from ..engine.hub import Hub, Instance
 from ..engine.store import Batch
 from ..engine.writer import TracedBatch
@@ -69,6 +71,7 @@ class _Commit:
 def _contained(method: F) -> F:
     """A tracer's fault is logged, never raised into the writer or a stream."""
 
+    @functools.wraps(method)
     def call(*args: Any) -> None:
         try:
             method(*args)
@@ -87,7 +90,7 @@ class Tracing:
         self._waiting: deque[_Commit] = deque()  # in commit order
         self._waiting_commands = 0
         # Per view instance, its newest frame that shows some waiting commit, and those commits.
-        self._shown: dict[str, tuple[Any, list[_Commit]]] = {}
+        self._shown: dict[str, tuple[Frame | None, list[_Commit]]] = {}
 
     # -- the writer: one batch answered ------------------------------------------------------
 
