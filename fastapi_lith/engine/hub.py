@@ -56,8 +56,9 @@ class Instance:
 class FrameTracer(Protocol):
     """Told when frames are made and taken, when the app traces (ops/tracing.py)."""
 
-    def rendered(self, instance: Instance, started: int) -> None:
-        """`instance.frame` is new, from a render begun at `started` (`time.time_ns()`)."""
+    def rendered(self, instance: Instance, started: int, changed: bool) -> None:
+        """`instance` rendered, begun at `started` (`time.time_ns()`): `instance.frame` is new
+        if `changed`, else the same HTML came out."""
 
     def taken(self, keys: Iterable[str]) -> None:
         """A stream took the frames of `keys` (each its instance's current frame)."""
@@ -341,10 +342,12 @@ class Hub:
                 continue
             if result is instance.frame:
                 counters.unchanged += 1
+                if trace is not None:
+                    trace.rendered(instance, started, False)
                 continue
             instance.frame = result
             if trace is not None:
-                trace.rendered(instance, started)
+                trace.rendered(instance, started, True)
             for stream in instance.watchers:
                 counters.frames += 1
                 if stream.offer(result):

@@ -39,8 +39,8 @@ from ..exceptions import Rejected
 
 log = logging.getLogger("fastapi_lith.tracing")
 
-# At most this many commands wait for their first frame: a commit whose views never change
-# (a touch that rendered the same HTML, a topic nobody shows) is forgotten past it, unspanned.
+# At most this many commands wait for their first frame: past it the oldest are forgotten,
+# without one (a view that failed to render, or closed before it did, never shows its commit).
 WAITING = 10_000
 
 F = TypeVar("F", bound=Callable[..., None])
@@ -60,11 +60,13 @@ def traced(engine: Engine, provider: TracerProvider) -> Iterator[None]:
 @dataclass(eq=False)
 class _Commit:
     """A committed batch waiting for its first frame out: the spans its `lith.frame`s are
-    children of."""
+    children of, and the view instances it made dirty that have not rendered since."""
 
     committed: int
     topics: frozenset[str]
     parents: list[context.Context]
+    views: set[str]
+    shown: bool = False  # some new frame shows it: it waits for a stream to take one
     done: bool = False
 
 
@@ -128,36 +130,51 @@ class Tracing:
                 parents.append(inside)
             commit.end(end_time=batch.committed)
             span.end(end_time=batch.committed)
-        if answered is not None and answered.topics and parents and self._will_render(answered.topics):
-            self._wait(_Commit(batch.committed, answered.topics, parents))
-
-    def _will_render(self, topics: frozenset[str]) -> bool:
-        """Whether a view that some stream watches is dirty from these topics (the hub heard
-        of the commit before the tracer): otherwise no frame will show it."""
-        return any(not topics.isdisjoint(instance.topics) for instance in self._hub.dirty)
+        if answered is not None and answered.topics and parents:
+            # The hub heard of the commit before the tracer: the views it will render are dirty.
+            topics = answered.topics
+            views = {instance.key for instance in self._hub.dirty if not topics.isdisjoint(instance.topics)}
+            if views:  # else no stream watches what it changed: no frame will show it
+                self._wait(_Commit(batch.committed, topics, parents, views))
 
     def _wait(self, commit: _Commit) -> None:
         self._waiting.append(commit)
         self._waiting_commands += len(commit.parents)
         while self._waiting_commands > WAITING:
-            oldest = self._waiting.popleft()
-            if not oldest.done:
-                oldest.done = True
-                self._waiting_commands -= len(oldest.parents)
+            self._waiting[0].done = True
+            self._forget_done()
+
+    def _forget_done(self) -> None:
+        """Drop the finished commits at the head of the queue (behind an unfinished one, they
+        count against `WAITING` until it finishes)."""
+        waiting = self._waiting
+        while waiting and waiting[0].done:
+            self._waiting_commands -= len(waiting.popleft().parents)
+        if not waiting:
+            self._shown.clear()
 
     # -- the hub: frames made and taken ------------------------------------------------------
 
     @_contained
-    def rendered(self, instance: Instance, started: int) -> None:
-        """A new frame: it shows every waiting commit before `started` on its view's topics."""
+    def rendered(self, instance: Instance, started: int, changed: bool) -> None:
+        """A render begun after a waiting commit, of a view on its topics: a new frame shows
+        it; the same HTML shows nothing of it, and once every view it made dirty rendered so,
+        no frame ever will."""
         shown = []
         for commit in self._waiting:
             if commit.committed > started:
-                break
-            if not commit.done and not commit.topics.isdisjoint(instance.topics):
+                break  # in commit order: the rest landed after this render began
+            if commit.done or commit.topics.isdisjoint(instance.topics):
+                continue
+            commit.views.discard(instance.key)
+            if changed:
+                commit.shown = True
                 shown.append(commit)
+            elif not commit.views and not commit.shown:
+                commit.done = True
         if shown:
             self._shown[instance.key] = (instance.frame, shown)
+        self._forget_done()
 
     @_contained
     def taken(self, keys: Iterable[str]) -> None:
@@ -177,17 +194,12 @@ class Tracing:
                     views.setdefault(commit, []).append(key)
         for commit, keys_shown in views.items():
             commit.done = True
-            self._waiting_commands -= len(commit.parents)
             for parent in commit.parents:
                 span = self._tracer.start_span(
                     "lith.frame", context=parent, start_time=commit.committed, attributes={"lith.views": keys_shown}
                 )
                 span.end(end_time=now)
-        if views:
-            while self._waiting and self._waiting[0].done:
-                self._waiting.popleft()
-        if not self._waiting:
-            self._shown.clear()
+        self._forget_done()
 
 
 def _outcome(error: BaseException | None, *, committed: bool) -> str:

@@ -3,11 +3,15 @@
 The served app is the docs' traced counter (docs/src/tracing/app.py, instrumented by
 opentelemetry-instrumentation-fastapi) with an in-memory exporter (tests/support/tracingapp.py):
 a POST with the tab's stream open, then the spans read back over HTTP. Without a provider, a
-subprocess shows the library imports nothing for tracing and the command still lands.
+subprocess shows the library imports nothing for tracing and the command still lands. Which
+frame ends a `lith.frame` is tested in process, over virtual tabs, with the SDK's provider
+handed to the tracer (never set for the whole test process, where it would trace every app).
 """
 
 from __future__ import annotations
 
+import asyncio
+import importlib.util
 import json
 import os
 import subprocess
@@ -19,7 +23,13 @@ from typing import Any
 
 import httpx
 import pytest
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from fastapi_lith import Command, Tx
+from fastapi_lith.ops.tracing import traced
+from fastapi_lith.testing import Tabs
 from tests.support import CHILD_HANG_LIMIT, REPO, SUPPORT
 from tests.support.browser import Server
 from tests.web.test_input import JSON, TabStream
@@ -185,3 +195,72 @@ def test_without_a_provider_nothing_is_imported_and_the_command_lands(tmp_path: 
     assert seen == {
         "count": 2, "html": '<p id="counter">2</p>', "traced": [False, False], "imported": [], "tracing": False,
     }
+
+
+# -- which frame ends a lith.frame, in process -------------------------------------------------
+
+
+class Nudge(Command):
+    """Touches the counter's topic and changes nothing: its view renders the same HTML."""
+
+    def apply(self, tx: Tx) -> None:
+        tx.touch("counter")
+
+
+@pytest.fixture
+def counter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.chdir(tmp_path)  # the docs' counter opens counter.db here
+    spec = importlib.util.spec_from_file_location("tracing_counter", REPO / "docs" / "src" / "counter" / "app.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def sdk() -> tuple[TracerProvider, InMemorySpanExporter]:
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    return provider, memory
+
+
+def frames_of(spans: tuple[ReadableSpan, ...], name: str) -> list[ReadableSpan]:
+    """The `lith.frame` spans of every `lith.command NAME`."""
+    ids = {s.context.span_id for s in spans if s.name == f"lith.command {name}" and s.context}
+    return [s for s in spans if s.name == "lith.frame" and s.parent is not None and s.parent.span_id in ids]
+
+
+async def test_only_a_commit_that_changes_a_watched_view_gets_a_frame(counter: Any) -> None:
+    provider, memory = sdk()
+    async with Tabs(counter.lith) as tabs:
+        with traced(counter.lith.engine, provider):
+            await counter.lith.writer.do(counter.Add(n=1))  # no tab watches the counter yet
+            tab = await tabs.open("counter")
+            await tab.do(Nudge())  # the view renders the same HTML: nothing shows it
+            await tabs.tick()
+            assert tab.read() == []
+            await tab.do(counter.Add(n=1))
+            await tabs.tick()
+            assert tab.html("counter") == '<p id="counter">2</p>'
+    spans = memory.get_finished_spans()
+    assert [s.name for s in spans].count("lith.command Add") == 2
+    assert frames_of(spans, "Nudge") == []
+    (frame,) = [s for s in spans if s.name == "lith.frame"]  # the second Add's, not the first's
+    assert frame in frames_of(spans, "Add")
+    assert frame.attributes is not None and frame.attributes["lith.views"] == ("counter",)
+
+
+async def test_the_commands_of_one_batch_share_its_first_frame(counter: Any) -> None:
+    provider, memory = sdk()
+    async with Tabs(counter.lith) as tabs:
+        with traced(counter.lith.engine, provider):
+            tab = await tabs.open("counter")
+            # Queued before the writer task runs again: one batch.
+            await asyncio.gather(*(tab.do(counter.Add(n=1)) for _ in range(3)))
+            await tabs.tick()
+            assert tab.html("counter") == '<p id="counter">3</p>'
+    spans = memory.get_finished_spans()
+    commits = [s for s in spans if s.name == "lith.commit"]
+    assert [c.attributes["lith.batch.size"] for c in commits if c.attributes] == [3, 3, 3]
+    frames = frames_of(spans, "Add")
+    assert len(frames) == 3 and len({(f.start_time, f.end_time) for f in frames}) == 1
