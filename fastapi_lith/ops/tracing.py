@@ -102,6 +102,7 @@ class Tracing:
         tracer, outcome = self._tracer, batch.outcome
         answered, failed = (outcome, None) if isinstance(outcome, Batch) else (None, outcome)
         parents: list[context.Context] = []
+        size = len(batch.cmds)
         for i, origin in enumerate(batch.origins):
             if origin is None:
                 continue
@@ -112,22 +113,23 @@ class Tracing:
                 f"lith.command {name}", context=caller.run(context.get_current), start_time=accepted,
                 attributes={"lith.command": name},
             )
+            if not span.is_recording():
+                continue  # sampled out: its children would record nothing either
             inside = trace.set_span_in_context(span)
             tracer.start_span("lith.queued", context=inside, start_time=accepted).end(end_time=batch.taken)
-            commit = tracer.start_span("lith.commit", context=inside, start_time=batch.taken)
-            commit.set_attribute("lith.batch.size", len(batch.cmds))
-            if key is not None:
-                commit.set_attribute("lith.idempotency_key", key)
             error = failed if answered is None else answered.errors[i]
-            commit.set_attribute("lith.outcome", _outcome(error, committed=answered is not None))
+            outcome_name = _outcome(error, answered is not None)
+            facts: dict[str, str | int] = {"lith.batch.size": size, "lith.outcome": outcome_name}
+            if key is not None:
+                facts["lith.idempotency_key"] = key
+            commit = tracer.start_span("lith.commit", context=inside, start_time=batch.taken, attributes=facts)
             if error is not None:
                 status = Status(StatusCode.ERROR, str(error) or type(error).__name__)
                 if not isinstance(error, Rejected):  # a refusal is an answer, a failure is a fault
                     commit.record_exception(error)
                 commit.set_status(status)
                 span.set_status(status)
-            if span.is_recording():  # sampled: its frame is worth waiting for
-                parents.append(inside)
+            parents.append(inside)
             commit.end(end_time=batch.committed)
             span.end(end_time=batch.committed)
         if answered is not None and answered.topics and parents:
@@ -202,7 +204,7 @@ class Tracing:
         self._forget_done()
 
 
-def _outcome(error: BaseException | None, *, committed: bool) -> str:
+def _outcome(error: BaseException | None, committed: bool) -> str:
     if not committed:
         return "not committed"  # the COMMIT failed: nothing of the batch landed
     if error is None:
