@@ -9,7 +9,7 @@ import operator
 import re
 import sys
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import AbstractContextManager, asynccontextmanager, nullcontext, suppress
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -390,21 +390,20 @@ class Lith:
         if self.replica is not None:  # binary, credentials, and a missing file restored first
             await anyio.to_thread.run_sync(self.replica.prepare)
         try:
-            async with self.engine.run(ticks=ticks):
-                with _traced(self.engine):  # spans of each command, if the app traces
-                    self._serving = app
+            async with self.engine.run(ticks=ticks), _traced(self.engine):  # spans, if the app traces
+                self._serving = app
+                if self.backups is not None:
+                    await self.backups.start()  # after the writer: the database exists and is migrated
+                try:
+                    if self.replica is not None:  # inside: a replica that cannot start stops the rest
+                        await self.replica.start()
+                    yield
+                finally:
+                    self._serving = None
+                    for task in list(self._later):
+                        task.cancel()
                     if self.backups is not None:
-                        await self.backups.start()  # after the writer: the database exists and is migrated
-                    try:
-                        if self.replica is not None:  # inside: a replica that cannot start stops the rest
-                            await self.replica.start()
-                        yield
-                    finally:
-                        self._serving = None
-                        for task in list(self._later):
-                            task.cancel()
-                        if self.backups is not None:
-                            await self.backups.stop()  # a copy in progress finishes first
+                        await self.backups.stop()  # a copy in progress finishes first
         finally:
             if self.replica is not None:
                 await self.replica.stop()  # after the writer's last commit: it is uploaded too
@@ -421,19 +420,21 @@ class Lith:
         self.web.install(app)
 
 
-def _traced(engine: Engine) -> AbstractContextManager[None]:
-    """OpenTelemetry spans of each command's path while the app runs, if the app set a real
+@asynccontextmanager
+async def _traced(engine: Engine) -> AsyncIterator[None]:
+    """OpenTelemetry spans of each command's path while inside, if the app set a real
     TracerProvider (docs/tracing.md). Asked of the API the app already imported, if any: an app
     that traces nothing imports nothing more for it."""
     api = sys.modules.get("opentelemetry.trace")
-    if api is None:
-        return nullcontext()
-    provider = api.get_tracer_provider()
-    if isinstance(provider, (api.ProxyTracerProvider, api.NoOpTracerProvider)):  # the API's defaults
-        return nullcontext()
+    defaults = () if api is None else (api.ProxyTracerProvider, api.NoOpTracerProvider)  # none set
+    provider = None if api is None else api.get_tracer_provider()
+    if provider is None or isinstance(provider, defaults):
+        yield
+        return
     from .ops.tracing import traced
 
-    return traced(engine, provider)
+    with traced(engine, provider):
+        yield
 
 
 _PREFIX = re.compile(r"(/[A-Za-z0-9._~-]+)+")
