@@ -13,6 +13,9 @@ ours, in the same run:
            async engine on aiosqlite (`async with engine.begin(): await conn.execute(...)`)
   floor    the same SQL on raw sqlite3 in one thread, SAVEPOINT/UPDATE/RELEASE per command and
            COMMIT per 512: what the writer thread could do with no Python around it
+  traced   ours with every command spanned as an app with an OpenTelemetry provider has it
+           (ops/tracing.py: lith.command, lith.queued, lith.commit), the SDK's batch processor
+           handing them to an exporter that drops them; only when asked (`--variants ours,traced`)
 
 Each run is a fresh database file, a warm-up, then a window; every increment counted is
 checked in the file afterwards. CPU per command is every thread of the process, split into the
@@ -22,6 +25,7 @@ event loop and the writer thread (by the threads' CPU clocks).
     python -m bench.writer --quick --plot           # about a minute, and bench/plots/writer-producers.svg
     python -m bench.writer --producers 200 --sync NORMAL --variants ours,floor --profile
     python -m bench.writer --quick --against main   # ours / main's library, same run
+    python -m bench.writer --quick --variants ours,traced --sync NORMAL   # what tracing costs
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import shutil
 import sqlite3
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +56,7 @@ from .lib.stats import NAN, median, number, ratio
 ROWS = 1000
 BATCH = 512  # the floor's commands per COMMIT: the writer's default batch_size
 VARIANTS = ("ours", "tab", "uvloop", "naive", "floor")
+TRACED = "traced"  # needs opentelemetry-sdk (the dev extra): never among the defaults
 # lith (Go) on its writer benchmark (DESIGN.md): commands/s at 200 producers
 LITH_GO = {"NORMAL": (80_530, "4-vCPU VPS"), "FULL": (34_893, "i5-13500")}
 
@@ -113,10 +119,40 @@ def figures_of(load: Load, cpu: float, **more: float) -> dict[str, float]:
             "cpu_us": cpu / load.done * 1e6 if load.done else NAN, "errors": float(sum(load.errors.values())), **more}
 
 
+def trace_writer(writer: Writer) -> Callable[[], None]:
+    """Span each command of `writer` as ops/tracing.py does for an app with a provider; the spans
+    go to an exporter that drops them, through the SDK's batch processor (its thread's CPU is
+    counted with the rest). Returns what stops it."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    from fastapi_lith.engine.hub import Hub
+    from fastapi_lith.engine.readers import Readers
+    from fastapi_lith.engine.views import Views
+    from fastapi_lith.ops.tracing import Tracing
+
+    class Dropped(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Dropped()))
+    readers = Readers(size=1)  # the hub's, never read: no view watches the commands' topics
+    writer.trace = Tracing(Hub(Views(), readers), provider.get_tracer("bench")).batch
+
+    def stop() -> None:
+        writer.trace = None
+        provider.shutdown()
+        readers.close()
+
+    return stop
+
+
 async def ours(path: Path, sync: str, producers: int, warmup: float, seconds: float, *, tab: bool,
-               profile: bool) -> dict[str, float]:
+               profile: bool, traced: bool = False) -> dict[str, float]:
     writer = Writer(path, migrations=path.parent / "migrations", synchronous=sync)  # type: ignore[arg-type]
     await writer.start()
+    untrace = trace_writer(writer) if traced else None
     edges: dict[str, Any] = {}
 
     def send(k: int, i: int) -> Any:
@@ -133,6 +169,8 @@ async def ours(path: Path, sync: str, producers: int, warmup: float, seconds: fl
                      per_tx=(writer.commands - edges["commands"]) / max(1, writer.batches - edges["batches"]))
 
     load = await produce(send, producers, warmup=warmup, seconds=seconds, opened=opened, closed=closed)
+    if untrace is not None:
+        untrace()
     await writer.close()
     check_total(path, load.done)
     w, cores, per = load.cost, edges["cores"], ratio(1e6, load.rate)
@@ -196,13 +234,14 @@ def floor(path: Path, sync: str, warmup: float, seconds: float) -> dict[str, flo
 
 def run_one(variant: str, tmp: Path, sync: str, producers: int, warmup: float, seconds: float,
             profile: bool) -> dict[str, float]:
-    path = fresh_db(tmp, migrations=variant in ("ours", "tab", "uvloop"))
+    path = fresh_db(tmp, migrations=variant in ("ours", "tab", "uvloop", TRACED))
     try:
         if variant == "floor":
             return floor(path, sync, warmup, seconds)
         if variant == "naive":
             return asyncio.run(naive(path, sync, producers, warmup, seconds))
-        coro = ours(path, sync, producers, warmup, seconds, tab=variant == "tab", profile=profile and variant == "ours")
+        coro = ours(path, sync, producers, warmup, seconds, tab=variant == "tab", profile=profile and variant == "ours",
+                    traced=variant == TRACED)
         if variant == "uvloop":
             import uvloop
 
@@ -215,7 +254,7 @@ def run_one(variant: str, tmp: Path, sync: str, producers: int, warmup: float, s
 def arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--producers", default="", help="comma-separated producer counts (default 1,50,200)")
     ap.add_argument("--sync", default="NORMAL,FULL", help="synchronous settings, comma-separated")
-    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"of {','.join(VARIANTS)}")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"of {','.join(VARIANTS)}, or {TRACED}")
     ap.add_argument("--seconds", type=float, default=0.0, help="the window of each run (default 1.6)")
     ap.add_argument("--profile", action="store_true", help="py-spy over ours' window at the last producer count")
 
@@ -249,7 +288,7 @@ def headline(runs: dict[str, dict[str, float]], syncs: list[str], producers: lis
     top, out = producers[-1], {}
     for sync in syncs:
         s = sync.lower()
-        for v in ("ours", "tab", "uvloop", "naive"):
+        for v in ("ours", "tab", "uvloop", "naive", TRACED):
             if f"{v} {sync} {top}" in runs:
                 out[f"{v}_{s}_{top}_cmd_s"] = runs[f"{v} {sync} {top}"]["rate"]
         if f"ours {sync} {top}" in runs:

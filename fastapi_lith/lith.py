@@ -7,6 +7,7 @@ import inspect
 import logging
 import operator
 import re
+import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
@@ -389,7 +390,7 @@ class Lith:
         if self.replica is not None:  # binary, credentials, and a missing file restored first
             await anyio.to_thread.run_sync(self.replica.prepare)
         try:
-            async with self.engine.run(ticks=ticks):
+            async with self.engine.run(ticks=ticks), _traced(self.engine):  # spans, if the app traces
                 self._serving = app
                 if self.backups is not None:
                     await self.backups.start()  # after the writer: the database exists and is migrated
@@ -417,6 +418,23 @@ class Lith:
         ```
         """
         self.web.install(app)
+
+
+@asynccontextmanager
+async def _traced(engine: Engine) -> AsyncIterator[None]:
+    """OpenTelemetry spans of each command's path while inside, if the app set a real
+    TracerProvider (docs/tracing.md). Asked of the API the app already imported, if any: an app
+    that traces nothing imports nothing more for it."""
+    api = sys.modules.get("opentelemetry.trace")
+    defaults = () if api is None else (api.ProxyTracerProvider, api.NoOpTracerProvider)  # none set
+    provider = None if api is None else api.get_tracer_provider()
+    if provider is None or isinstance(provider, defaults):
+        yield
+        return
+    from .ops.tracing import traced
+
+    with traced(engine, provider):
+        yield
 
 
 _PREFIX = re.compile(r"(/[A-Za-z0-9._~-]+)+")

@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from statistics import quantiles
-from typing import Any
+from typing import Any, Protocol
 
 from ..exceptions import AccessDenied
 from .db import Db
@@ -51,6 +51,17 @@ class Instance:
         if self.frame is not None and self.frame.html == html:
             return self.frame
         return Frame(self.key, html)
+
+
+class FrameTracer(Protocol):
+    """Told when frames are made and taken, when the app traces (ops/tracing.py)."""
+
+    def rendered(self, instance: Instance, started: int, changed: bool) -> None:
+        """`instance` rendered, begun at `started` (`time.time_ns()`): `instance.frame` is new
+        if `changed`, else the same HTML came out."""
+
+    def taken(self, keys: Iterable[str]) -> None:
+        """A stream took the frames of `keys` (each its instance's current frame)."""
 
 
 @dataclass
@@ -89,6 +100,7 @@ class Hub:
         self.dirty: set[Instance] = set()  # changed since their last render
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self.trace: FrameTracer | None = None  # told of frames made and taken, when the app traces
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -178,6 +190,8 @@ class Hub:
 
     def caught_up(self, keys: Iterable[str]) -> None:
         """A stream took its frames: instances held back for it may render again."""
+        if self.trace is not None:
+            self.trace.taken(keys)
         instances = self.instances
         for key in keys:
             instance = instances.get(key)
@@ -306,6 +320,8 @@ class Hub:
         """Render in one read transaction, so every frame of a tick shows one state."""
         for instance in instances:
             instance.rendering = True
+        trace = self.trace
+        started = time.time_ns() if trace is not None else 0
         try:
             results = await self.readers.run(lambda db: [i.render(db) for i in instances])
         finally:
@@ -326,8 +342,12 @@ class Hub:
                 continue
             if result is instance.frame:
                 counters.unchanged += 1
+                if trace is not None:
+                    trace.rendered(instance, started, False)
                 continue
             instance.frame = result
+            if trace is not None:
+                trace.rendered(instance, started, True)
             for stream in instance.watchers:
                 counters.frames += 1
                 if stream.offer(result):

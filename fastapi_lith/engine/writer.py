@@ -11,11 +11,13 @@ backend, and live here.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import gc
 import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .. import settings
@@ -31,6 +33,29 @@ from .tx import Topics
 log = logging.getLogger("fastapi_lith.writer")
 
 Subscriber = Callable[[Topics], None]
+
+# When `do` accepted a command (`time.time_ns()`) and its caller's context, where a tracer
+# finds the caller's span: recorded only while the writer has a tracer.
+Origin = tuple[int, contextvars.Context]
+
+
+@dataclass(frozen=True, slots=True)
+class TracedBatch:
+    """One batch as a tracer sees it (ops/tracing.py), once its callers were answered.
+
+    The writer stamps these times (`time.time_ns()`) whatever the tracer does with them, so no
+    span object exists on the writer's path, and nothing at all while it has no tracer.
+    """
+
+    cmds: list[Command]
+    keys: list[str | None]
+    origins: list[Origin | None]  # None: accepted before the tracer was set
+    taken: int  # the batch left the queue
+    committed: int  # its COMMIT's outcome was in
+    outcome: Batch | BaseException  # its answers and topics, or why its COMMIT failed
+
+
+BatchTracer = Callable[[TracedBatch], None]
 
 
 # Each default of a writer, written once: the backends' writers and `Lith` take theirs from here.
@@ -71,7 +96,7 @@ class Writer:
         self.statements = StatementCache(
             cached_statements, enabled=settings.flag("statement_cache", statement_cache), dialect=self.dialect
         )
-        self._queue: deque[tuple[Command, str | None, asyncio.Future[Any]]] = deque()
+        self._queue: deque[tuple[Command, str | None, asyncio.Future[Any], Origin | None]] = deque()
         self._wake = asyncio.Event()
         self._subscribers: list[Subscriber] = []
         self._thread: Threads | None = None
@@ -83,6 +108,7 @@ class Writer:
         self.commands = self.failed = self.repeats = self.batches = 0
         self.commit_seconds: deque[float] = deque(maxlen=100_000)
         self.storage = StorageState()  # a full disk, a read-only file: see `probe`
+        self.trace: BatchTracer | None = None  # told of each batch, when the app traces (ops/tracing.py)
 
     def describe(self) -> str:
         """What this writer writes to, for logs: the file's name, or the server's database."""
@@ -160,7 +186,8 @@ class Writer:
         if not self.repeat_window:
             key = None
         fut = self._loop.create_future()  # type: ignore[union-attr]
-        self._queue.append((cmd, key, fut))
+        origin = (time.time_ns(), contextvars.copy_context()) if self.trace is not None else None
+        self._queue.append((cmd, key, fut, origin))
         self._wake.set()
         try:
             return await fut
@@ -192,17 +219,22 @@ class Writer:
             batch: list[Command] = []
             keys: list[str | None] = []
             futures: list[asyncio.Future[Any]] = []
+            trace = self.trace
+            origins: list[Origin | None] = []
             keyed = False
             while queue and len(batch) < size:
-                cmd, key, fut = queue.popleft()
+                cmd, key, fut, origin = queue.popleft()
                 if not fut.cancelled():
                     batch.append(cmd)
                     keys.append(key)
                     futures.append(fut)
                     keyed = keyed or key is not None
+                    if trace is not None:
+                        origins.append(origin)
             if not batch:
                 continue
             started = time.perf_counter()
+            taken = time.time_ns() if trace is not None else 0
             # The batch is the store's now: a cancel of this task cannot cancel `outcome`, so it
             # lands once the COMMIT's outcome is in, and each caller still learns the truth.
             outcome = thread.submit(self._apply, batch, keys if keyed else None, settled=True)
@@ -213,14 +245,26 @@ class Writer:
             except BaseException:
                 pass  # the COMMIT failed: `_settle` hands the error to every caller
             finally:
+                # Before the subscribers hear of the commit: a render begun later shows it.
+                committed = time.time_ns() if trace is not None else 0
                 self._settle(outcome, futures, started)
+                if trace is not None:
+                    result = outcome.exception() or outcome.result()
+                    self._trace(trace, TracedBatch(batch, keys, origins, taken, committed, result))
+
+    @staticmethod
+    def _trace(trace: BatchTracer, batch: TracedBatch) -> None:
+        try:
+            trace(batch)
+        except Exception:  # a broken tracer must not end the writer
+            log.exception("batch tracer %r failed", trace)
 
     def _stopped(self, task: asyncio.Task[None]) -> None:
         """The task ended (closed, cancelled, even before it ran, or a bug): commands never
         taken were not applied, and their callers may send them again."""
         self._closing = True
         while self._queue:
-            _, _, fut = self._queue.popleft()
+            _, _, fut, _ = self._queue.popleft()
             if not fut.done():
                 fut.set_exception(WriterClosed("the writer stopped before taking the command"))
 

@@ -8,7 +8,8 @@ One module per step: `backup` (take a copy), `verify` (check one), `restore` (pu
 `locks` (who holds the file open), `timer` (`Backups`), `files` (names, checksums, fsync);
 for continuous replication `replica` (Litestream as the app's child process, restore before
 open), `replica_check` (the daily restore-and-compare) and `litestream` (the binary, its
-configuration, its commands).
+configuration, its commands). `tracing` (OpenTelemetry spans of each command's path) is not
+imported here: `Lith` imports it at start only when the app has set a TracerProvider.
 Nothing here imports a Unix-only module at import time: `locks` imports `fcntl` when it runs.
 """
 
