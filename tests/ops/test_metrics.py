@@ -1,0 +1,216 @@
+"""Metrics over a real uvicorn: scraped under load, parsed as Prometheus parses them.
+
+Counters only grow, histograms are cumulative and count what the writer counted, the open
+streams are the ones the test opened, the route answers only the app's operator, and with
+`--workers 2` one scrape sums both processes. Every wait is on a condition, with a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from prometheus_client.parser import text_string_to_metric_families
+
+from fastapi_lith import Lith
+from tests.support import REPO, SUPPORT
+from tests.support.browser import Server
+
+APP = "metricsapp:app"
+OPERATOR = {"X-Operator": "yes"}
+_tabs = itertools.count(1)
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def serve(server_factory: Callable[..., Server], db: Path, *, args: tuple[str, ...] = (), **env: str) -> Server:
+    return server_factory(APP, cwd=SUPPORT, env={"METRICS_DB": str(db), "PYTHONPATH": str(REPO), **env}, args=list(args))
+
+
+class Scrape:
+    """One scrape, parsed: its families by name and every sample by (name, labels)."""
+
+    def __init__(self, text: str) -> None:
+        self.families = {f.name: f for f in text_string_to_metric_families(text)}
+        self.samples: Samples = {}
+        for family in self.families.values():
+            for s in family.samples:
+                self.samples[s.name, frozenset(s.labels.items())] = s.value
+
+    def get(self, name: str, **labels: str) -> float:
+        return self.samples[name, frozenset(labels.items())]
+
+    def total(self, name: str, **labels: str) -> float:
+        """The sum over every series of `name` whose labels include `labels` (pid among them)."""
+        want = set(labels.items())
+        return sum(v for (n, ls), v in self.samples.items() if n == name and want <= ls)
+
+    def check(self, before: Scrape | None) -> None:
+        """What holds of every scrape: cumulative histograms whose count is their +Inf bucket,
+        and counters no lower than in the scrape before."""
+        for family in self.families.values():
+            if family.type == "histogram":
+                series: dict[frozenset[tuple[str, str]], list[tuple[float, float]]] = {}
+                for s in family.samples:
+                    if s.name.endswith("_bucket"):
+                        labels = frozenset((k, v) for k, v in s.labels.items() if k != "le")
+                        series.setdefault(labels, []).append((float(s.labels["le"]), s.value))
+                for labels, buckets in series.items():
+                    buckets.sort()
+                    counts = [c for _, c in buckets]
+                    assert counts == sorted(counts), (family.name, labels, buckets)
+                    assert buckets[-1][0] == math.inf
+                    assert self.samples[family.name + "_count", labels] == counts[-1]
+            if before is not None and family.type in ("counter", "histogram"):
+                for s in family.samples:
+                    if s.name.endswith(("_total", "_count", "_bucket", "_sum")):
+                        key = (s.name, frozenset(s.labels.items()))
+                        assert s.value >= before.samples.get(key, 0), (key, before.samples.get(key), s.value)
+
+
+async def scrape(client: httpx.AsyncClient, base: str) -> Scrape:
+    response = await client.get(f"{base}/lith/metrics", headers=OPERATOR)
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"] == "text/plain; version=1.0.0; charset=utf-8"
+    return Scrape(response.text)
+
+
+class Tab:
+    """One tab's stream, read to the end in the background; `pid` is the process serving it."""
+
+    def __init__(self, base: str, encoding: str) -> None:
+        self.id = f"tab{next(_tabs)}"
+        self.url = f"{base}/lith/stream?views=counter,outcome/{self.id}&tab={self.id}"
+        self.encoding = encoding
+        self.pid = ""
+        self.bytes = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def open(self, client: httpx.AsyncClient) -> Tab:
+        opened = asyncio.get_running_loop().create_future()
+        self._task = asyncio.create_task(self._read(client, opened))
+        await opened
+        return self
+
+    async def _read(self, client: httpx.AsyncClient, opened: asyncio.Future[None]) -> None:
+        try:
+            async with client.stream("GET", self.url, headers={"Accept-Encoding": self.encoding}) as response:
+                assert response.status_code == 200, response.status_code
+                self.pid = response.headers["x-pid"]
+                opened.set_result(None)
+                async for chunk in response.aiter_raw():
+                    self.bytes += len(chunk)
+        except (httpx.HTTPError, asyncio.CancelledError):
+            pass
+        finally:
+            if not opened.done():
+                opened.set_exception(RuntimeError(f"stream {self.url} did not open"))
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+
+async def until(check: Callable[[], Any], timeout: float = 30.0) -> Any:
+    """Ask `check` (a coroutine function) until it gives something true; that, or a failure."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = await check()
+        if got:
+            return got
+        assert time.monotonic() < deadline, "the condition never held"
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def client() -> Any:
+    limits = httpx.Limits(max_connections=None)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(30, read=None), limits=limits) as c:
+        yield c
+
+
+async def test_a_scrape_under_load_counts_what_the_writer_and_the_streams_did(
+    server_factory: Callable[..., Server], tmp_path: Path, client: httpx.AsyncClient
+) -> None:
+    server = serve(server_factory, tmp_path / "app.db")
+    tabs = [await Tab(server.url, encoding).open(client) for encoding in ("zstd", "gzip", "br", "identity")]
+    sent = 600
+    before: Scrape | None = None
+
+    async def command(i: int) -> None:
+        body = {"tab": tabs[i % len(tabs)].id, "op": i, "n": 1}
+        response = await client.post(f"{server.url}/add", json=body)
+        assert response.status_code == 204, response.text
+
+    load = asyncio.ensure_future(asyncio.gather(*(command(i) for i in range(1, sent + 1))))
+    scrapes = 0
+    while not load.done() or scrapes < 3:  # scraped while the commands land
+        now = await scrape(client, server.url)
+        now.check(before)
+        before, scrapes = now, scrapes + 1
+    await load
+
+    async def settled() -> Scrape | None:
+        now = await scrape(client, server.url)
+        now.check(before)
+        return now if now.get("lith_writer_commands_total", result="committed") == sent else None
+
+    last: Scrape = await until(settled)
+    # The histograms count every batch the writer committed, and hold every command of them.
+    batches = last.get("lith_writer_batches_total", result="committed")
+    assert last.get("lith_writer_batch_size_count") == batches == last.get("lith_writer_commit_seconds_count")
+    assert last.get("lith_writer_batch_size_sum") == sent
+    assert 1 <= batches <= sent
+    assert last.get("lith_writer_commands_total", result="failed") == 0
+    assert last.get("lith_writer_batches_total", result="failed") == 0
+    assert last.get("lith_writer_retries_total") == 0
+    # The hub rendered the counter, and every stream is open, awake, in its own encoding.
+    assert last.get("lith_hub_renders_total", view="counter") >= 1
+    assert last.get("lith_hub_render_seconds_count", view="counter") == last.get("lith_hub_renders_total", view="counter")
+    assert last.get("lith_hub_ticks_total") == last.get("lith_hub_tick_seconds_count") >= 1
+    for encoding in ("zstd", "gzip", "br", "identity"):
+        assert last.get("lith_streams_open", state="awake", encoding=encoding) == 1
+    assert last.total("lith_streams_open") == len(tabs)
+    assert last.get("lith_stream_frames_total") >= 2 * len(tabs)  # each tab's first two frames
+    assert last.get("lith_stream_bytes_total", stage="sent") > 0
+    assert last.get("lith_stream_bytes_total", stage="html") > 0
+    assert last.get("lith_stream_encoder_bytes") > 0  # zstd, brotli and gzip hold a window
+    assert last.get("process_resident_memory_bytes") > 0
+    for tab in tabs:
+        tab.close()
+
+
+async def test_the_route_answers_only_the_apps_operator(
+    server_factory: Callable[..., Server], tmp_path: Path, client: httpx.AsyncClient
+) -> None:
+    server = serve(server_factory, tmp_path / "app.db")
+    refused = await client.get(f"{server.url}/lith/metrics")
+    assert refused.status_code == 403
+    assert "lith_" not in refused.text
+    assert (await client.get(f"{server.url}/lith/metrics", headers={"X-Operator": "no"})).status_code == 403
+    assert "lith_writer_commands_total" in (await client.get(f"{server.url}/lith/metrics", headers=OPERATOR)).text
+
+
+async def test_the_route_is_off_until_included_and_out_of_openapi(tmp_path: Path) -> None:
+    lith = Lith(tmp_path / "app.db")
+    app = FastAPI()
+    app.include_router(lith.router)
+    # No lifespan: the engine is stopped, and the scrape says only what a stopped one has.
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as client:
+        assert (await client.get("/lith/metrics")).status_code == 404
+        app.include_router(lith.metrics_router)
+        response = await client.get("/lith/metrics")
+        assert response.status_code == 200
+        assert Scrape(response.text).get("lith_writer_queue_depth") == 0
+        assert "/lith/metrics" not in app.openapi()["paths"]
+        custom = Lith(tmp_path / "other.db", prefix="/live")
+        app.include_router(custom.metrics_router)
+        assert (await client.get("/live/metrics")).status_code == 200
