@@ -412,7 +412,8 @@ class Lith:
             sampler: AbstractAsyncContextManager[None] = nullcontext()
             if self._metrics is not None:
                 sampler = self._metrics.running()
-            async with self.engine.run(ticks=ticks), sampler:
+            # The sampler outside the engine: its last sample counts what the engine's stop drained.
+            async with sampler, self.engine.run(ticks=ticks):
                 self._serving = app
                 if self.backups is not None:
                     await self.backups.start()  # after the writer: the database exists and is migrated

@@ -19,10 +19,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterable
+from datetime import datetime
+from pathlib import Path
 from typing import Any, Protocol
 
 import anyio
@@ -32,14 +35,17 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from starlette.responses import Response
 
 from ..engine.engine import Engine
+from ..engine.feed import Feed
 from ..engine.hub import Hub
 from ..engine.streams import StreamCounts
 from ..exceptions import NotRunning, SettingError
+from .litestream import local_position
+from .replica_check import last_check
 
 log = logging.getLogger("fastapi_lith.metrics")
 
 SAMPLE_EVERY = 1.0  # seconds between two passes of the sampler
-COUNT_KEYS_EVERY = 5.0  # the outcomes table is counted on a reader, at most this often
+SLOW_EVERY = 5.0  # the outcomes table is counted (on a reader), the replica's files read, this often
 ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 _SIZES = tuple(float(1 << i) for i in range(10))  # 1, 2, 4 .. 512: a batch holds at most 512
@@ -77,9 +83,8 @@ class Pool(Protocol):
 class Replicated(Protocol):
     """What the metrics read of a replica (replica.py)."""
 
+    path: Path
     restarts: int
-
-    def health(self) -> dict[str, Any]: ...
 
 
 class Metrics:
@@ -169,6 +174,28 @@ class Metrics:
             "lith_stream_encoder_bytes", "Memory the streams' compressors hold (estimated).", "livesum"
         )
         self.feed_gaps = counter("lith_feed_gaps_total", "Changes missed from the feed: every view rendered again.")
+        self.feed_lag = histogram(
+            "lith_feed_poll_lag_seconds", "From another process's commit to this hub taking it.", _LAGS
+        )
+        self._histogram = histogram
+        self.feed_notify: Histogram | None = None  # made when a feed measures NOTIFY (PostgreSQL)
+        if replica is not None:
+            self.replica_lag = gauge(
+                "lith_replica_lag_seconds", "How far the database's newest write is ahead of Litestream.", "livemax"
+            )
+            self.replica_restarts = counter("lith_replica_restarts_total", "Times Litestream was started again.")
+            self.replica_checked = gauge(
+                "lith_replica_last_check_timestamp_seconds", "When the replica was last restored and compared.",
+                "livemax",
+            )
+            self.replica_ok = gauge(
+                "lith_replica_last_check_ok", "1 if the last check found the replica whole.", "livemin"
+            )
+        if pool is not None:
+            self.accounts_open = gauge("lith_accounts_open", "Accounts open now.", "livesum")
+            self.accounts_opened = counter("lith_accounts_opened_total", "Accounts opened.")
+            self.accounts_closed = counter("lith_accounts_closed_total", "Accounts closed.")
+        self._hubs: weakref.WeakKeyDictionary[Engine, Hub] = weakref.WeakKeyDictionary()
         self._seen: weakref.WeakKeyDictionary[object, dict[str, float]] = weakref.WeakKeyDictionary()
         self._busy_at = time.monotonic()
         self._busy: dict[int, float] = {}
@@ -200,10 +227,12 @@ class Metrics:
             writer = engine.writer
             queued += writer.queued
             self._sample_writer(writer)
+            self._sample_feed(engine.feed)
             try:
                 hub = engine.hub
             except NotRunning:
                 continue
+            self._hubs[engine] = hub  # for its last counts once it has stopped: `retire`
             dirty += len(hub.dirty)
             encoder_bytes += self._sample_hub(hub, open_streams)
         self.writer_queue.set(queued)
@@ -212,8 +241,24 @@ class Metrics:
         for (state, encoding), count in open_streams.items():
             self.streams_open.labels(state, encoding).set(count)
         self._sample_busy()
+        if self._replica is not None:
+            self._grow(self.replica_restarts, self._replica, "restarts", self._replica.restarts)
+        pool = self._pool
+        if pool is not None:
+            self.accounts_open.set(len(pool.open_names()))
+            self._grow(self.accounts_opened, pool, "opened", pool.opened)
+            self._grow(self.accounts_closed, pool, "closed", pool.closed)
         if self.folder:
             self._sample_process()
+
+    def retire(self, engine: Engine) -> None:
+        """The last counts of an engine that has stopped (an account closed, the app's end):
+        what its writer drained and its streams did after the last sample."""
+        self._sample_writer(engine.writer)
+        self._sample_feed(engine.feed)
+        hub = self._hubs.pop(engine, None)
+        if hub is not None:
+            self._sample_hub(hub, {(s, e): 0 for s in _STATES for e in _ENCODINGS})
 
     def _grow(self, counter: Any, owner: object, name: str, value: float) -> None:
         """Add to `counter` what `owner`'s own count `name` grew by since it was last seen."""
@@ -240,6 +285,20 @@ class Metrics:
             size, seconds = observed.popleft()
             self.writer_batch_size.observe(size)
             self.writer_commit.observe(seconds)
+
+    def _sample_feed(self, feed: Feed) -> None:
+        lags = feed.lags
+        while lags:
+            self.feed_lag.observe(lags.popleft())
+        notified = feed.notify_lags
+        if notified is None:
+            return
+        if self.feed_notify is None:
+            self.feed_notify = self._histogram(
+                "lith_feed_notify_seconds", "From another process's commit to its NOTIFY arriving here.", _LAGS
+            )
+        while notified:
+            self.feed_notify.observe(notified.popleft())
 
     def _sample_hub(self, hub: Hub, open_streams: dict[tuple[str, str], int]) -> int:
         """The hub's counters and its streams; returns the bytes its streams' encoders hold."""
@@ -309,7 +368,8 @@ class Metrics:
                     )
                 gauge.set(sample.value)
 
-    async def _count_keys(self) -> None:
+    async def _sample_slowly(self) -> None:
+        """What costs a query or a file read, off the writer and the event loop."""
         rows = 0
         for engine in list(self._engines()):
             try:
@@ -318,6 +378,12 @@ class Metrics:
                 continue
             rows += await readers.run(lambda db: db.scalar(_COUNT_KEYS) or 0)
         self.writer_keys.set(rows)
+        if self._replica is not None:
+            lag, checked = await anyio.to_thread.run_sync(_replica_files, self._replica.path)
+            self.replica_lag.set(lag)
+            if checked is not None:
+                self.replica_checked.set(checked[0])
+                self.replica_ok.set(1 if checked[1] else 0)
 
     # -- the sampler -----------------------------------------------------------------------
 
@@ -332,24 +398,48 @@ class Metrics:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-            self.sample()  # the last counts of the process, before its gauges go
+            for engine in list(self._engines()):  # stopped by now: what they did last
+                self.retire(engine)
             if self.folder:
                 multiprocess.mark_process_dead(os.getpid(), self.folder)  # type: ignore[no-untyped-call]
 
     async def _run(self) -> None:
-        next_count = 0.0
+        next_slow = 0.0
         while True:
             try:
                 self.sample()
-                if time.monotonic() >= next_count:
-                    next_count = time.monotonic() + COUNT_KEYS_EVERY
-                    await self._count_keys()
+                if time.monotonic() >= next_slow:
+                    next_slow = time.monotonic() + SLOW_EVERY
+                    await self._sample_slowly()
             except Exception:  # noqa: BLE001 - a failed sample must not end the sampler
                 log.exception("sampling the metrics failed")
             await asyncio.sleep(SAMPLE_EVERY)
 
 
 _COUNT_KEYS = "SELECT count(*) FROM lith_outcome"
+
+
+def _replica_files(path: Path) -> tuple[float, tuple[float, bool] | None]:
+    """How many seconds the database's newest write (its WAL) is ahead of what Litestream has
+    taken from it (0 when caught up, NaN before Litestream took anything), and the last check's
+    time and result, if any."""
+    lag = 0.0
+    position = local_position(path)
+    try:
+        written = path.with_name(path.name + "-wal").stat().st_mtime
+    except OSError:
+        written = None
+    if written is not None:
+        taken = position.at.timestamp() if position is not None and position.at is not None else None
+        lag = max(0.0, written - taken) if taken is not None else math.nan
+    last = last_check(path)
+    if last is None:
+        return lag, None
+    try:
+        at = datetime.fromisoformat(last.at).timestamp()
+    except ValueError:
+        return lag, None
+    return lag, (at, last.ok)
 
 
 def metrics_router(metrics: Metrics, prefix: str) -> APIRouter:
