@@ -400,6 +400,7 @@ class Metrics:
             self._task = None
             for engine in list(self._engines()):  # stopped by now: what they did last
                 self.retire(engine)
+            self.sample()  # and the rest: nothing is open any more
             if self.folder:
                 multiprocess.mark_process_dead(os.getpid(), self.folder)  # type: ignore[no-untyped-call]
 

@@ -20,7 +20,7 @@ import pytest
 from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
-from fastapi_lith import Lith
+from fastapi_lith import Accounts, Command, Lith, Tx
 from tests.support import REPO, SUPPORT
 from tests.support.browser import Server
 
@@ -214,3 +214,81 @@ async def test_the_route_is_off_until_included_and_out_of_openapi(tmp_path: Path
         custom = Lith(tmp_path / "other.db", prefix="/live")
         app.include_router(custom.metrics_router)
         assert (await client.get("/live/metrics")).status_code == 200
+
+
+async def test_two_workers_one_scrape_sums_both_processes(
+    server_factory: Callable[..., Server], tmp_path: Path, client: httpx.AsyncClient
+) -> None:
+    shared = tmp_path / "prometheus"
+    shared.mkdir()
+    server = serve(server_factory, tmp_path / "app.db", args=("--workers", "2"), PROMETHEUS_MULTIPROC_DIR=str(shared))
+    deadline = time.monotonic() + 60
+    while server.output.count("Application startup complete") < 2:  # the port answers with one
+        assert time.monotonic() < deadline, "the second worker never started"
+        await asyncio.sleep(0.05)
+    tabs: list[Tab] = []
+    for _ in range(60):  # the kernel picks the process: open streams until both serve two
+        tabs.append(await Tab(server.url, "zstd").open(client))
+        pids = [t.pid for t in tabs]
+        if len(set(pids)) == 2 and all(pids.count(p) >= 2 for p in set(pids)):
+            break
+    pids = {t.pid for t in tabs}
+    assert len(pids) == 2, "every stream landed in one process"
+    served: set[str] = set()
+    sent = 0
+    while len(served) < 2 or sent < 40:  # each command on a connection of its own: either process
+        sent += 1
+        async with httpx.AsyncClient(timeout=30) as own:
+            response = await own.post(f"{server.url}/add", json={"tab": tabs[0].id, "op": sent, "n": 1})
+        assert response.status_code == 204, response.text
+        served.add(response.headers["x-pid"])
+        assert sent < 200, "every command landed in one process"
+    before: Scrape | None = None
+
+    async def summed() -> Scrape | None:
+        nonlocal before
+        now = await scrape(client, server.url)
+        now.check(before)
+        before = now
+        done = now.get("lith_writer_commands_total", result="committed") == sent
+        return now if done and now.get("lith_feed_poll_lag_seconds_count") > 0 else None
+
+    last: Scrape = await until(summed)
+    # One scrape, from whichever process the kernel picked: both processes' streams, one series
+    # of process metrics per pid, and the writers' commands summed.
+    assert last.get("lith_streams_open", state="awake", encoding="zstd") == len(tabs)
+    assert {pid for (name, labels), _ in last.samples.items() if name == "process_resident_memory_bytes"
+            for key, pid in labels if key == "pid"} == pids  # fmt: skip
+    assert last.get("lith_writer_batch_size_sum") == sent
+    assert last.get("lith_writer_batch_size_count") == last.get("lith_writer_batches_total", result="committed")
+    for tab in tabs:
+        tab.close()
+
+
+async def test_accounts_sum_their_open_accounts_and_keep_a_closed_ones_counts(tmp_path: Path) -> None:
+    migrations = tmp_path / "migrations"
+    migrations.mkdir()
+    (migrations / "0001_counter.sql").write_text(
+        "CREATE TABLE counter (id INTEGER PRIMARY KEY, count INTEGER NOT NULL); INSERT INTO counter VALUES (1, 0);"
+    )
+    accounts = Accounts(tmp_path / "accounts", migrations=migrations)
+    metrics = accounts.metrics  # before serving: the sampler runs with the accounts
+    async with accounts.serve():
+        for name, count in (("acme", 3), ("globex", 5)):
+            await accounts.create(name)
+            async with accounts.use(name) as lith:
+                for _ in range(count):
+                    await lith.engine.writer.do(Bump())
+        await accounts.close("acme")  # its writer gone: what it committed stays counted
+        metrics.sample()
+        assert metrics.value("lith_accounts_open") == 1
+        assert metrics.value("lith_accounts_opened_total") == 2
+        assert metrics.value("lith_accounts_closed_total") == 1
+        assert metrics.value("lith_writer_commands_total", result="committed") == 3 + 5
+        assert metrics.value("lith_writer_batch_size_sum") == 3 + 5
+    assert metrics.value("lith_accounts_closed_total") == 2  # the last one closed with the pool
+
+
+class Bump(Command):
+    def apply(self, tx: Tx) -> None:
+        tx.execute("UPDATE counter SET count = count + 1 WHERE id = 1")
