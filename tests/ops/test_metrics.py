@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import re
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -52,6 +54,11 @@ class Scrape:
         """The sum over every series of `name` whose labels include `labels` (pid among them)."""
         want = set(labels.items())
         return sum(v for (n, ls), v in self.samples.items() if n == name and want <= ls)
+
+    def pids(self) -> set[str]:
+        """The processes with a series of their own (multiprocess mode)."""
+        return {pid for (name, labels) in self.samples if name == "process_resident_memory_bytes"
+                for key, pid in labels if key == "pid"}  # fmt: skip
 
     def check(self, before: Scrape | None) -> None:
         """What holds of every scrape: cumulative histograms whose count is their +Inf bucket,
@@ -117,6 +124,21 @@ class Tab:
     def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
+
+
+async def tabs_on_both(server: Server, client: httpx.AsyncClient) -> list[Tab]:
+    """Zstd streams of a `--workers 2` server, opened until each process serves two."""
+    deadline = time.monotonic() + 60
+    while server.output.count("Application startup complete") < 2:  # the port answers with one
+        assert time.monotonic() < deadline, "the second worker never started"
+        await asyncio.sleep(0.05)
+    tabs: list[Tab] = []
+    for _ in range(60):  # the kernel picks the process of each connection
+        tabs.append(await Tab(server.url, "zstd").open(client))
+        pids = [t.pid for t in tabs]
+        if len(set(pids)) == 2 and all(pids.count(p) >= 2 for p in set(pids)):
+            return tabs
+    raise AssertionError("every stream landed in one process")
 
 
 async def until(check: Callable[[], Any], timeout: float = 30.0) -> Any:
@@ -222,18 +244,8 @@ async def test_two_workers_one_scrape_sums_both_processes(
     shared = tmp_path / "prometheus"
     shared.mkdir()
     server = serve(server_factory, tmp_path / "app.db", args=("--workers", "2"), PROMETHEUS_MULTIPROC_DIR=str(shared))
-    deadline = time.monotonic() + 60
-    while server.output.count("Application startup complete") < 2:  # the port answers with one
-        assert time.monotonic() < deadline, "the second worker never started"
-        await asyncio.sleep(0.05)
-    tabs: list[Tab] = []
-    for _ in range(60):  # the kernel picks the process: open streams until both serve two
-        tabs.append(await Tab(server.url, "zstd").open(client))
-        pids = [t.pid for t in tabs]
-        if len(set(pids)) == 2 and all(pids.count(p) >= 2 for p in set(pids)):
-            break
+    tabs = await tabs_on_both(server, client)
     pids = {t.pid for t in tabs}
-    assert len(pids) == 2, "every stream landed in one process"
     served: set[str] = set()
     sent = 0
     while len(served) < 2 or sent < 40:  # each command on a connection of its own: either process
@@ -257,8 +269,7 @@ async def test_two_workers_one_scrape_sums_both_processes(
     # One scrape, from whichever process the kernel picked: both processes' streams, one series
     # of process metrics per pid, and the writers' commands summed.
     assert last.get("lith_streams_open", state="awake", encoding="zstd") == len(tabs)
-    assert {pid for (name, labels), _ in last.samples.items() if name == "process_resident_memory_bytes"
-            for key, pid in labels if key == "pid"} == pids  # fmt: skip
+    assert last.pids() == pids
     assert last.get("lith_writer_batch_size_sum") == sent
     assert last.get("lith_writer_batch_size_count") == last.get("lith_writer_batches_total", result="committed")
     for tab in tabs:
@@ -292,3 +303,38 @@ async def test_accounts_sum_their_open_accounts_and_keep_a_closed_ones_counts(tm
 class Bump(Command):
     def apply(self, tx: Tx) -> None:
         tx.execute("UPDATE counter SET count = count + 1 WHERE id = 1")
+
+
+class Served(Server):
+    """`python -m fastapi_lith serve APP` in place of uvicorn's own command line."""
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "fastapi_lith", "serve", self.app,
+                "--host", self.host, "--port", str(self.port), *self.args]  # fmt: skip
+
+
+async def test_serve_gives_its_workers_a_fresh_metrics_folder_and_removes_it(
+    tmp_path: Path, client: httpx.AsyncClient
+) -> None:
+    env = {"METRICS_DB": str(tmp_path / "app.db"), "PYTHONPATH": str(REPO), "PROMETHEUS_MULTIPROC_DIR": None}
+    server = Served(APP, cwd=SUPPORT, env=env, args=["--workers", "2"], log_path=tmp_path / "serve.log")
+    server.start()
+    try:
+        tabs = await tabs_on_both(server, client)
+        found = re.search(r"share their metrics in (\S+)", server.output)
+        assert found, server.output
+        folder = Path(found.group(1))
+        assert folder.is_dir()
+
+        async def both() -> bool:  # the other process's values are as fresh as its last sample
+            last = await scrape(client, server.url)
+            return last.get("lith_streams_open", state="awake", encoding="zstd") == len(tabs)
+
+        await until(both)
+        assert (await scrape(client, server.url)).pids() == {t.pid for t in tabs}
+        for tab in tabs:
+            tab.close()
+    finally:
+        server.close()
+    assert server.stopped_cleanly, server.output
+    assert not folder.exists()
