@@ -111,7 +111,7 @@ class Tab:
         try:
             async with client.stream("GET", self.url, headers={"Accept-Encoding": self.encoding}) as response:
                 assert response.status_code == 200, response.status_code
-                self.pid = response.headers["x-pid"]
+                self.pid = response.headers.get("x-pid", "")
                 opened.set_result(None)
                 async for chunk in response.aiter_raw():
                     self.bytes += len(chunk)
@@ -338,3 +338,23 @@ async def test_serve_gives_its_workers_a_fresh_metrics_folder_and_removes_it(
         server.close()
     assert server.stopped_cleanly, server.output
     assert not folder.exists()
+
+
+async def test_the_docs_app_serves_its_metrics_to_the_token_only(
+    server_factory: Callable[..., Server], tmp_path: Path, client: httpx.AsyncClient
+) -> None:
+    env = {"APP_DB": str(tmp_path / "app.db"), "METRICS_TOKEN": "s3cret-for-prometheus", "PYTHONPATH": str(REPO)}
+    server = server_factory("metrics_app:app", cwd=REPO / "docs" / "src", env=env)
+    token = {"Authorization": "Bearer s3cret-for-prometheus"}
+    assert (await client.get(f"{server.url}/lith/metrics")).status_code == 403
+    assert (await client.get(f"{server.url}/lith/metrics", headers={"Authorization": "Bearer guess"})).status_code == 403
+    scraped = await client.get(f"{server.url}/lith/metrics", headers=token)
+    assert scraped.status_code == 200
+    assert Scrape(scraped.text).get("lith_writer_commands_total", result="committed") == 0
+    tab = await Tab(server.url, "zstd").open(client)
+    async with httpx.AsyncClient(timeout=30) as own:  # the counter's command, as its page sends it
+        headers = {"Datastar-Request": "true", "Sec-Fetch-Site": "same-origin"}
+        added = await own.post(f"{server.url}/add", json={"tab": tab.id, "op": 1, "n": 2}, headers=headers)
+    assert added.status_code == 204, added.text
+    assert (await client.get(f"{server.url}/busy", headers=token)).json() == {"queued": 0, "committed": 1, "streams": 1}
+    tab.close()
