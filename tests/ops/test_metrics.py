@@ -17,12 +17,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import htpy as h
 import httpx
 import pytest
 from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
-from fastapi_lith import Accounts, Command, Lith, Tx
+from fastapi_lith import Accounts, Command, Db, Lith, Rejected, TabCommand, Tx
+from fastapi_lith.backends.sqlite.feed import SqliteFeed
+from fastapi_lith.testing import Tabs
 from tests.support import REPO, SUPPORT
 from tests.support.browser import Server
 
@@ -303,6 +306,7 @@ async def test_accounts_sum_their_open_accounts_and_keep_a_closed_ones_counts(tm
 class Bump(Command):
     def apply(self, tx: Tx) -> None:
         tx.execute("UPDATE counter SET count = count + 1 WHERE id = 1")
+        tx.touch("counter")
 
 
 class Served(Server):
@@ -358,3 +362,71 @@ async def test_the_docs_app_serves_its_metrics_to_the_token_only(
     assert added.status_code == 204, added.text
     assert (await client.get(f"{server.url}/busy", headers=token)).json() == {"queued": 0, "committed": 1, "streams": 1}
     tab.close()
+
+
+async def test_failed_repeated_and_render_errors_are_counted_apart(tmp_path: Path) -> None:
+    migrations = tmp_path / "migrations"
+    migrations.mkdir()
+    (migrations / "0001_counter.sql").write_text(
+        "CREATE TABLE counter (id INTEGER PRIMARY KEY, count INTEGER NOT NULL); INSERT INTO counter VALUES (1, 0);"
+    )
+    lith = Lith(tmp_path / "app.db", migrations=migrations)
+
+    @lith.view("broken/{n}", topics={"counter"})
+    def broken(db: Db, n: int) -> str:
+        raise RuntimeError("a bug in a view")
+
+    metrics = lith.metrics
+    async with Tabs(lith) as tabs:
+        tab = await tabs.open("broken/1", "broken/2")
+        await tab.do(Refuse(tab=tab.id, op=1))
+        with pytest.raises(Rejected):
+            await tab.do(Refuse(tab=tab.id, op=2))
+        await tab.do(Refuse(tab=tab.id, op=1))  # a repeat: answered with its first outcome
+        metrics.sample()
+        assert metrics.value("lith_writer_commands_total", result="committed") == 1
+        assert metrics.value("lith_writer_commands_total", result="failed") == 1
+        assert metrics.value("lith_writer_commands_total", result="repeated") == 1
+        assert metrics.value("lith_writer_batches_total", result="committed") == 3
+        # Two instances of one view: one series, by its pattern.
+        assert metrics.value("lith_hub_render_errors_total", view="broken/{n}") == 2
+        assert metrics.value("lith_hub_renders_total", view="broken/{n}") == 2
+        assert metrics.value("lith_hub_render_errors_total", view="broken/1") is None
+
+
+class Refuse(TabCommand):
+    """Applies once, refuses its second op: a command of each result."""
+
+    def apply(self, tx: Tx) -> None:
+        if self.op == 2:
+            raise Rejected("not this one")
+        tx.execute("UPDATE counter SET count = count + 1 WHERE id = 1")
+
+
+async def test_the_feed_between_two_processes_counts_its_lag_and_its_gaps(tmp_path: Path) -> None:
+    migrations = tmp_path / "migrations"
+    migrations.mkdir()
+    (migrations / "0001_counter.sql").write_text(
+        "CREATE TABLE counter (id INTEGER PRIMARY KEY, count INTEGER NOT NULL); INSERT INTO counter VALUES (1, 0);"
+    )
+    db = tmp_path / "app.db"
+    # Two Liths on one file stand for two processes (tests/engine/test_feed.py says how).
+    a = Lith(db, migrations=migrations, feed=SqliteFeed(db, keep=4, prune_every=2))
+    b = Lith(db, migrations=migrations)
+    b.view("counter", topics={"counter"})(lambda db: h.p("#counter")[db.scalar("SELECT count FROM counter")])
+    metrics = b.metrics
+    async with Tabs(a) as tabs_a, Tabs(b) as tabs_b:
+        await tabs_b.open("counter")
+        await tabs_a.do(Bump())
+        await tabs_b.tick()  # b hears a's commit through the feed
+        metrics.sample()
+        assert metrics.value("lith_feed_poll_lag_seconds_count") == 1
+        assert metrics.value("lith_feed_gaps_total") == 0
+        for _ in range(10):  # more than the feed keeps: b finds a gap
+            await tabs_a.do(Bump())
+        await tabs_b.tick()
+        metrics.sample()
+        assert metrics.value("lith_feed_gaps_total") == 1
+        assert isinstance(b.feed, SqliteFeed) and b.feed.reads > 1  # the first, then those kept past the gap
+        assert metrics.value("lith_feed_poll_lag_seconds_count") == b.feed.reads  # each one read
+        assert metrics.value("lith_feed_notify_seconds_count") is None  # NOTIFY is PostgreSQL's
