@@ -191,6 +191,8 @@ class Metrics:
             self.replica_ok = gauge(
                 "lith_replica_last_check_ok", "1 if the last check found the replica whole.", "livemin"
             )
+            for unknown in (self.replica_lag, self.replica_checked, self.replica_ok):  # until first read
+                unknown.set(math.nan)
         if pool is not None:
             self.accounts_open = gauge("lith_accounts_open", "Accounts open now.", "livesum")
             self.accounts_opened = counter("lith_accounts_opened_total", "Accounts opened.")

@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import os
 import re
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -430,3 +432,31 @@ async def test_the_feed_between_two_processes_counts_its_lag_and_its_gaps(tmp_pa
         assert isinstance(b.feed, SqliteFeed) and b.feed.reads > 1  # the first, then those kept past the gap
         assert metrics.value("lith_feed_poll_lag_seconds_count") == b.feed.reads  # each one read
         assert metrics.value("lith_feed_notify_seconds_count") is None  # NOTIFY is PostgreSQL's
+
+
+async def test_a_replica_shows_its_restarts_its_lag_and_its_last_check(
+    server_factory: Callable[..., Server], tmp_path: Path, client: httpx.AsyncClient
+) -> None:
+    env = {"APP_DB": str(tmp_path / "app.db"), "APP_REPLICA": f"file://{tmp_path / 'replica'}",
+           "APP_CHECK_EVERY": "1", "PYTHONPATH": str(REPO)}  # fmt: skip
+    server = server_factory("replicaapp:app", cwd=SUPPORT, env=env, startup_timeout=60)
+    for _ in range(5):
+        assert (await client.post(f"{server.url}/append", json={})).status_code == 200
+
+    async def scraped() -> Scrape:
+        return Scrape((await client.get(f"{server.url}/lith/metrics")).text)
+
+    async def checked() -> Scrape | None:  # NaN, unknown, until the first check is read
+        now = await scraped()
+        return now if now.get("lith_replica_last_check_timestamp_seconds") > 0 else None
+
+    last: Scrape = await until(checked, timeout=60)
+    assert last.get("lith_replica_last_check_ok") == 1
+    assert last.get("lith_replica_lag_seconds") >= 0
+    assert last.get("lith_replica_restarts_total") == 0
+    os.kill((await client.get(f"{server.url}/health")).json()["litestream_pid"], signal.SIGKILL)
+
+    async def restarted() -> bool:
+        return (await scraped()).get("lith_replica_restarts_total") == 1
+
+    await until(restarted)
