@@ -31,7 +31,7 @@ from typing import Any, Protocol
 import anyio
 import prometheus_client
 from fastapi import APIRouter
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, multiprocess, values
+from prometheus_client import CollectorRegistry, Gauge, ProcessCollector, multiprocess, values
 from starlette.responses import Response
 
 from ..engine.engine import Engine
@@ -39,6 +39,7 @@ from ..engine.feed import Feed
 from ..engine.hub import Hub
 from ..engine.streams import StreamCounts
 from ..exceptions import NotRunning, SettingError
+from .instruments import ENCODINGS, STATES, Instruments
 from .litestream import local_position
 from .replica_check import last_check
 
@@ -48,11 +49,6 @@ SAMPLE_EVERY = 1.0  # seconds between two passes of the sampler
 SLOW_EVERY = 5.0  # the outcomes table is counted (on a reader), the replica's files read, this often
 ENV = "PROMETHEUS_MULTIPROC_DIR"
 
-_SIZES = tuple(float(1 << i) for i in range(10))  # 1, 2, 4 .. 512: a batch holds at most 512
-_SECONDS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
-_LAGS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-_STATES = ("awake", "hibernated")
-_ENCODINGS = ("zstd", "br", "gzip", "identity")
 
 
 def multiprocess_dir() -> str | None:
@@ -115,92 +111,10 @@ class Metrics:
         if not self.folder:
             self.registry.register(self._process)
         self._process_gauges: dict[str, Gauge] = {}
-
-        def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
-            return Counter(name, doc, labels, registry=own)
-
-        def gauge(name: str, doc: str, mode: str, labels: tuple[str, ...] = ()) -> Gauge:
-            return Gauge(name, doc, labels, registry=own, multiprocess_mode=mode)  # type: ignore[arg-type]
-
-        def histogram(name: str, doc: str, buckets: tuple[float, ...], labels: tuple[str, ...] = ()) -> Histogram:
-            return Histogram(name, doc, labels, registry=own, buckets=buckets)
-
-        self.writer_commands = counter(
-            "lith_writer_commands_total", "Commands the writer answered, by result.", ("result",)
-        )
-        self.writer_batches = counter("lith_writer_batches_total", "Batches the writer ran, by result.", ("result",))
-        self.writer_retries = counter(
-            "lith_writer_retries_total", "Batches run again (PostgreSQL: a deadlock or a serialization failure)."
-        )
-        self.writer_queue = gauge("lith_writer_queue_depth", "Commands waiting for a batch.", "livesum")
-        self.writer_batch_size = histogram("lith_writer_batch_size", "Commands per committed batch.", _SIZES)
-        self.writer_commit = histogram(
-            "lith_writer_commit_seconds", "From handing a batch to the writer thread to its answer.", _SECONDS
-        )
-        self.writer_busy = gauge(
-            "lith_writer_busy_ratio", "Share of the last sample interval the writer spent on batches.", "livemax"
-        )
-        self.writer_keys = gauge(
-            "lith_writer_idempotency_keys", "Rows of the outcomes table (keyed commands remembered).", "livemax"
-        )
-        self.hub_ticks = counter("lith_hub_ticks_total", "Ticks of the hub.")
-        self.hub_tick_seconds = histogram("lith_hub_tick_seconds", "How long a tick took.", _SECONDS)
-        self.hub_late = counter(
-            "lith_hub_late_ticks_total", "Ticks that started well after their time or ran past the interval."
-        )
-        self.hub_renders = counter("lith_hub_renders_total", "View renders, by view pattern.", ("view",))
-        self.hub_render_seconds = histogram(
-            "lith_hub_render_seconds", "How long a view took to render, by view pattern.", _SECONDS, ("view",)
-        )
-        self.hub_render_errors = counter(
-            "lith_hub_render_errors_total", "Renders that raised, by view pattern.", ("view",)
-        )
-        self.hub_unchanged = counter("lith_hub_unchanged_total", "Renders whose HTML had not changed.")
-        self.hub_dirty = gauge("lith_hub_dirty_instances", "View instances waiting to render.", "livesum")
-        self.streams_open = gauge(
-            "lith_streams_open", "Open streams, by state and encoding.", "livesum", ("state", "encoding")
-        )
-        self.stream_bytes = counter(
-            "lith_stream_bytes_total", "Stream bytes: html before compression, sent after.", ("stage",)
-        )
-        self.stream_frames = counter("lith_stream_frames_total", "Frames the streams took to send.")
-        self.stream_superseded = counter(
-            "lith_stream_frames_superseded_total", "Frames replaced by a newer one before a slow tab took them."
-        )
-        self.stream_timeouts = counter(
-            "lith_stream_send_timeouts_total", "Streams ended because the client stopped reading."
-        )
-        self.encoder_bytes = gauge(
-            "lith_stream_encoder_bytes", "Memory the streams' compressors hold (estimated).", "livesum"
-        )
-        self.feed_gaps = counter("lith_feed_gaps_total", "Changes missed from the feed: every view rendered again.")
-        self.feed_lag = histogram(
-            "lith_feed_poll_lag_seconds", "From another process's commit to this hub taking it.", _LAGS
-        )
-        self._histogram = histogram
-        self.feed_notify: Histogram | None = None  # made when a feed measures NOTIFY (PostgreSQL)
-        if replica is not None:
-            self.replica_lag = gauge(
-                "lith_replica_lag_seconds", "How far the database's newest write is ahead of Litestream.", "livemax"
-            )
-            self.replica_restarts = counter("lith_replica_restarts_total", "Times Litestream was started again.")
-            self.replica_checked = gauge(
-                "lith_replica_last_check_timestamp_seconds", "When the replica was last restored and compared.",
-                "livemax",
-            )
-            self.replica_ok = gauge(
-                "lith_replica_last_check_ok", "1 if the last check found the replica whole.", "livemin"
-            )
-            for unknown in (self.replica_lag, self.replica_checked, self.replica_ok):  # until first read
-                unknown.set(math.nan)
-        if pool is not None:
-            self.accounts_open = gauge("lith_accounts_open", "Accounts open now.", "livesum")
-            self.accounts_opened = counter("lith_accounts_opened_total", "Accounts opened.")
-            self.accounts_closed = counter("lith_accounts_closed_total", "Accounts closed.")
+        self.instruments = Instruments(own, replica=replica is not None, pool=pool is not None)
         self._hubs: weakref.WeakKeyDictionary[Engine, Hub] = weakref.WeakKeyDictionary()
         self._seen: weakref.WeakKeyDictionary[object, dict[str, float]] = weakref.WeakKeyDictionary()
         self._busy_at = time.monotonic()
-        self._busy: dict[int, float] = {}
         self._task: asyncio.Task[None] | None = None
 
     # -- reading ---------------------------------------------------------------------------
@@ -223,8 +137,9 @@ class Metrics:
 
     def sample(self) -> None:
         """Bring every value up to date from the engines' counters (on the event loop)."""
+        metric = self.instruments
         queued = dirty = encoder_bytes = 0
-        open_streams = dict.fromkeys(((s, e) for s in _STATES for e in _ENCODINGS), 0)
+        open_streams = dict.fromkeys(((s, e) for s in STATES for e in ENCODINGS), 0)
         for engine in list(self._engines()):
             writer = engine.writer
             queued += writer.queued
@@ -237,19 +152,19 @@ class Metrics:
             self._hubs[engine] = hub  # for its last counts once it has stopped: `retire`
             dirty += len(hub.dirty)
             encoder_bytes += self._sample_hub(hub, open_streams)
-        self.writer_queue.set(queued)
-        self.hub_dirty.set(dirty)
-        self.encoder_bytes.set(encoder_bytes)
+        metric.writer_queue.set(queued)
+        metric.hub_dirty.set(dirty)
+        metric.encoder_bytes.set(encoder_bytes)
         for (state, encoding), count in open_streams.items():
-            self.streams_open.labels(state, encoding).set(count)
+            metric.streams_open.labels(state, encoding).set(count)
         self._sample_busy()
         if self._replica is not None:
-            self._grow(self.replica_restarts, self._replica, "restarts", self._replica.restarts)
+            self._grow(metric.replica_restarts, self._replica, "restarts", self._replica.restarts)
         pool = self._pool
         if pool is not None:
-            self.accounts_open.set(len(pool.open_names()))
-            self._grow(self.accounts_opened, pool, "opened", pool.opened)
-            self._grow(self.accounts_closed, pool, "closed", pool.closed)
+            metric.accounts_open.set(len(pool.open_names()))
+            self._grow(metric.accounts_opened, pool, "opened", pool.opened)
+            self._grow(metric.accounts_closed, pool, "closed", pool.closed)
         if self.folder:
             self._sample_process()
 
@@ -260,7 +175,7 @@ class Metrics:
         self._sample_feed(engine.feed)
         hub = self._hubs.pop(engine, None)
         if hub is not None:
-            self._sample_hub(hub, {(s, e): 0 for s in _STATES for e in _ENCODINGS})
+            self._sample_hub(hub, {(s, e): 0 for s in STATES for e in ENCODINGS})
 
     def _grow(self, counter: Any, owner: object, name: str, value: float) -> None:
         """Add to `counter` what `owner`'s own count `name` grew by since it was last seen."""
@@ -273,53 +188,53 @@ class Metrics:
             seen[name] = value
 
     def _sample_writer(self, writer: Any) -> None:
+        metric = self.instruments
         grow = self._grow
         individual = writer.failed - writer.lost  # commands that failed inside a committed batch
-        grow(self.writer_commands.labels("committed"), writer, "committed",
+        grow(metric.writer_commands.labels("committed"), writer, "committed",
              writer.commands - individual - writer.repeats)  # fmt: skip
-        grow(self.writer_commands.labels("failed"), writer, "failed", writer.failed)
-        grow(self.writer_commands.labels("repeated"), writer, "repeated", writer.repeats)
-        grow(self.writer_batches.labels("committed"), writer, "batches", writer.batches)
-        grow(self.writer_batches.labels("failed"), writer, "failed_batches", writer.failed_batches)
-        grow(self.writer_retries, writer, "retries", getattr(writer.store, "retried", 0))
+        grow(metric.writer_commands.labels("failed"), writer, "failed", writer.failed)
+        grow(metric.writer_commands.labels("repeated"), writer, "repeated", writer.repeats)
+        grow(metric.writer_batches.labels("committed"), writer, "batches", writer.batches)
+        grow(metric.writer_batches.labels("failed"), writer, "failed_batches", writer.failed_batches)
+        grow(metric.writer_retries, writer, "retries", getattr(writer.store, "retried", 0))
         observed = writer.observed
         while observed:
             size, seconds = observed.popleft()
-            self.writer_batch_size.observe(size)
-            self.writer_commit.observe(seconds)
+            metric.writer_batch_size.observe(size)
+            metric.writer_commit.observe(seconds)
 
     def _sample_feed(self, feed: Feed) -> None:
+        metric = self.instruments
         lags = feed.lags
         while lags:
-            self.feed_lag.observe(lags.popleft())
+            metric.feed_lag.observe(lags.popleft())
         notified = feed.notify_lags
         if notified is None:
             return
-        if self.feed_notify is None:
-            self.feed_notify = self._histogram(
-                "lith_feed_notify_seconds", "From another process's commit to its NOTIFY arriving here.", _LAGS
-            )
+        notify = metric.notify()
         while notified:
-            self.feed_notify.observe(notified.popleft())
+            notify.observe(notified.popleft())
 
     def _sample_hub(self, hub: Hub, open_streams: dict[tuple[str, str], int]) -> int:
         """The hub's counters and its streams; returns the bytes its streams' encoders hold."""
+        metric = self.instruments
         grow, counters = self._grow, hub.counters
-        grow(self.hub_ticks, hub, "ticks", counters.ticks)
-        grow(self.hub_late, hub, "late", counters.late_ticks)
-        grow(self.hub_unchanged, hub, "unchanged", counters.unchanged)
-        grow(self.feed_gaps, hub, "gaps", counters.gaps)
+        grow(metric.hub_ticks, hub, "ticks", counters.ticks)
+        grow(metric.hub_late, hub, "late", counters.late_ticks)
+        grow(metric.hub_unchanged, hub, "unchanged", counters.unchanged)
+        grow(metric.feed_gaps, hub, "gaps", counters.gaps)
         for view, count in counters.renders_by_view.items():
-            grow(self.hub_renders.labels(view), hub, "renders:" + view, count)
+            grow(metric.hub_renders.labels(view), hub, "renders:" + view, count)
         for view, count in counters.errors_by_view.items():
-            grow(self.hub_render_errors.labels(view), hub, "errors:" + view, count)
+            grow(metric.hub_render_errors.labels(view), hub, "errors:" + view, count)
         ticks = counters.observed_ticks
         while ticks:
-            self.hub_tick_seconds.observe(ticks.popleft())
+            metric.hub_tick_seconds.observe(ticks.popleft())
         renders = counters.observed_renders
         while renders:
             view, seconds = renders.popleft()
-            self.hub_render_seconds.labels(view).observe(seconds)
+            metric.hub_render_seconds.labels(view).observe(seconds)
         totals = StreamCounts()
         closed = counters.closed_streams
         for name in StreamCounts.__slots__:
@@ -334,29 +249,30 @@ class Metrics:
             state = "hibernated" if encoder.hibernating else "awake"
             open_streams[state, encoder.name or "identity"] += 1
             memory += encoder.memory_size()
-        grow(self.stream_frames, hub, "frames", totals.frames)
-        grow(self.stream_superseded, hub, "superseded", totals.superseded)
-        grow(self.stream_bytes.labels("html"), hub, "html", totals.html_bytes)
-        grow(self.stream_bytes.labels("sent"), hub, "sent", totals.sent_bytes)
-        grow(self.stream_timeouts, hub, "timeouts", totals.send_timeouts)
+        grow(metric.stream_frames, hub, "frames", totals.frames)
+        grow(metric.stream_superseded, hub, "superseded", totals.superseded)
+        grow(metric.stream_bytes.labels("html"), hub, "html", totals.html_bytes)
+        grow(metric.stream_bytes.labels("sent"), hub, "sent", totals.sent_bytes)
+        grow(metric.stream_timeouts, hub, "timeouts", totals.send_timeouts)
         return memory
 
     def _sample_busy(self) -> None:
         """The busiest writer's share of the time since the last measure; a measure over less
         than half a sample interval (a scrape right after the sampler) would be noise."""
+        metric = self.instruments
         now = time.monotonic()
         elapsed = now - self._busy_at
         if elapsed < SAMPLE_EVERY / 2:
             return
-        busy: dict[int, float] = {}
         ratio = 0.0
         for engine in self._engines():
             writer = engine.writer
-            busy[id(writer)] = writer.busy_seconds
-            spent = writer.busy_seconds - self._busy.get(id(writer), writer.busy_seconds)
+            seen = self._seen.setdefault(writer, {})
+            spent = writer.busy_seconds - seen.get("busy", writer.busy_seconds)  # a new writer: none yet
+            seen["busy"] = writer.busy_seconds
             ratio = max(ratio, min(1.0, spent / elapsed))
-        self._busy, self._busy_at = busy, now
-        self.writer_busy.set(ratio)
+        self._busy_at = now
+        metric.writer_busy.set(ratio)
 
     def _sample_process(self) -> None:
         """Shared by processes, prometheus-client's process collector would show the scraping
@@ -372,6 +288,7 @@ class Metrics:
 
     async def _sample_slowly(self) -> None:
         """What costs a query or a file read, off the writer and the event loop."""
+        metric = self.instruments
         rows = 0
         for engine in list(self._engines()):
             try:
@@ -379,13 +296,13 @@ class Metrics:
             except NotRunning:
                 continue
             rows += await readers.run(lambda db: db.scalar(_COUNT_KEYS) or 0)
-        self.writer_keys.set(rows)
+        metric.writer_keys.set(rows)
         if self._replica is not None:
             lag, checked = await anyio.to_thread.run_sync(_replica_files, self._replica.path)
-            self.replica_lag.set(lag)
+            metric.replica_lag.set(lag)
             if checked is not None:
-                self.replica_checked.set(checked[0])
-                self.replica_ok.set(1 if checked[1] else 0)
+                metric.replica_checked.set(checked[0])
+                metric.replica_ok.set(1 if checked[1] else 0)
 
     # -- the sampler -----------------------------------------------------------------------
 
