@@ -85,6 +85,7 @@ class Writer:
         # Counters a user and the benchmarks read.
         self.commands = self.failed = self.repeats = self.batches = 0
         self.failed_batches = self.lost = 0  # batches whose COMMIT failed, and their commands
+        self.repeated_errors = 0  # repeats answered with a first outcome that was an error
         self.busy_seconds = 0.0  # spent applying and committing batches
         self.commit_seconds: deque[float] = deque(maxlen=100_000)
         # `(batch size, seconds)` of each committed batch, drained by the metrics' sampler.
@@ -255,6 +256,7 @@ class Writer:
         self.batches += 1
         self.commands += len(futures)
         self.repeats += batch.repeats
+        self.repeated_errors += batch.repeated_errors
         for fut, result, error in zip(futures, results, errors, strict=True):
             if fut.done():
                 continue

@@ -190,9 +190,11 @@ class Metrics:
     def _sample_writer(self, writer: Any) -> None:
         metric = self.instruments
         grow = self._grow
-        individual = writer.failed - writer.lost  # commands that failed inside a committed batch
-        grow(metric.writer_commands.labels("committed"), writer, "committed",
-             writer.commands - individual - writer.repeats)  # fmt: skip
+        # Applied afresh and committed: not failed inside a committed batch, not a repeat (a
+        # repeat of a failure counts as both, so it is taken off once).
+        individual = writer.failed - writer.lost
+        fresh = writer.commands - individual - writer.repeats + writer.repeated_errors
+        grow(metric.writer_commands.labels("committed"), writer, "committed", fresh)
         grow(metric.writer_commands.labels("failed"), writer, "failed", writer.failed)
         grow(metric.writer_commands.labels("repeated"), writer, "repeated", writer.repeats)
         grow(metric.writer_batches.labels("committed"), writer, "batches", writer.batches)

@@ -460,3 +460,23 @@ async def test_a_replica_shows_its_restarts_its_lag_and_its_last_check(
         return (await scraped()).get("lith_replica_restarts_total") == 1
 
     await until(restarted)
+
+
+async def test_a_repeat_of_a_refused_command_is_failed_and_repeated_and_not_committed(tmp_path: Path) -> None:
+    migrations = tmp_path / "migrations"
+    migrations.mkdir()
+    (migrations / "0001_counter.sql").write_text(
+        "CREATE TABLE counter (id INTEGER PRIMARY KEY, count INTEGER NOT NULL); INSERT INTO counter VALUES (1, 0);"
+    )
+    lith = Lith(tmp_path / "app.db", migrations=migrations)
+    metrics = lith.metrics
+    async with Tabs(lith) as tabs:
+        tab = await tabs.open("outcome/{tab}")
+        for _ in range(2):  # the same op twice: the second is answered with the first's refusal
+            with pytest.raises(Rejected):
+                await tab.do(Refuse(tab=tab.id, op=2))
+        await tab.do(Refuse(tab=tab.id, op=3))
+        metrics.sample()
+        assert metrics.value("lith_writer_commands_total", result="failed") == 2
+        assert metrics.value("lith_writer_commands_total", result="repeated") == 1
+        assert metrics.value("lith_writer_commands_total", result="committed") == 1
