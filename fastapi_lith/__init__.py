@@ -57,6 +57,7 @@ from .exceptions import (
     WriterClosed,
 )
 from .lith import Lith
+from .ops.metrics import Metrics
 from .web.forms import form_fields, send_form
 from .web.guard import MaxBody
 from .web.headers import SecurityHeaders, content_security_policy
@@ -74,6 +75,8 @@ __all__ = [
     "SecurityHeaders", "content_security_policy",
     # what the hub sends a tab
     "Frame", "Stream",
+    # what an operator scrapes: `lith.metrics`, `app.include_router(lith.metrics_router, ...)`
+    "Metrics",
     # one database per account
     "Accounts", "Account", "ACCOUNT_NAME",
     # the parts an app may replace: `Lith(..., hub=, readers=, feed=)`, `lith.encoder`

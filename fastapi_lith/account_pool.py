@@ -16,7 +16,7 @@ import re
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from .engine.engine import Engine, app_views
 from .engine.feed import Feed
 from .exceptions import AccountUnavailable, AlreadyRunning, LithError, SettingError, UnknownAccount
 from .lith import Lith
+from .ops.metrics import Metrics
 
 log = logging.getLogger("fastapi_lith.accounts")
 
@@ -93,6 +94,7 @@ class AccountPool:
         self._reaper: asyncio.Task[None] | None = None
         self._running = False
         self.opened = self.closed = 0  # counters the tests and benchmarks read
+        self._metrics: Metrics | None = None
 
     @asynccontextmanager
     async def serve(self) -> AsyncIterator[None]:
@@ -104,15 +106,27 @@ class AccountPool:
         self.folder.mkdir(parents=True, exist_ok=True)
         self._running = True
         self._reaper = asyncio.ensure_future(self._reap())
-        try:
-            yield
-        finally:
-            self._running = False
-            self._reaper.cancel()
-            for name in list(self._open):
-                self._begin_close(name)
-            if self._closing:
-                await asyncio.wait(list(self._closing.values()))
+        sampler: AbstractAsyncContextManager[None] = nullcontext()
+        if self._metrics is not None:
+            sampler = self._metrics.running()
+        async with sampler:  # outside the accounts: each one's last counts are taken as it closes
+            try:
+                yield
+            finally:
+                self._running = False
+                self._reaper.cancel()
+                for name in list(self._open):
+                    self._begin_close(name)
+                if self._closing:
+                    await asyncio.wait(list(self._closing.values()))
+
+    @property
+    def metrics(self) -> Metrics:
+        """The metrics of every account, summed (no label per account: their number is the
+        app's, not bounded); made on first use, to be asked before the accounts are served."""
+        if self._metrics is None:
+            self._metrics = Metrics(lambda: [a.engine for a in self._open.values()], pool=self)
+        return self._metrics
 
     # -- the account files -------------------------------------------------------------------
 
@@ -259,6 +273,8 @@ class AccountPool:
         except Exception:  # noqa: BLE001 - one account's failure must not stop the others closing
             log.exception("account %s did not close cleanly", account.name)
         self.closed += 1
+        if self._metrics is not None:  # what it did since the last sample, before it is gone
+            self._metrics.retire(account.engine)
 
     async def close(self, name: str) -> None:
         """Close account `name` now, its writer drained and its streams ended (pages reconnect

@@ -35,6 +35,7 @@ from .engine.streams import Principal
 from .engine.views import Access, Render, Topics
 from .exceptions import AccountUnavailable, LithError, NotRunning, SettingError, UnknownAccount
 from .lith import Lith
+from .ops.metrics import metrics_router
 from .web.layer import WebLayer
 
 _current: ContextVar[Account | None] = ContextVar("lith_account", default=None)
@@ -129,6 +130,15 @@ class Accounts(AccountPool):
         self.datastar = self.web.datastar  # the script and its notice, as `lith.datastar()`
         self.db = self._db_dependency()
         self._serving: FastAPI | None = None
+        self._metrics_router: APIRouter | None = None
+
+    @property
+    def metrics_router(self) -> APIRouter:
+        """`GET /lith/metrics`: every account's metrics in one scrape, off until the app
+        includes it with its guard (as `lith.metrics_router`)."""
+        if self._metrics_router is None:
+            self._metrics_router = metrics_router(self.metrics, "/lith")
+        return self._metrics_router
 
     @property
     def datastar_url(self) -> str:

@@ -7,6 +7,7 @@
     python -m fastapi_lith status  DB --migrations DIR
     python -m fastapi_lith new     DIR [--name NAME]
     python -m fastapi_lith check   APP                # module:attr imports, as uvicorn will
+    python -m fastapi_lith serve   APP [--workers N]  # uvicorn, one metrics scrape for every worker
     python -m fastapi_lith replica status|restore|verify DB REPLICA
     python -m fastapi_lith accounts list|backup|verify|restore|migrate ...   # one file per account
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sqlite3
 import sys
@@ -32,6 +34,7 @@ from .engine.db import find_migrations
 from .exceptions import LithError, MigrationError, ReplicaError
 from .ops import InUse, backup, files, holders, litestream, restore, verify
 from .ops.files import open_ro
+from .ops.metrics import ENV as METRICS_FOLDER
 from .ops.replica import Replica
 from .ops.replica_check import check_replica, last_check
 from .scaffold import new_project, package_name
@@ -115,6 +118,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", help="import an ASGI app as uvicorn will (the unit runs it before the workers)")
     p.add_argument("app", metavar="APP", help="module:attribute, e.g. myapp.app:app")
     p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("serve", help="run APP with uvicorn; several workers share their metrics")
+    p.add_argument("app", metavar="APP", help="module:attribute, e.g. myapp.app:app")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--workers", type=int, default=1)
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("new", help="write a new project")
     p.add_argument("dir", metavar="DIR", type=Path)
@@ -272,6 +282,27 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"error: {args.app} cannot be imported: {exc}", file=sys.stderr)
         return 1
     print(f"ok: {args.app} imports")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """uvicorn APP. With several workers and no PROMETHEUS_MULTIPROC_DIR, a fresh folder for this
+    run, removed after it: every worker writes its metrics there, so one scrape sees them all,
+    and values of an earlier run (other pids) never mix in."""
+    import shutil
+    import tempfile
+
+    import uvicorn
+
+    fresh = None
+    if args.workers > 1 and not os.environ.get(METRICS_FOLDER):
+        fresh = os.environ[METRICS_FOLDER] = tempfile.mkdtemp(prefix="lith-metrics-")
+        print(f"the {args.workers} workers share their metrics in {fresh}", file=sys.stderr, flush=True)
+    try:
+        uvicorn.run(args.app, host=args.host, port=args.port, workers=args.workers)
+    finally:
+        if fresh is not None:
+            shutil.rmtree(fresh, ignore_errors=True)
     return 0
 
 

@@ -9,7 +9,7 @@ import operator
 import re
 import sys
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager, suppress
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext, suppress
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from .engine.writer import Writer
 from .exceptions import AlreadyRunning, BadParameter, SettingError, WriterClosed
 from .ops import Backups
 from .ops.litestream import WRITER_CHECKPOINT_PAGES
+from .ops.metrics import Metrics, metrics_router
 from .ops.replica import Replica
 from .web.guard import BadRequest, Messages
 from .web.layer import WebLayer, WebSettings
@@ -225,6 +226,8 @@ class Lith:
                     self.path, replica, sync_interval=replica_sync_interval, check_every=replica_check_every
                 )
         self._later: set[asyncio.Task[None]] = set()
+        self._metrics: Metrics | None = None
+        self._metrics_router: APIRouter | None = None
         self._serving: FastAPI | None = None
         self._running = False
 
@@ -245,6 +248,23 @@ class Lith:
         """The stream route, `GET {prefix}/stream`, out of OpenAPI, and the app's lifespan:
         `app.include_router(lith.router)` is all an app needs (see web/layer.py)."""
         return self.web.router
+
+    @property
+    def metrics(self) -> Metrics:
+        """This app's metrics (ops/metrics.py), made on first use: an app that never asks for
+        them, or an account's `Lith`, samples nothing. Ask before the app starts, so that its
+        lifespan runs the sampler (`metrics_router` does)."""
+        if self._metrics is None:
+            self._metrics = Metrics(lambda: (self.engine,), replica=self.replica)
+        return self._metrics
+
+    @property
+    def metrics_router(self) -> APIRouter:
+        """`GET {prefix}/metrics` in Prometheus's format, off until the app includes it with its
+        own guard: `app.include_router(lith.metrics_router, dependencies=[Depends(operator)])`."""
+        if self._metrics_router is None:
+            self._metrics_router = metrics_router(self.metrics, self.prefix)
+        return self._metrics_router
 
     async def _current(self) -> Engine:
         return self.engine
@@ -390,7 +410,11 @@ class Lith:
         if self.replica is not None:  # binary, credentials, and a missing file restored first
             await anyio.to_thread.run_sync(self.replica.prepare)
         try:
-            async with self.engine.run(ticks=ticks), _traced(self.engine):  # spans, if the app traces
+            sampler: AbstractAsyncContextManager[None] = nullcontext()
+            if self._metrics is not None:
+                sampler = self._metrics.running()
+            # The sampler outside the engine: its last sample counts what the engine's stop drained.
+            async with sampler, self.engine.run(ticks=ticks), _traced(self.engine):  # spans, if the app traces
                 self._serving = app
                 if self.backups is not None:
                     await self.backups.start()  # after the writer: the database exists and is migrated

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -59,6 +60,10 @@ class Feed:
     """
 
     shared = False  # other processes publish here too: the hub polls at every tick
+    # Seconds from another process's commit to this hub's poll taking it, and (PostgreSQL) to
+    # this process receiving its NOTIFY: raw observations the metrics drain. None: not measured.
+    lags: deque[float] | None = None
+    notify_lags: deque[float] | None = None
 
     @contextmanager
     def turn(self) -> Iterator[None]:

@@ -23,7 +23,7 @@ from .feed import Feed, LocalFeed
 from .frames import Frame
 from .readers import Readers
 from .shutdown import end_on_exit_signal, forget
-from .streams import Principal, Stream, Subscription
+from .streams import Principal, Stream, StreamCounts, Subscription
 from .views import View, Views
 
 log = logging.getLogger("fastapi_lith.hub")
@@ -42,12 +42,15 @@ class Instance:
     rendering: bool = False  # one render at a time, so an older result never lands last
     rendered: asyncio.Event = field(default_factory=asyncio.Event)  # a first render was tried
 
-    def render(self, db: Db) -> Frame | Exception:
-        """Render on a reader thread, once for all watchers."""
+    def render(self, db: Db, timings: deque[tuple[str, float]]) -> Frame | Exception:
+        """Render on a reader thread, once for all watchers; its duration goes to `timings`."""
+        started = time.perf_counter()
         try:
             html = self.view.html(db, self.params)
         except Exception as exc:  # noqa: BLE001 - contained, counted and logged by the hub
             return exc
+        finally:
+            timings.append((self.view.pattern, time.perf_counter() - started))
         if self.frame is not None and self.frame.html == html:
             return self.frame
         return Frame(self.key, html)
@@ -74,7 +77,16 @@ class Counters:
     frames: int = 0
     skipped: int = 0
     render_errors: int = 0
+    late_ticks: int = 0  # began well after their time, or ran longer than the interval
+    gaps: int = 0  # polls of a feed that had lost changes: every view rendered again
     tick_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
+    # By view pattern ("board/{id}"), never by instance: as many entries as the app has views.
+    renders_by_view: dict[str, int] = field(default_factory=dict)
+    errors_by_view: dict[str, int] = field(default_factory=dict)
+    # Raw observations the metrics' sampler drains (ops/metrics.py); bounded for a hub nobody samples.
+    observed_ticks: deque[float] = field(default_factory=lambda: deque(maxlen=4096))
+    observed_renders: deque[tuple[str, float]] = field(default_factory=lambda: deque(maxlen=65_536))
+    closed_streams: StreamCounts = field(default_factory=StreamCounts)  # what ended streams did
 
     def tick_percentiles(self) -> dict[str, float]:
         """Tick duration p50/p95/p99 in milliseconds."""
@@ -140,7 +152,12 @@ class Hub:
                 await self.tick()
             except Exception:  # noqa: BLE001 - a broken tick must not end the hub
                 log.exception("tick failed")
-            await asyncio.sleep(max(0.0, started + self.interval - loop.time()))
+            due = started + self.interval
+            late = loop.time() > due
+            await asyncio.sleep(max(0.0, due - loop.time()))
+            # Woken well past its time, the loop was blocked: the next tick starts late.
+            if late or loop.time() > due + self.interval / 2:
+                self.counters.late_ticks += 1
 
     async def _wait_or_poll(self) -> None:
         """Other processes commit too: ask the feed every `interval` until something is dirty."""
@@ -166,6 +183,7 @@ class Hub:
         if changes is None:
             return
         if changes.everything:
+            self.counters.gaps += 1
             self.dirty.update(self.instances.values())
             if self.dirty:
                 self._wake.set()
@@ -270,7 +288,9 @@ class Hub:
                         if not peers:
                             del self._by_topic[topic]
         stream.watch(None)
-        self.streams.discard(stream)
+        if stream in self.streams:
+            self.counters.closed_streams.add(stream)
+            self.streams.discard(stream)
 
     async def revoke(self, principal: Principal) -> int:
         """End every stream opened as `principal`, here and, through the feed, in every other
@@ -313,7 +333,9 @@ class Hub:
         if ready:
             self.dirty.difference_update(ready)  # a commit during the render marks it again
             await self._render(ready)
-        self.counters.tick_seconds.append(time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        self.counters.tick_seconds.append(seconds)
+        self.counters.observed_ticks.append(seconds)
         return len(ready)
 
     async def _render(self, instances: list[Instance]) -> None:
@@ -323,7 +345,8 @@ class Hub:
         trace = self.trace
         started = time.time_ns() if trace is not None else 0
         try:
-            results = await self.readers.run(lambda db: [i.render(db) for i in instances])
+            timings = self.counters.observed_renders
+            results = await self.readers.run(lambda db: [i.render(db, timings) for i in instances])
         finally:
             for instance in instances:
                 instance.rendering = False
@@ -331,10 +354,15 @@ class Hub:
                 if instance in self.dirty:  # a commit landed meanwhile: the next tick renders it
                     self._wake.set()
         counters = self.counters
+        by_view = counters.renders_by_view
         for instance, result in zip(instances, results, strict=True):
             counters.renders += 1
+            pattern = instance.view.pattern
+            by_view[pattern] = by_view.get(pattern, 0) + 1
             if isinstance(result, Exception):
                 counters.render_errors += 1
+                errors = counters.errors_by_view
+                errors[pattern] = errors.get(pattern, 0) + 1
                 log.error(
                     "view %s (%s) failed to render: %r",
                     instance.key, instance.view.pattern, result, exc_info=result,

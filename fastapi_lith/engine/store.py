@@ -61,7 +61,8 @@ class Batch:
     """
 
     __slots__ = (
-        "cmds", "errors", "keys", "now", "outcomes", "prune", "repeats", "results", "since", "topics", "window"
+        "cmds", "errors", "keys", "now", "outcomes", "prune", "repeated_errors", "repeats", "results", "since",
+        "topics", "window",
     )
 
     def __init__(self, cmds: list[Command], keys: list[str | None] | None, window: float, prune: bool) -> None:
@@ -84,6 +85,7 @@ class Batch:
         if not keep_errors:
             self.errors = [None] * n
         self.repeats = 0
+        self.repeated_errors = 0  # of the repeats, those whose first outcome was an error
 
     def pending(self) -> list[int]:
         """The commands still to run: those without an error."""
@@ -101,6 +103,8 @@ class Batch:
             return False
         self.results[i], self.errors[i] = load_outcome(type(self.cmds[i]), stored)
         self.repeats += 1
+        if self.errors[i] is not None:
+            self.repeated_errors += 1
         return True
 
     def record(self, i: int, key: str) -> None:

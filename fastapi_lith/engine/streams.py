@@ -64,6 +64,22 @@ KEEPALIVE = b": keep-alive\n\n"
 Principal = str | int | None
 
 
+class StreamCounts:
+    """What streams did, summed: the hub adds each stream that ends, a sample adds the open ones."""
+
+    __slots__ = ("frames", "html_bytes", "send_timeouts", "sent_bytes", "superseded")
+
+    def __init__(self) -> None:
+        self.frames = self.superseded = self.html_bytes = self.sent_bytes = self.send_timeouts = 0
+
+    def add(self, stream: Stream) -> None:
+        self.frames += stream.taken
+        self.superseded += stream.skipped
+        self.html_bytes += stream.html_bytes
+        self.sent_bytes += stream.sent_bytes
+        self.send_timeouts += stream.send_timeouts
+
+
 class Stream:
     """The frames one tab has not taken yet, newest per view instance."""
 
@@ -75,6 +91,9 @@ class Stream:
         self.taken = 0
         self.ended = False
         self.encodes = 0  # writes encoded by the fan-out for this stream
+        self.html_bytes = 0  # characters of the frames taken, before compression
+        self.sent_bytes = 0  # bytes the body wrote
+        self.send_timeouts = 0  # set by the response when the client stopped reading
         self.encoding = False  # the encoder is in a worker's hands
         self._pending: dict[str, Frame] = {}
         self._ready = asyncio.Event()
@@ -86,6 +105,11 @@ class Stream:
         self._busy = False  # bytes being encoded, ready or being written: encode nothing more
         self._out: bytes | BaseException | None = None
         self._timer: asyncio.TimerHandle | None = None  # wakes the body for keep-alives
+
+    @property
+    def encoder(self) -> Encoder | None:
+        """The body's compressor, None until the body starts (or without HTTP)."""
+        return self._encoder
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -121,6 +145,7 @@ class Stream:
         self._pending = {}
         self._ready.clear()
         self.taken += len(frames)
+        self.html_bytes += sum(len(f.html) for f in frames.values())
         if self._subscription is not None:
             self._subscription.caught_up(frames.keys())
         return list(frames.values())
@@ -153,6 +178,7 @@ class Stream:
             return None
         self._pending = {}
         self.taken += len(frames)
+        self.html_bytes += sum(len(f.html) for f in frames.values())
         self._busy = self.encoding = True
         if self._subscription is not None:
             self._subscription.caught_up(frames.keys())
@@ -202,6 +228,7 @@ class Stream:
                 out = await self._next_bytes(wake)
                 now = loop.time()
                 if out is not None:
+                    self.sent_bytes += len(out)
                     yield out
                     last_event = last_write = now
                     if encoder.needs_restart:  # a frame outgrew the brotli window: reconnect afresh
@@ -213,20 +240,27 @@ class Stream:
                     break
                 elif can_hibernate and now >= last_event + hibernate_after:
                     self._busy = True
-                    yield encoder.hibernate()
+                    out = encoder.hibernate()
+                    self.sent_bytes += len(out)
+                    yield out
                     self._written()
                 elif now >= last_write + keepalive:
                     asleep = encoder.hibernating
                     out = encoder.encode(KEEPALIVE)
                     self._busy = True
-                    yield out + encoder.hibernate() if asleep else out  # asleep: free it again at once
+                    if asleep:  # free it again at once
+                        out += encoder.hibernate()
+                    self.sent_bytes += len(out)
+                    yield out
                     self._written()
                     last_write = now
             while self.encoding:  # the encoder comes back from its worker before it closes
                 self._ready.clear()
                 await self._ready.wait()
             self._out = None
-            yield encoder.close()
+            out = encoder.close()
+            self.sent_bytes += len(out)
+            yield out
         finally:
             self.end()
             if self._timer is not None:

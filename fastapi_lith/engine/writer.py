@@ -62,6 +62,9 @@ BatchTracer = Callable[[TracedBatch], None]
 BATCH_SIZE = 512
 CACHED_STATEMENTS = 512
 REPEAT_WINDOW = 3600.0  # seconds a keyed command's first outcome answers its repeats
+# Batches kept for the metrics' sampler between two of its passes (ops/metrics.py): bounded, so
+# a process nobody samples holds no more than this.
+OBSERVED = 65_536
 
 
 class Writer:
@@ -106,7 +109,12 @@ class Writer:
         self._next_prune = 0.0
         # Counters a user and the benchmarks read.
         self.commands = self.failed = self.repeats = self.batches = 0
+        self.failed_batches = self.lost = 0  # batches whose COMMIT failed, and their commands
+        self.repeated_errors = 0  # repeats answered with a first outcome that was an error
+        self.busy_seconds = 0.0  # spent applying and committing batches
         self.commit_seconds: deque[float] = deque(maxlen=100_000)
+        # `(batch size, seconds)` of each committed batch, drained by the metrics' sampler.
+        self.observed: deque[tuple[int, float]] = deque(maxlen=OBSERVED)
         self.storage = StorageState()  # a full disk, a read-only file: see `probe`
         self.trace: BatchTracer | None = None  # told of each batch, when the app traces (ops/tracing.py)
 
@@ -270,6 +278,8 @@ class Writer:
 
     def _settle(self, outcome: asyncio.Future[Any], futures: list[asyncio.Future[Any]], started: float) -> None:
         """Hand each caller its result or error, then tell the subscribers what changed."""
+        seconds = time.perf_counter() - started
+        self.busy_seconds += seconds
         exc = outcome.exception()
         if exc is not None:  # the COMMIT itself failed: nothing in the batch landed
             exc = self.storage.refusal(exc)  # a full disk: a StorageError (503), logged once
@@ -279,14 +289,18 @@ class Writer:
                 if not fut.done():
                     fut.set_exception(exc)
             self.failed += len(futures)
+            self.failed_batches += 1
+            self.lost += len(futures)
             return
         batch: Batch = outcome.result()
         results, errors, topics = batch.results, batch.errors, batch.topics
         self.storage.succeeded()
-        self.commit_seconds.append(time.perf_counter() - started)
+        self.commit_seconds.append(seconds)
+        self.observed.append((len(futures), seconds))
         self.batches += 1
         self.commands += len(futures)
         self.repeats += batch.repeats
+        self.repeated_errors += batch.repeated_errors
         for fut, result, error in zip(futures, results, errors, strict=True):
             if fut.done():
                 continue

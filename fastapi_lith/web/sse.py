@@ -24,8 +24,11 @@ class StreamResponse(EventSourceResponse):
 
     sse-starlette opens an AnyIO cancel scope around every chunk it sends, which costs about as
     much as the rest of its path per chunk; one asyncio timeout does the same job for a third
-    of that (bench/send.py). A client that stops reading is still ended after `send_timeout`.
+    of that (bench/send.py). A client that stops reading is still ended after `send_timeout`,
+    and its stream counts it (the metrics' `lith_stream_send_timeouts_total`).
     """
+
+    stream: Stream | None = None
 
     async def _send_with_timeout(self, send: Send, message: Message) -> None:
         if self.send_timeout is None:
@@ -35,6 +38,8 @@ class StreamResponse(EventSourceResponse):
             async with asyncio.timeout(self.send_timeout):
                 await send(message)
         except TimeoutError:
+            if self.stream is not None:
+                self.stream.send_timeouts += 1
             raise SendTimeoutError() from None
 
 
@@ -74,7 +79,7 @@ async def stream_response(
     headers = {"Vary": "Accept-Encoding"}
     if encoder.name:
         headers["Content-Encoding"] = encoder.name
-    return StreamResponse(
+    response = StreamResponse(
         tab_body(subscription, encoder, shutdown, keepalive=keepalive, hibernate_after=hibernate_after),
         headers=headers,
         ping=0,  # a raw ping would corrupt a compressed body: keep-alives go through the encoder
@@ -82,6 +87,8 @@ async def stream_response(
         shutdown_event=shutdown,
         shutdown_grace_period=1.0,
     )
+    response.stream = subscription.stream
+    return response
 
 
 async def tab_body(

@@ -44,6 +44,9 @@ async def test_topics_are_delivered_on_commit_only(pg_url: str) -> None:
         conn.execute("COMMIT")
         got = await changes(listener, want=2)
         assert got.topics == {"board:2", "tab:x"} and not got.everything
+        # One notification: how late it arrived, and how late the poll took it (the metrics').
+        assert len(listener.notify_lags) == len(listener.lags) == 1
+        assert 0 <= listener.notify_lags[0] <= listener.lags[0]
         # Its own notifications do not come back to the sender: its hub heard them already.
         await sender.start(None)  # type: ignore[arg-type]
         conn.execute("BEGIN")

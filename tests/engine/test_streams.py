@@ -14,6 +14,7 @@ import brotli
 import httpx
 import pytest
 import zstandard
+from prometheus_client.parser import text_string_to_metric_families
 
 from fastapi_lith.engine.frames import Frame, sse_event
 from tests.support import SUPPORT
@@ -106,6 +107,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 def rename(server: Server, card: int, title: str) -> None:
     assert httpx.post(f"{server.url}/rename", json={"card": card, "title": title}).status_code == 204
+
+
+def metric(server: Server, name: str, **labels: str) -> float:
+    """One sample of the app's metrics, as a scrape sees it now."""
+    text = httpx.get(f"{server.url}/lith/metrics").text
+    return next(
+        s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name and s.labels == labels
+    )
 
 
 ENCODINGS = ["identity", "gzip", "br", "zstd"]
@@ -210,6 +219,8 @@ def test_hibernated_zstd_stream_resumes_and_keepalives_decode(quick_server: Serv
     while reader.decoder.frames_ended == 0:  # the idle stream ended its zstd frame
         assert time.monotonic() < deadline
         assert reader.next_event()[0] == ": keep-alive"
+    assert metric(quick_server, "lith_streams_open", state="hibernated", encoding="zstd") == 1
+    assert metric(quick_server, "lith_stream_encoder_bytes") == 0  # its compressor freed
     rename(quick_server, 3, "after hibernation")
     while "after hibernation" not in (event := reader.next_event()[0]):
         assert event == ": keep-alive"
@@ -238,6 +249,7 @@ def test_a_client_that_stops_reading_is_ended_alone(server_factory: Any, tmp_pat
         i += 1
     rename(server, 11, "after")
     assert "after" in healthy.next_event()[0]
+    assert metric(server, "lith_stream_send_timeouts_total") == 1
     stuck.close()
     context.close()
 

@@ -50,7 +50,8 @@ class NotifyFeed(Feed):
         self.url = url
         self.channel = channel
         self.origin = secrets.token_hex(8)  # this process's notifications: its hub has them
-        self._inbox: deque[tuple[str, Any]] = deque()  # filled by the listener thread
+        # Filled by the listener thread: what arrived, and when its batch committed, if known.
+        self._inbox: deque[tuple[str, Any, float | None]] = deque()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._listening = threading.Event()
@@ -60,6 +61,8 @@ class NotifyFeed(Feed):
         self.received = 0  # notifications from other processes
         self.reconnects = 0
         self.stored = 0  # pushes too large for a payload, sent through the table
+        self.lags: deque[float] = deque(maxlen=4096)
+        self.notify_lags: deque[float] = deque(maxlen=4096)
 
     # -- the writer's side (writer thread, inside the batch's transaction) --------------------
 
@@ -71,7 +74,7 @@ class NotifyFeed(Feed):
     ) -> None:
         if not topics and not pushes and not revoked:
             return
-        payloads = list(self._pack(sorted(topics)))
+        payloads = list(self._pack(sorted(topics), time.time()))
         bodies = [json.dumps({"o": self.origin, "p": [tab, f.key, f.html, f.signals]}) for tab, f in pushes]
         bodies += [json.dumps({"o": self.origin, "x": principal}) for principal in revoked]
         for body in bodies:
@@ -91,9 +94,10 @@ class NotifyFeed(Feed):
         for payload in payloads:
             cur.execute("SELECT pg_notify(%s, %s)", (self.channel, payload), prepare=True)
 
-    def _pack(self, topics: list[str]) -> Any:
-        """Topics in payloads under the limit, as few as fit."""
-        head = f'{{"o": "{self.origin}", "t": '
+    def _pack(self, topics: list[str], at: float) -> Any:
+        """Topics in payloads under the limit, as few as fit, each with its commit time `at`
+        (seconds since the epoch: the listeners measure how late they hear it)."""
+        head = f'{{"o": "{self.origin}", "c": {at!r}, "t": '
         chunk: list[str] = []
         size = len(head) + 2
         for topic in topics:
@@ -102,12 +106,12 @@ class NotifyFeed(Feed):
                 yield json.dumps({"o": self.origin, "a": 1})
                 continue
             if size + cost > LIMIT and chunk:
-                yield json.dumps({"o": self.origin, "t": chunk})
+                yield json.dumps({"o": self.origin, "c": at, "t": chunk})
                 chunk, size = [], len(head) + 2
             chunk.append(topic)
             size += cost
         if chunk:
-            yield json.dumps({"o": self.origin, "t": chunk})
+            yield json.dumps({"o": self.origin, "c": at, "t": chunk})
 
     # -- the listener (its own thread) ---------------------------------------------------------
 
@@ -139,7 +143,7 @@ class NotifyFeed(Feed):
                 delay = 0.05
                 if self._listening.is_set():  # back after a drop: notifications may be lost
                     self.reconnects += 1
-                    self._inbox.append(("a", None))
+                    self._inbox.append(("a", None, None))
                     log.info("feed: listening again; every view renders once")
                 self._listening.set()
             try:
@@ -172,14 +176,17 @@ class NotifyFeed(Feed):
         if "r" in note:
             return [int(note["r"])]
         if "t" in note:
-            self._inbox.append(("t", note["t"]))
+            at = note.get("c")  # absent from a process from before commit times
+            if at is not None:
+                self.notify_lags.append(time.time() - at)
+            self._inbox.append(("t", note["t"], at))
         elif "p" in note:
             tab, key, html, signals = note["p"]
-            self._inbox.append(("p", (tab, Frame(key, html, signals))))
+            self._inbox.append(("p", (tab, Frame(key, html, signals)), None))
         elif "x" in note:
-            self._inbox.append(("x", note["x"]))
+            self._inbox.append(("x", note["x"], None))
         elif "a" in note:
-            self._inbox.append(("a", None))
+            self._inbox.append(("a", None, None))
         return []
 
     # -- the hub's side (event loop) ---------------------------------------------------------
@@ -192,10 +199,13 @@ class NotifyFeed(Feed):
         pushes: list[Push] = []
         revoked: list[Principal] = []
         everything = False
+        now = time.time()
         while inbox:
-            kind, value = inbox.popleft()
+            kind, value, at = inbox.popleft()
             if kind == "t":
                 topics.update(value)
+                if at is not None:
+                    self.lags.append(now - at)
             elif kind == "p":
                 pushes.append(value)
             elif kind == "x":

@@ -19,6 +19,8 @@ import logging
 import os
 import secrets
 import sqlite3
+import time
+from collections import deque
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -61,6 +63,7 @@ class SqliteFeed(Feed):
         self.changed = 0  # polls that found data_version changed, so read the table
         self.reads = 0  # entries read
         self.gaps = 0  # times entries were pruned before this hub read them
+        self.lags: deque[float] = deque(maxlen=4096)
 
     # -- the writer's side (writer thread) ---------------------------------------------------
 
@@ -82,11 +85,15 @@ class SqliteFeed(Feed):
     def setup(self, conn: sqlite3.Connection) -> None:
         conn.execute(
             f"CREATE TABLE IF NOT EXISTS {self.TABLE} ("
-            " seq INTEGER PRIMARY KEY, origin TEXT NOT NULL, topics TEXT NOT NULL, pushes TEXT, revoked TEXT)"
+            " seq INTEGER PRIMARY KEY, origin TEXT NOT NULL, topics TEXT NOT NULL, pushes TEXT, revoked TEXT,"
+            " at REAL)"
         )
-        # A feed table from before revocations: a column more, which older readers never select.
-        if "revoked" not in {row[1] for row in conn.execute(f"PRAGMA table_info({self.TABLE})")}:
-            conn.execute(f"ALTER TABLE {self.TABLE} ADD COLUMN revoked TEXT")
+        # A feed table from before revocations or commit times: columns more, which older
+        # readers never select.
+        columns = {row[1] for row in conn.execute(f"PRAGMA table_info({self.TABLE})")}
+        for column, kind in (("revoked", "TEXT"), ("at", "REAL")):
+            if column not in columns:
+                conn.execute(f"ALTER TABLE {self.TABLE} ADD COLUMN {column} {kind}")
 
     def publish(
         self, conn: sqlite3.Connection, topics: Collection[str], pushes: Sequence[Push] = (),
@@ -98,8 +105,9 @@ class SqliteFeed(Feed):
         # Rows are only ever deleted below the newest, so the next seq is always the next number:
         # a gap in what a hub reads means entries were pruned before it saw them.
         seq = conn.execute(
-            f"INSERT INTO {self.TABLE} (origin, topics, pushes, revoked) VALUES (?, ?, ?, ?)",
-            (self.origin, json.dumps(sorted(topics)), sent, json.dumps(list(revoked)) if revoked else None),
+            f"INSERT INTO {self.TABLE} (origin, topics, pushes, revoked, at) VALUES (?, ?, ?, ?, ?)",
+            (self.origin, json.dumps(sorted(topics)), sent, json.dumps(list(revoked)) if revoked else None,
+             time.time()),  # fmt: skip
         ).lastrowid
         if seq is not None and seq % self.prune_every == 0:
             conn.execute(f"DELETE FROM {self.TABLE} WHERE seq <= ?", (seq - self.keep,))
@@ -127,7 +135,7 @@ class SqliteFeed(Feed):
                 return None
             self.changed += 1
             rows = conn.execute(
-                f"SELECT seq, origin, topics, pushes, revoked FROM {self.TABLE} WHERE seq > ? ORDER BY seq",
+                f"SELECT seq, origin, topics, pushes, revoked, at FROM {self.TABLE} WHERE seq > ? ORDER BY seq",
                 (self._last,),
             ).fetchall()
         except sqlite3.OperationalError as exc:  # busy (a recovery) or locked: next tick
@@ -145,9 +153,12 @@ class SqliteFeed(Feed):
         topics: set[str] = set()
         pushes: list[Push] = []
         revoked: list[Principal] = []
-        for _, origin, touched, sent, ended in rows:
+        now = time.time()
+        for _, origin, touched, sent, ended, at in rows:
             if origin == self.origin:
                 continue
+            if at is not None:  # None: written by a process from before commit times
+                self.lags.append(now - at)
             if not everything:
                 topics.update(json.loads(touched))
             if sent:
