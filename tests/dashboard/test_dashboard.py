@@ -4,7 +4,10 @@ silent while nobody watches, live for whoever does. Every wait is on a condition
 from __future__ import annotations
 
 import asyncio
+import base64
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,16 +19,22 @@ from fastapi import Depends, FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
 from fastapi_lith import Lith, SettingError
-from tests.support import REPO, SUPPORT
+from tests.support import REPO
 from tests.support.browser import Server
 
-OPERATOR = {"X-Operator": "yes"}
+PASSWORD = "a password for this test only"
+OPERATOR = {"Authorization": "Basic " + base64.b64encode(f"operator:{PASSWORD}".encode()).decode()}
+STRANGER = {"Authorization": "Basic " + base64.b64encode(b"operator:guessed").decode()}
+SAME_SITE = {"Sec-Fetch-Site": "same-origin", "Datastar-Request": "true"}  # as a page sends it
 VIEWS = "lith-dashboard/numbers,lith-dashboard/plots"
+DOCS_APP = REPO / "docs" / "src" / "dashboard"
 
 
 def serve(server_factory: Callable[..., Server], db: Path) -> Server:
+    """docs/src/dashboard/app.py: the clicks, its dashboard and its metrics for the operator."""
     return server_factory(
-        "dashboardapp:app", cwd=SUPPORT, env={"DASHBOARD_DB": str(db), "PYTHONPATH": str(REPO)}
+        "app:app", cwd=db.parent, args=["--app-dir", str(DOCS_APP)],
+        env={"DASHBOARD_DB": str(db), "OPERATOR_PASSWORD": PASSWORD, "PYTHONPATH": str(REPO)},
     )
 
 
@@ -102,7 +111,7 @@ _ops = iter(range(1, 10**9))
 
 async def add(client: httpx.AsyncClient, base: str, count: int) -> None:
     for _ in range(count):
-        response = await client.post(f"{base}/add", json={"tab": "loader", "op": next(_ops), "n": 1})
+        response = await client.post(f"{base}/click", json={"tab": "loader", "op": next(_ops)}, headers=SAME_SITE)
         assert response.status_code == 204, response.text
 
 
@@ -110,11 +119,11 @@ async def test_the_apps_guard_refuses_the_page_and_the_stream(
     server_factory: Callable[..., Server], tmp_path: Path, client: httpx.AsyncClient
 ) -> None:
     server = serve(server_factory, tmp_path / "app.db")
-    page = await client.get(f"{server.url}/lith/dashboard")
-    assert page.status_code == 403 and "lith-dashboard" not in page.text
-    stream = await client.get(f"{server.url}/lith/dashboard/stream?views={VIEWS}&tab=t1")
-    assert stream.status_code == 403 and "lith-dashboard" not in stream.text
-    assert (await client.get(f"{server.url}/lith/dashboard", headers={"X-Operator": "no"})).status_code == 403
+    for url in ("/lith/dashboard", f"/lith/dashboard/stream?views={VIEWS}&tab=t1"):
+        anonymous = await client.get(server.url + url)
+        assert anonymous.status_code == 401 and "lith-dashboard" not in anonymous.text
+        refused = await client.get(server.url + url, headers=STRANGER)
+        assert refused.status_code == 403 and "lith-dashboard" not in refused.text
     allowed = await client.get(f"{server.url}/lith/dashboard", headers=OPERATOR)
     assert allowed.status_code == 200
     assert 'id="lith-dashboard-numbers"' in allowed.text and "<svg" in allowed.text
@@ -130,7 +139,7 @@ async def test_the_apps_stream_refuses_the_dashboards_views(
         assert refused.status_code == 400, refused.text
         assert "no view matches" in refused.text
     # And the dashboard's stream serves its own views only, not the app's.
-    other = await client.get(f"{server.url}/lith/dashboard/stream?views=counter&tab=t1", headers=OPERATOR)
+    other = await client.get(f"{server.url}/lith/dashboard/stream?views=clicks&tab=t1", headers=OPERATOR)
     assert other.status_code == 400, other.text
 
 
@@ -138,17 +147,17 @@ async def test_nobody_watching_renders_nothing_and_a_watcher_sees_the_numbers_ch
     server_factory: Callable[..., Server], tmp_path: Path, client: httpx.AsyncClient
 ) -> None:
     server = serve(server_factory, tmp_path / "app.db")
-    tab = Reading(f"{server.url}/lith/stream?views=counter,outcome/t1&tab=t1")
+    tab = Reading(f"{server.url}/lith/stream?views=clicks,outcome/t1&tab=t1")
     assert await tab.open(client) == 200
     # A page load of the dashboard paints it once, outside the hub, and watches nothing.
     assert (await client.get(f"{server.url}/lith/dashboard", headers=OPERATOR)).status_code == 200
     await add(client, server.url, 100)
 
-    async def counter_rendered() -> dict[str, float] | None:
+    async def clicks_rendered() -> dict[str, float] | None:
         seen = await renders(client, server.url)
-        return seen if seen.get("counter", 0) >= 2 else None
+        return seen if seen.get("clicks", 0) >= 2 else None
 
-    seen = await until(counter_rendered)
+    seen = await until(clicks_rendered)
     assert seen.get("lith-dashboard/numbers", 0) == 0
     assert seen.get("lith-dashboard/plots", 0) == 0
 
@@ -182,14 +191,14 @@ async def test_nobody_watching_renders_nothing_and_a_watcher_sees_the_numbers_ch
         return await renders(client, server.url) if streams == 1 else None
 
     after = await until(unwatched)
-    counter_before = after["counter"]
+    clicks_before = after["clicks"]
     await add(client, server.url, 50)
 
-    async def counter_again() -> dict[str, float] | None:
+    async def clicks_again() -> dict[str, float] | None:
         seen = await renders(client, server.url)
-        return seen if seen["counter"] > counter_before else None
+        return seen if seen["clicks"] > clicks_before else None
 
-    later = await until(counter_again)
+    later = await until(clicks_again)
     assert later["lith-dashboard/numbers"] == after["lith-dashboard/numbers"]
     assert later["lith-dashboard/plots"] == after["lith-dashboard/plots"]
     await tab.close()
@@ -233,3 +242,13 @@ async def test_an_app_view_may_not_take_a_dashboard_key(tmp_path: Path) -> None:
     with pytest.raises(SettingError, match="keeps for itself"):
         async with app.router.lifespan_context(app):
             pass
+
+
+def test_an_app_that_never_draws_a_plot_never_imports_pygal(tmp_path: Path) -> None:
+    code = (
+        "import sys, fastapi_lith; from fastapi_lith import Lith; "
+        "Lith('unused.db').dashboard_router; print('pygal' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path,
+                         env={"PYTHONPATH": str(REPO)})
+    assert out.stdout.strip() == "False", out.stderr
