@@ -68,6 +68,7 @@ class Dashboard:
         self.views.register(html.NUMBERS, topics={TOPIC_OF[html.NUMBERS]})(self._numbers)
         self.views.register(html.PLOTS, topics={TOPIC_OF[html.PLOTS]})(self._plots)
         self.readings = Readings()
+        self._drawn = Markup()
         self._reader = Reader()
         self._refresher: asyncio.Task[None] | None = None
         self.router = APIRouter(prefix=self.url, include_in_schema=False, lifespan=self._lifespan)
@@ -77,11 +78,17 @@ class Dashboard:
 
     # -- what it shows ------------------------------------------------------------------------
 
-    def _numbers(self, db: Db) -> h.Element:
+    def _numbers(self, db: Db) -> Markup:
         return html.numbers(self.readings)
 
-    def _plots(self, db: Db) -> h.Element:
-        return html.plots(self.readings)
+    def _plots(self, db: Db) -> Markup:
+        return self._drawn
+
+    async def _draw(self) -> None:
+        """Draw the plots beside the loop and the hub's tick, which then only copies them: the
+        app's own views, rendered in the same tick, never wait for pygal."""
+        readings = self.readings
+        self._drawn = Markup(await anyio.to_thread.run_sync(lambda: str(html.plots(readings))))
 
     def refresh(self) -> bool:
         """Sample the engine into the metrics and read them once; True if the plots got a point."""
@@ -101,8 +108,11 @@ class Dashboard:
         hub = self.engine.hub
         try:
             while self.watched:
-                plotted = self.refresh()
-                hub.touched((TOPIC_OF[html.NUMBERS], TOPIC_OF[html.PLOTS]) if plotted else (TOPIC_OF[html.NUMBERS],))
+                if self.refresh():
+                    await self._draw()
+                    hub.touched((TOPIC_OF[html.NUMBERS], TOPIC_OF[html.PLOTS]))
+                else:
+                    hub.touched((TOPIC_OF[html.NUMBERS],))
                 await asyncio.sleep(self.engine.tick)
         finally:
             self._refresher = None
@@ -113,8 +123,7 @@ class Dashboard:
         """The dashboard: both views for the first paint, then its stream."""
         tab = new_tab()
         self.refresh()
-        readings = self.readings
-        first = await anyio.to_thread.run_sync(lambda: (html.numbers(readings), html.plots(readings)))
+        await self._draw()
         keys = ",".join(TOPIC_OF)  # both views
         page = h.html(lang="en")[
             h.head[
@@ -126,7 +135,8 @@ class Dashboard:
             h.body(data_init=stream_expression(f"{self.url}/stream", f"views={keys}&tab={tab}"))[
                 self.web.datastar(),
                 h.header[h.h1["Dashboard"], h.p[f"process {os.getpid()}, every number of this app's lith.metrics"]],
-                first,
+                html.numbers(self.readings),
+                self._drawn,
             ],
         ]
         return HTMLResponse(str(page))
@@ -143,8 +153,9 @@ class Dashboard:
         return stream
 
     async def _open(self, stream: Stream, keys: list[str]) -> Subscription:
-        if not self.watched:
-            self.refresh()  # the first frames show now, not the readings of the last watcher
+        if not self.watched:  # the first frames show now, not what the last watcher saw
+            self.refresh()
+            await self._draw()
         subscription = await self.engine.hub.open(stream, keys, views=self.views)
         if self._refresher is None:
             self._refresher = asyncio.create_task(self._refresh_while_watched(), name="lith-dashboard")

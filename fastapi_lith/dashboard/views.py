@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Sequence
 
 import htpy as h
-from markupsafe import Markup
+from markupsafe import Markup, escape
 
 from .readings import HISTORY, POINT_EVERY, Point, Readings
 
@@ -49,19 +49,30 @@ def size(n: float | None) -> str:
     return f"{n:,.0f} B"
 
 
-def _item(name: str, value: str, metric: str, warn: bool = False) -> h.Element:
-    return h.div(class_="warn" if warn else None)[h.dt[name], h.dd(id=f"dash-{metric}")[value]]
+# The numbers render at every refresh of a watched dashboard: written as plain strings, about
+# ten times cheaper than elements. Only a view's pattern and a label come from outside the
+# dashboard, and `escape` takes them; every other part is its own text or a number.
+WARN = ' class="warn"'
 
 
-def _card(title: str, *items: h.Node, wide: bool = False) -> h.Element:
-    return h.section(class_="card wide" if wide else "card")[h.h2[title], *items]
+def _item(name: str, value: str, metric: str, warn: bool = False) -> str:
+    return f'<div{WARN if warn else ""}><dt>{name}</dt><dd id="dash-{metric}">{value}</dd></div>'
 
 
-def numbers(readings: Readings) -> h.Element:
+def _card(title: str, *parts: str) -> str:
+    return f'<section class="card"><h2>{title}</h2>{"".join(parts)}</section>'
+
+
+def _dl(*items: str) -> str:
+    return f"<dl>{''.join(items)}</dl>"
+
+
+def numbers(readings: Readings) -> Markup:
     """Every number of the dashboard; ids `dash-<metric>` name each value."""
     r = readings
-    cards: list[h.Node] = [
-        _card("Writer", h.dl[
+    per_stream = r.open_streams or None
+    cards = [
+        _card("Writer", _dl(
             _item("commands", rate(r.commands_per_second), "commands-rate"),
             _item("committed", count(r.committed), "committed"),
             _item("failed", count(r.failed), "failed", warn=r.failed > 0),
@@ -73,70 +84,74 @@ def numbers(readings: Readings) -> h.Element:
             _item("batch size", MISSING if r.batch_size is None else f"{r.batch_size:.1f}", "batch-size"),
             _item("commit", ms(r.commit), "commit"),
             _item("idempotency keys", count(r.keys), "keys"),
-        ]),
-        _card("Hub", h.dl[
+        )),
+        _card("Hub", _dl(
             _item("ticks", rate(r.ticks_per_second), "ticks-rate"),
             _item("tick", ms(r.tick), "tick"),
             _item("late ticks", count(r.late_ticks), "late-ticks", warn=r.late_ticks > 0),
             _item("renders", rate(r.renders_per_second), "renders-rate"),
             _item("unchanged", count(r.unchanged), "unchanged"),
             _item("dirty instances", count(r.dirty), "dirty"),
-        ]),
-        _card("Streams", _streams(r), h.dl[
+        )),
+        _card("Streams", _streams(r), _dl(
             _item("frames", count(r.frames), "frames"),
             _item("html per frame", size(r.html_per_frame), "html-per-frame"),
             _item("sent per frame", size(r.sent_per_frame), "sent-per-frame"),
             _item("superseded", count(r.superseded), "superseded"),
             _item("send timeouts", count(r.send_timeouts), "send-timeouts", warn=r.send_timeouts > 0),
-        ]),
-        _card("Memory", h.dl[
+        )),
+        _card("Memory", _dl(
             _item("process", size(r.rss), "rss"),
-            _item("process per stream", size(r.rss / r.open_streams if r.rss and r.open_streams else None), "rss-per-stream"),  # noqa: E501
+            _item("process per stream", size(r.rss / per_stream if r.rss and per_stream else None), "rss-per-stream"),
             _item("encoders", size(r.encoder_bytes), "encoder-bytes"),
-            _item("encoder per stream", size(r.encoder_bytes / r.open_streams if r.open_streams else None), "encoder-per-stream"),  # noqa: E501
-        ]),
+            _item("encoder per stream", size(r.encoder_bytes / per_stream if per_stream else None),
+                  "encoder-per-stream"),
+        )),
     ]
     if r.replica_lag is not None or r.replica_restarts is not None:
-        cards.append(_card("Replica", h.dl[
+        cards.append(_card("Replica", _dl(
             _item("lag", ms(r.replica_lag), "replica-lag", warn=(r.replica_lag or 0) > 10),
             _item("restarts", count(r.replica_restarts or 0), "replica-restarts"),
-        ]))
+        )))
     if r.accounts_open is not None:
-        cards.append(_card("Accounts", h.dl[
+        cards.append(_card("Accounts", _dl(
             _item("open", count(r.accounts_open), "accounts-open"),
             _item("opened", count(r.accounts_opened or 0), "accounts-opened"),
             _item("closed", count(r.accounts_closed or 0), "accounts-closed"),
-        ]))
-    cards.append(_card("Slowest views", _views(r), wide=True))
-    return h.div("#lith-dashboard-numbers.cards")[cards]
+        )))
+    numbers = f'<div id="lith-dashboard-numbers"><div class="cards">{"".join(cards)}</div>'
+    return Markup(numbers + _card("Slowest views", _views(r)) + "</div>")
 
 
-def _streams(r: Readings) -> h.Element:
+def _row(header: str, *cells: str) -> str:
+    tds = "".join(f"<td>{c}</td>" for c in cells)
+    return f'<tr><th scope="row">{header}</th>{tds}</tr>'
+
+
+def _head(*names: str) -> str:
+    cells = "".join(f'<th scope="col">{n}</th>' for n in names)
+    return f"<thead><tr>{cells}</tr></thead>"
+
+
+def _streams(r: Readings) -> str:
     states = sorted({state for state, _ in r.streams})
     encodings = sorted({encoding for _, encoding in r.streams})
-    return h.table(id="dash-streams")[
-        h.caption[f"{count(r.open_streams)} open"],
-        h.thead[h.tr[h.th(scope="col")["state"], (h.th(scope="col")[e] for e in encodings)]],
-        h.tbody[(
-            h.tr[h.th(scope="row")[state], (h.td[count(r.streams[state, e])] for e in encodings)]
-            for state in states
-        )],
-    ]
+    rows = "".join(_row(escape(e), *(count(r.streams[state, e]) for state in states)) for e in encodings)
+    head = _head("encoding", *(escape(state) for state in states))
+    caption = f"<caption>{count(r.open_streams)} open</caption>"
+    return f'<table id="dash-streams">{caption}{head}<tbody>{rows}</tbody></table>'
 
 
-def _views(r: Readings) -> h.Element:
+def _views(r: Readings) -> str:
     if not r.views:
-        return h.p["No view has rendered yet."]
-    return h.table(id="dash-views")[
-        h.thead[h.tr[
-            h.th(scope="col")["view"], h.th(scope="col")["renders"],
-            h.th(scope="col")["mean"], h.th(scope="col")["max ≤"],
-        ]],
-        h.tbody[(
-            h.tr[h.th(scope="row")[v.view], h.td[count(v.renders)], h.td[ms(v.mean)], h.td[ms(v.most)]]
-            for v in r.views[:10]
-        )],
-    ]
+        return "<p>No view has rendered yet.</p>"
+    rows = "".join(_row(_breakable(v.view), count(v.renders), ms(v.mean), ms(v.most)) for v in r.views[:10])
+    return f'<table id="dash-views">{_head("view", "renders", "mean", "max ≤")}<tbody>{rows}</tbody></table>'
+
+
+def _breakable(pattern: str) -> str:
+    """A view's pattern, escaped, that a narrow screen may wrap after each '/'."""
+    return "<wbr>/".join(escape(part) for part in pattern.split("/"))
 
 
 # -- plots --------------------------------------------------------------------------------
@@ -161,6 +176,18 @@ def _figure(
 
 
 _SCRIPT = re.compile(r"<script\b.*?</script>|<!--.*?-->", re.DOTALL)
+_STEPS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+
+
+def _scale(values: Sequence[float]) -> tuple[float, float, list[float]]:
+    """A logarithmic axis over `values` (milliseconds): its range and a few round labels, so
+    that a mean of a tenth of a millisecond and a worst case of fifty both read."""
+    low = max([s for s in _STEPS if s < min(values)] or [_STEPS[0]])
+    high = min([s for s in _STEPS if s > max(values)] or [_STEPS[-1]])
+    labels = [s for s in _STEPS if low <= s <= high]
+    if len(labels) > 5:  # a wide range: its ends and the powers of ten between
+        labels = sorted({low, high, *(s for s in labels if math.log10(s).is_integer())})
+    return low, high, labels
 
 
 def _svg(
@@ -172,21 +199,28 @@ def _svg(
     style = Style(
         background="transparent", plot_background="transparent", foreground="#334155",
         foreground_strong="#0f172a", foreground_subtle="#cbd5e1", colors=("#2563eb", "#f97316"),
-        font_family="system-ui, sans-serif", label_font_size=13, major_label_font_size=13,
-        legend_font_size=13, opacity="1", opacity_hover="1",
+        font_family="system-ui, sans-serif", label_font_size=14, major_label_font_size=14,
+        legend_font_size=14, opacity="1", opacity_hover="1",
     )
+    pairs = [values(p) for p in history]
+    means = [None if mean is None else mean * 1000 for mean, _ in pairs]
+    worst = [None if most is None or math.isinf(most) else most * 1000 for _, most in pairs]
+    seen = [v for v in (*means, *worst) if v is not None and v > 0]
+    options = {}
+    if seen:
+        low, high, labels = _scale(seen)
+        # A label right on the range's end is lost to rounding: the range reaches a hair past.
+        options = {"logarithmic": True, "range": (low / 1.001, high * 1.001), "y_labels": labels}
     chart = pygal.Line(
-        width=640, height=240, style=style, js=[], disable_xml_declaration=True, explicit_size=False,
+        width=400, height=180, style=style, js=[], disable_xml_declaration=True, explicit_size=False,
         show_dots=False, show_x_labels=False, legend_at_bottom=True, legend_at_bottom_columns=2,
-        margin=6, allow_interruptions=True, include_x_axis=True, min_scale=3, max_scale=5,
-        no_data_text="waiting for a second of data", show_minor_y_labels=False, truncate_label=-1,
+        stroke_style={"width": 2}, margin=4, spacing=6, allow_interruptions=True, truncate_label=-1,
+        no_data_text="waiting for a second of data", **options,
     )
     chart.uuid = f"lith-{name}"  # the same id every render: a frame differs by its values only
-    points = list(history)
-    pairs = [values(p) for p in points]
-    if any(mean is not None for mean, _ in pairs):
-        chart.add("mean", [None if mean is None else mean * 1000 for mean, _ in pairs])
-        chart.add("max ≤", [None if most is None or math.isinf(most) else most * 1000 for _, most in pairs])
+    if seen:
+        chart.add("mean", [v if v is None or v > 0 else None for v in means])
+        chart.add("max ≤", worst)
     return _SCRIPT.sub("", chart.render(is_unicode=True))
 
 
@@ -202,23 +236,24 @@ header { display: flex; flex-wrap: wrap; align-items: baseline; gap: 0.25rem 1re
 header h1 { font-size: 1.35rem; margin: 0; }
 header p { margin: 0; color: var(--muted); overflow-wrap: anywhere; }
 .cards, .plots { display: grid; gap: 0.75rem; }
-.cards { grid-template-columns: repeat(auto-fill, minmax(min(100%, 16rem), 1fr)); margin-bottom: 0.75rem; }
+.cards { grid-template-columns: repeat(auto-fit, minmax(min(100%, 15rem), 1fr)); }
+#lith-dashboard-numbers { display: grid; gap: 0.75rem; margin-bottom: 0.75rem; }
 .plots { grid-template-columns: repeat(auto-fit, minmax(min(100%, 26rem), 1fr)); }
 .card, figure { background: var(--card); border: 1px solid var(--line); border-radius: 8px; padding: 0.75rem 1rem;
   margin: 0; min-width: 0; }
-.card.wide { grid-column: 1 / -1; }
 h2 { font-size: 0.8rem; text-transform: uppercase; letter-spacing: 0.06em; color: var(--muted); margin: 0 0 0.5rem; }
 dl { margin: 0; display: grid; gap: 0.2rem; }
 dl div { display: flex; justify-content: space-between; gap: 1rem; border-bottom: 1px dotted var(--line); }
 dt { color: var(--muted); }
-dd { margin: 0; font-variant-numeric: tabular-nums; font-weight: 600; text-align: right; }
+dd { margin: 0; font-variant-numeric: tabular-nums; font-weight: 600; text-align: right; white-space: nowrap; }
 .warn dd { color: var(--warn); }
 table { width: 100%; border-collapse: collapse; font-variant-numeric: tabular-nums; margin-bottom: 0.5rem; }
 caption { text-align: left; color: var(--muted); padding-bottom: 0.25rem; }
-th, td { padding: 0.2rem 0.4rem; border-bottom: 1px solid var(--line); text-align: right; }
-th:first-child { text-align: left; font-weight: 500; overflow-wrap: anywhere; }
-thead th { color: var(--muted); font-weight: 500; }
+th, td { padding: 0.2rem 0.4rem; border-bottom: 1px solid var(--line); text-align: right; white-space: nowrap; }
+th:first-child { text-align: left; font-weight: 500; white-space: normal; overflow-wrap: break-word; }
+thead th { color: var(--muted); font-weight: 500; white-space: nowrap; }
 figcaption { font-weight: 600; margin-bottom: 0.25rem; }
 figcaption small { font-weight: 400; color: var(--muted); }
-figure svg { display: block; width: 100%; height: auto; }
+/* Drawn 400 px wide: its labels read on a phone, and grow no larger than this on a desktop. */
+figure svg { display: block; width: 100%; max-width: 32rem; height: auto; margin: 0 auto; }
 """
