@@ -185,8 +185,9 @@ def _scale(values: Sequence[float]) -> tuple[float, float, list[float]]:
     low = max([s for s in _STEPS if s < min(values)] or [_STEPS[0]])
     high = min([s for s in _STEPS if s > max(values)] or [_STEPS[-1]])
     labels = [s for s in _STEPS if low <= s <= high]
-    if len(labels) > 5:  # a wide range: its ends and the powers of ten between
-        labels = sorted({low, high, *(s for s in labels if math.log10(s).is_integer())})
+    if len(labels) > 5:  # a wide range: from a power of ten to a power of ten, labelled by them
+        low, high = 10 ** math.floor(math.log10(low)), 10 ** math.ceil(math.log10(high))
+        labels = [s for s in _STEPS if low <= s <= high and math.log10(s).is_integer()]
     return low, high, labels
 
 
@@ -214,7 +215,7 @@ def _svg(
     chart = pygal.Line(
         width=400, height=180, style=style, js=[], disable_xml_declaration=True, explicit_size=False,
         show_dots=False, show_x_labels=False, legend_at_bottom=True, legend_at_bottom_columns=2,
-        stroke_style={"width": 2}, margin=4, spacing=6, allow_interruptions=True, truncate_label=-1,
+        stroke_style={"width": 2}, margin=4, margin_top=12, spacing=6, allow_interruptions=True, truncate_label=-1,
         no_data_text="waiting for a second of data", **options,
     )
     chart.uuid = f"lith-{name}"  # the same id every render: a frame differs by its values only
