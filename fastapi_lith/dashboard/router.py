@@ -35,6 +35,7 @@ from starlette.responses import HTMLResponse, Response
 from ..engine.db import Db
 from ..engine.encoders import Encoder
 from ..engine.engine import Engine
+from ..engine.hub import Hub
 from ..engine.streams import Stream, Subscription
 from ..engine.views import Views
 from ..exceptions import SettingError, ViewError
@@ -96,18 +97,17 @@ class Dashboard:
         self.readings, plotted = self._reader.read(Samples(self.metrics.registry.collect()))
         return plotted
 
-    @property
-    def watched(self) -> bool:
+    @staticmethod
+    def watched(hub: Hub) -> bool:
         """Some stream watches the dashboard: the hub keeps only the instances that are watched."""
-        instances = self.engine.hub.instances
-        return html.NUMBERS in instances or html.PLOTS in instances
+        return html.NUMBERS in hub.instances or html.PLOTS in hub.instances
 
     async def _refresh_while_watched(self) -> None:
         """Every hub tick while a stream watches: sample, then mark the numbers (and, once a
         second, the plots) dirty for the hub's next tick. Ends when the last watcher goes."""
-        hub = self.engine.hub
+        hub = self.engine.hub  # this run's: a stopped hub has ended every stream, so the loop ends
         try:
-            while self.watched:
+            while self.watched(hub):
                 if self.refresh():
                     await self._draw()
                     hub.touched((TOPIC_OF[html.NUMBERS], TOPIC_OF[html.PLOTS]))
@@ -153,10 +153,11 @@ class Dashboard:
         return stream
 
     async def _open(self, stream: Stream, keys: list[str]) -> Subscription:
-        if not self.watched:  # the first frames show now, not what the last watcher saw
+        hub = self.engine.hub
+        if not self.watched(hub):  # the first frames show now, not what the last watcher saw
             self.refresh()
             await self._draw()
-        subscription = await self.engine.hub.open(stream, keys, views=self.views)
+        subscription = await hub.open(stream, keys, views=self.views)
         if self._refresher is None:
             self._refresher = asyncio.create_task(self._refresh_while_watched(), name="lith-dashboard")
         return subscription

@@ -19,6 +19,7 @@ from fastapi import Depends, FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
 from fastapi_lith import Lith, SettingError
+from fastapi_lith.engine.streams import Stream
 from tests.support import REPO
 from tests.support.browser import Server
 
@@ -252,3 +253,18 @@ def test_an_app_that_never_draws_a_plot_never_imports_pygal(tmp_path: Path) -> N
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path,
                          env={"PYTHONPATH": str(REPO)})
     assert out.stdout.strip() == "False", out.stderr
+
+
+async def test_a_watched_dashboard_stops_with_the_app_whichever_router_came_first(tmp_path: Path) -> None:
+    lith = Lith(tmp_path / "app.db")
+    app = FastAPI()
+    app.include_router(lith.dashboard_router, dependencies=[Depends(lith.unguarded)])  # its lifespan outside
+    app.include_router(lith.router)
+    dashboard = lith._dashboard
+    assert dashboard is not None
+    async with app.router.lifespan_context(app):
+        stream = Stream("w1")
+        await dashboard._open(stream, VIEWS.split(","))
+        assert {f.key for f in await stream.next(10)} == set(VIEWS.split(","))
+        assert dashboard._refresher is not None
+    assert dashboard._refresher is None  # ended with the app, not by an error of the stopped engine
