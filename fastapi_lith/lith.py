@@ -24,6 +24,7 @@ from . import settings
 from .backends import open_backend
 from .backends.sqlite import db
 from .backends.sqlite.writer import SqliteWriter
+from .dashboard import Dashboard, unguarded
 from .engine import encoders
 from .engine.commands import Command, _Touch
 from .engine.encoders import Encoder
@@ -228,6 +229,7 @@ class Lith:
         self._later: set[asyncio.Task[None]] = set()
         self._metrics: Metrics | None = None
         self._metrics_router: APIRouter | None = None
+        self._dashboard: Dashboard | None = None
         self._serving: FastAPI | None = None
         self._running = False
 
@@ -265,6 +267,19 @@ class Lith:
         if self._metrics_router is None:
             self._metrics_router = metrics_router(self.metrics, self.prefix)
         return self._metrics_router
+
+    @property
+    def dashboard_router(self) -> APIRouter:
+        """`GET {prefix}/dashboard`, this app's numbers live, and its stream, off until the app
+        includes it with its own guard: `app.include_router(lith.dashboard_router,
+        dependencies=[Depends(operator)])`. With no dependency it is refused at start-up;
+        `dependencies=[Depends(lith.unguarded)]` opens it to anyone (docs/dashboard.md)."""
+        if self._dashboard is None:
+            self._dashboard = Dashboard(self.metrics, self.engine, self.web, self.views, prefix=self.prefix)
+        return self._dashboard.router
+
+    # `Depends(lith.unguarded)`: the dashboard open to anyone, on purpose.
+    unguarded = staticmethod(unguarded)
 
     async def _current(self) -> Engine:
         return self.engine

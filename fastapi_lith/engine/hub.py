@@ -199,7 +199,9 @@ class Hub:
             self._end_streams_of(lambda s: s.principal in revoked)
 
     def touched(self, topics: Iterable[str]) -> None:
-        """The writer's commit subscriber: mark every instance on these topics dirty."""
+        """Mark every instance on these topics dirty: the writer's commit subscriber, and what
+        changes with no commit (the dashboard's numbers). Instances nobody watches do not
+        exist, so touching their topics costs nothing."""
         by_topic = self._by_topic
         for topic in topics:
             self.dirty.update(by_topic.get(topic, ()))
@@ -217,15 +219,18 @@ class Hub:
                 self._wake.set()
                 return
 
-    async def open(self, stream: Stream, keys: Iterable[str]) -> Subscription:
+    async def open(self, stream: Stream, keys: Iterable[str], views: Views | None = None) -> Subscription:
         """Watch view instances; the stream gets each one's current frame at once.
+
+        `keys` name views of `views`, the app's by default: another registry (the dashboard's)
+        holds views that the app's stream route cannot name.
 
         Raises `ViewError` for a bad key or parameter and `AccessDenied` for a view the stream's
         principal may not watch, before subscribing to anything. A view with a `tab` parameter
         is private to that tab, one with a `principal` parameter to that principal; the views
         with an access rule are asked in one read transaction.
         """
-        resolved = self.views.for_tab(stream.tab, keys, stream.principal)
+        resolved = (self.views if views is None else views).for_tab(stream.tab, keys, stream.principal)
         checked = [(key, view, params) for key, view, params in resolved if view.access is not None]
         if checked:
             self.streams.add(stream)  # a revoke while the rules run ends this open too

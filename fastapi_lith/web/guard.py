@@ -145,6 +145,18 @@ class BadRequest(HTTPException, BadParameter):
         super().__init__(400, reason)
 
 
+def api_routes(routes: Sequence[Any]) -> Iterator[tuple[routing.APIRoute, Any]]:
+    """Every FastAPI route among `routes`, included routers too, with what serves it as the app
+    mounted it: its `dependencies` (the inclusion's among them), `dependant` and `app`."""
+    # FastAPI (0.16x) keeps an included router's routes apart, each with the app that serves it;
+    # an older one copies them into the app's own list.
+    walk = getattr(routing, "_iter_routes_with_context", None)
+    pairs = walk(routes) if walk is not None else ((route, None) for route in routes)
+    for route, context in pairs:
+        if isinstance(route, routing.APIRoute):
+            yield route, route if context is None else context
+
+
 def command_routes(routes: Sequence[Any], writer: object) -> Iterator[tuple[Any, int | None]]:
     """Every FastAPI route among `routes` (included routers too) whose dependencies hold
     `writer` or a `MaxBody`, as (the object whose `app` serves it, `MaxBody`'s limit or None).
@@ -153,14 +165,7 @@ def command_routes(routes: Sequence[Any], writer: object) -> Iterator[tuple[Any,
     inclusion), so that is the one to wrap; a route added after start-up gets a new one, which
     the writer dependency finds unguarded and refuses.
     """
-    # FastAPI (0.16x) keeps an included router's routes apart, each with the app that serves it;
-    # an older one copies them into the app's own list.
-    walk = getattr(routing, "_iter_routes_with_context", None)
-    pairs = walk(routes) if walk is not None else ((route, None) for route in routes)
-    for route, context in pairs:
-        if not isinstance(route, routing.APIRoute):
-            continue
-        holder = route if context is None else context
+    for route, holder in api_routes(routes):
         found, limit, open_bodies = _limit_of(holder.dependant, writer)
         if open_bodies:
             name = open_bodies[0].__name__

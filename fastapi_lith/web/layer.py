@@ -253,10 +253,7 @@ class WebLayer:
         self.views.for_tab(tab, keys, principal)
         views = ",".join(quote(k, safe="/{}") for k in keys)
         token = "" if self.tokens is None else f"&token={self.tokens.sign(url, tab, keys, principal)}"
-        # The stream needs no signals: without the filter every reconnect would carry the
-        # page's form drafts in its query string.
-        options = "{retry: 'always', retryMaxCount: Infinity, filterSignals: {include: /^$/}}"
-        return f"@get('{url}?views={views}&tab={tab}{token}', {options})"
+        return stream_expression(url, f"views={views}&tab={tab}{token}")
 
     def render_params(self, key: str, params: dict[str, Any]) -> dict[str, Any]:
         """A page's `render(key, **params)`: `{principal}` is the page's own unless given."""
@@ -280,6 +277,14 @@ class WebLayer:
                 integrity=integrity, crossorigin="anonymous" if integrity else None,
             ),
         ])
+
+
+def stream_expression(url: str, query: str) -> str:
+    """The `data-init` expression that opens a stream at `url?query` and keeps it open."""
+    # The stream needs no signals: without the filter every reconnect would carry the
+    # page's form drafts in its query string.
+    options = "{retry: 'always', retryMaxCount: Infinity, filterSignals: {include: /^$/}}"
+    return f"@get('{url}?{query}', {options})"
 
 
 # A secret short enough to guess is no secret: `python -c 'import secrets; print(secrets.token_urlsafe())'`.

@@ -16,6 +16,7 @@ import sqlalchemy as sa
 
 from fastapi_lith import Command, Db, Lith, Tx, ViewError
 from fastapi_lith.engine.streams import Stream
+from fastapi_lith.engine.views import Views
 from fastapi_lith.testing import Tabs
 
 SCHEMA = """
@@ -714,3 +715,30 @@ async def test_a_stop_signal_ends_the_streams_at_once_and_reaches_the_servers_ha
             assert signal.getsignal(signal.SIGTERM) is handler
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+async def test_a_registry_of_its_own_renders_when_touched_without_a_commit_and_only_while_watched(
+    tmp_path: Path,
+) -> None:
+    lith, _ = make_lith(tmp_path)
+    own, renders = Views(), [0]
+
+    @own.register("gauge", topics={"gauge"})
+    def gauge(db: Db) -> h.Element:
+        renders[0] += 1
+        return h.p(id="gauge")[renders[0]]
+
+    async with Tabs(lith):
+        hub = lith.hub
+        with pytest.raises(ViewError, match="no view matches"):  # the app's registry has no such view
+            await hub.open(Stream("t1"), ["gauge"])
+        stream = Stream("t1")
+        subscription = await hub.open(stream, ["gauge"], views=own)
+        assert [f.html for f in await stream.next(10)] == ['<p id="gauge">1</p>']
+        hub.touched(["gauge"])
+        assert await hub.tick() == 1
+        assert [f.html for f in await stream.next(10)] == ['<p id="gauge">2</p>']
+        subscription.close()
+        hub.touched(["gauge"])  # nobody watches: no instance, nothing to render
+        assert await hub.tick() == 0
+        assert renders == [2] and hub.instances == {}
