@@ -35,8 +35,8 @@ from .engine.streams import Principal
 from .engine.views import Access, Render, Topics
 from .exceptions import AccountUnavailable, LithError, NotRunning, SettingError, UnknownAccount
 from .lith import Lith
-from .ops.metrics import metrics_router
 from .web.layer import WebLayer
+from .web.operator import scrape_router, unguarded
 
 _current: ContextVar[Account | None] = ContextVar("lith_account", default=None)
 
@@ -132,12 +132,18 @@ class Accounts(AccountPool):
         self._serving: FastAPI | None = None
         self._metrics_router: APIRouter | None = None
 
+    # `Depends(accounts.unguarded)`: the scrape open to anyone, on purpose.
+    unguarded = staticmethod(unguarded)
+
     @property
     def metrics_router(self) -> APIRouter:
         """`GET /lith/metrics`: every account's metrics in one scrape, off until the app
         includes it with its guard (as `lith.metrics_router`)."""
         if self._metrics_router is None:
-            self._metrics_router = metrics_router(self.metrics, "/lith")
+            metrics = self.metrics
+            self._metrics_router = scrape_router(
+                metrics.scrape, metrics.content_type, "/lith", included_as="accounts.metrics_router"
+            )
         return self._metrics_router
 
     @property

@@ -24,7 +24,7 @@ from . import settings
 from .backends import open_backend
 from .backends.sqlite import db
 from .backends.sqlite.writer import SqliteWriter
-from .dashboard import Dashboard, unguarded
+from .dashboard import Dashboard
 from .engine import encoders
 from .engine.commands import Command, _Touch
 from .engine.encoders import Encoder
@@ -38,10 +38,11 @@ from .engine.writer import Writer
 from .exceptions import AlreadyRunning, BadParameter, SettingError, WriterClosed
 from .ops import Backups
 from .ops.litestream import WRITER_CHECKPOINT_PAGES
-from .ops.metrics import Metrics, metrics_router
+from .ops.metrics import Metrics
 from .ops.replica import Replica
 from .web.guard import BadRequest, Messages
 from .web.layer import WebLayer, WebSettings
+from .web.operator import scrape_router, unguarded
 
 log = logging.getLogger("fastapi_lith")
 
@@ -265,7 +266,10 @@ class Lith:
         """`GET {prefix}/metrics` in Prometheus's format, off until the app includes it with its
         own guard: `app.include_router(lith.metrics_router, dependencies=[Depends(operator)])`."""
         if self._metrics_router is None:
-            self._metrics_router = metrics_router(self.metrics, self.prefix)
+            metrics = self.metrics
+            self._metrics_router = scrape_router(
+                metrics.scrape, metrics.content_type, self.prefix, included_as="lith.metrics_router"
+            )
         return self._metrics_router
 
     @property
@@ -278,7 +282,7 @@ class Lith:
             self._dashboard = Dashboard(self.metrics, self.engine, self.web, self.views, prefix=self.prefix)
         return self._dashboard.router
 
-    # `Depends(lith.unguarded)`: the dashboard open to anyone, on purpose.
+    # `Depends(lith.unguarded)`: the scrape or the dashboard open to anyone, on purpose.
     unguarded = staticmethod(unguarded)
 
     async def _current(self) -> Engine:

@@ -6,6 +6,6 @@ from fastapi import Depends
 from examples.kanban.app import app, lith
 
 app.include_router(lith.dashboard_router, dependencies=[Depends(lith.unguarded)])
-app.include_router(lith.metrics_router)
+app.include_router(lith.metrics_router, dependencies=[Depends(lith.unguarded)])
 
 __all__ = ["app"]

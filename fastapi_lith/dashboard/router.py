@@ -21,13 +21,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
 import htpy as h
-from fastapi import APIRouter, Depends, FastAPI
-from fastapi.routing import APIRoute
+from fastapi import Depends, FastAPI
 from markupsafe import Markup
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
@@ -41,19 +40,14 @@ from ..engine.views import Views
 from ..exceptions import SettingError, ViewError
 from ..ops.metrics import Metrics
 from ..web.access import StreamRoute
-from ..web.guard import api_routes
 from ..web.layer import WebLayer, stream_expression
+from ..web.operator import operator_router
 from ..web.page import new_tab
 from ..web.sse import stream_response
 from . import views as html
 from .readings import Reader, Readings, Samples
 
 TOPIC_OF = {html.NUMBERS: "lith-dashboard:numbers", html.PLOTS: "lith-dashboard:plots"}
-
-
-def unguarded() -> None:
-    """`Depends(lith.unguarded)`: mount the dashboard for anyone, said aloud (a local server,
-    or a guard the app keeps in a middleware). An empty list of dependencies is refused."""
 
 
 class Dashboard:
@@ -72,7 +66,7 @@ class Dashboard:
         self._drawn = Markup()
         self._reader = Reader()
         self._refresher: asyncio.Task[None] | None = None
-        self.router = APIRouter(prefix=self.url, include_in_schema=False, lifespan=self._lifespan)
+        self.router = operator_router(self.url, included_as="lith.dashboard_router", lifespan=self._lifespan)
         self.router.add_api_route("", self.page, methods=["GET"], response_class=HTMLResponse)
         # A 403 of the guard answers the stream as a refusal, so that the page stops retrying.
         self.router.add_api_route("/stream", self._stream_endpoint(), methods=["GET"], route_class_override=StreamRoute)
@@ -166,7 +160,7 @@ class Dashboard:
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: FastAPI) -> AsyncIterator[None]:
-        self.check(app.routes)
+        self.check()
         try:
             yield
         finally:
@@ -176,18 +170,9 @@ class Dashboard:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
 
-    def check(self, routes: Sequence[Any]) -> None:
-        """Refuse a dashboard route mounted without any dependency, and an app view that would
-        take one of the dashboard's keys (its stream would then watch the dashboard's frames)."""
-        ours = {route.endpoint for route in self.router.routes if isinstance(route, APIRoute)}
-        for route, mounted in api_routes(routes):
-            if route.endpoint in ours and not mounted.dependencies:
-                raise SettingError(
-                    f"{route.path} shows the app's internals (its load, its views, its memory) and has no guard: "
-                    "include it with the app's own, app.include_router(lith.dashboard_router, "
-                    "dependencies=[Depends(operator)]), or say that anyone may see it with "
-                    "dependencies=[Depends(lith.unguarded)]"
-                )
+    def check(self) -> None:
+        """Refuse an app view that would take one of the dashboard's keys (its stream would then
+        watch the dashboard's frames); the router itself refuses an unguarded mount."""
         for key in TOPIC_OF:  # each view's key
             try:
                 view, _ = self.app_views.resolve(key)

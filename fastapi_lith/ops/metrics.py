@@ -30,9 +30,7 @@ from typing import Any, Protocol
 
 import anyio
 import prometheus_client
-from fastapi import APIRouter
 from prometheus_client import CollectorRegistry, Gauge, ProcessCollector, multiprocess, values
-from starlette.responses import Response
 
 from ..engine.engine import Engine
 from ..engine.feed import Feed
@@ -127,6 +125,8 @@ class Metrics:
     def exposition(self) -> bytes:
         """The registry in Prometheus's text format (reads the shared folder in multiprocess mode)."""
         return prometheus_client.generate_latest(self.registry)
+
+    content_type = prometheus_client.CONTENT_TYPE_LATEST  # of what `scrape` writes
 
     async def scrape(self) -> bytes:
         """Sample now, then write the exposition off the event loop."""
@@ -362,16 +362,3 @@ def _replica_files(path: Path) -> tuple[float, tuple[float, bool] | None]:
     except ValueError:
         return lag, None
     return lag, (at, last.ok)
-
-
-def metrics_router(metrics: Metrics, prefix: str) -> APIRouter:
-    """`GET {prefix}/metrics`, out of OpenAPI; the app adds its own guard when it includes it:
-    `app.include_router(lith.metrics_router, dependencies=[Depends(operator)])`."""
-    router = APIRouter(prefix=prefix, include_in_schema=False)
-
-    @router.get("/metrics")
-    async def scrape() -> Response:
-        """Every metric of the app (of every process, in multiprocess mode)."""
-        return Response(await metrics.scrape(), media_type=prometheus_client.CONTENT_TYPE_LATEST)
-
-    return router

@@ -22,10 +22,10 @@ from typing import Any
 import htpy as h
 import httpx
 import pytest
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
-from fastapi_lith import Accounts, Command, Db, Lith, Rejected, TabCommand, Tx
+from fastapi_lith import Accounts, Command, Db, Lith, Rejected, SettingError, TabCommand, Tx
 from fastapi_lith.backends.sqlite.feed import SqliteFeed
 from fastapi_lith.testing import Tabs
 from tests.support import REPO, SUPPORT
@@ -233,13 +233,13 @@ async def test_the_route_is_off_until_included_and_out_of_openapi(tmp_path: Path
     # No lifespan: the engine is stopped, and the scrape says only what a stopped one has.
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as client:
         assert (await client.get("/lith/metrics")).status_code == 404
-        app.include_router(lith.metrics_router)
+        app.include_router(lith.metrics_router, dependencies=[Depends(lith.unguarded)])
         response = await client.get("/lith/metrics")
         assert response.status_code == 200
         assert Scrape(response.text).get("lith_writer_queue_depth") == 0
         assert "/lith/metrics" not in app.openapi()["paths"]
         custom = Lith(tmp_path / "other.db", prefix="/live")
-        app.include_router(custom.metrics_router)
+        app.include_router(custom.metrics_router, dependencies=[Depends(custom.unguarded)])
         assert (await client.get("/live/metrics")).status_code == 200
 
 
@@ -480,3 +480,14 @@ async def test_a_repeat_of_a_refused_command_is_failed_and_repeated_and_not_comm
         assert metrics.value("lith_writer_commands_total", result="failed") == 2
         assert metrics.value("lith_writer_commands_total", result="repeated") == 1
         assert metrics.value("lith_writer_commands_total", result="committed") == 1
+
+
+@pytest.mark.parametrize("include", [{}, {"dependencies": []}])
+async def test_a_scrape_mounted_without_a_guard_is_refused_at_start_up(tmp_path: Path, include: dict[str, Any]) -> None:
+    lith = Lith(tmp_path / "app.db")
+    app = FastAPI()
+    app.include_router(lith.router)
+    app.include_router(lith.metrics_router, **include)
+    with pytest.raises(SettingError, match="shows the app's internals"):
+        async with app.router.lifespan_context(app):
+            pass

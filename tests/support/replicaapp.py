@@ -29,7 +29,7 @@ lith = Lith(
 )
 app = FastAPI(lifespan=lith.lifespan)
 lith.install(app)
-app.include_router(lith.metrics_router)  # unguarded: a test app on 127.0.0.1
+app.include_router(lith.metrics_router, dependencies=[Depends(lith.unguarded)])  # a test app on 127.0.0.1
 
 
 class Append(Command):

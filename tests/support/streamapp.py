@@ -104,7 +104,7 @@ def board(db: Db) -> h.Element:
 
 app = FastAPI(lifespan=lith.lifespan)
 lith.install(app)  # the stream route, the body limit, errors as HTML for Datastar
-app.include_router(lith.metrics_router)  # unguarded: a test app on 127.0.0.1
+app.include_router(lith.metrics_router, dependencies=[Depends(lith.unguarded)])  # a test app on 127.0.0.1
 ENCODERS: weakref.WeakSet[Encoder] = weakref.WeakSet()  # open streams' encoders, for /stats
 
 
