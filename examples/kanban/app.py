@@ -9,6 +9,8 @@ and `page.py` for the page around them.
 
 from __future__ import annotations
 
+import os
+import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated
@@ -16,6 +18,7 @@ from urllib.parse import parse_qsl
 
 from fastapi import Depends, FastAPI, HTTPException, Path, Request
 from fastapi.responses import HTMLResponse
+from fastapi.security import HTTPBasic, HTTPBasicCredentials
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -58,6 +61,25 @@ app = FastAPI(title="Kanban", lifespan=lifespan, docs_url=None, redoc_url=None, 
 # CSP, nosniff, no framing; the board's own inline script and Datastar's onerror by their hashes
 app.add_middleware(SecurityHeaders, datastar_url=lith.datastar_url, inline_scripts=(SCRIPT, DATASTAR_FAILED))
 lith.install(app)  # the stream route, the body limit, errors as HTML for Datastar
+
+# -- the operator's pages: the live dashboard and the Prometheus scrape -----------------------
+
+# Unset, nobody may open them; `make run` sets one for the developer.
+OPERATOR_PASSWORD = os.environ.get("KANBAN_OPERATOR_PASSWORD", "")
+basic = HTTPBasic(auto_error=False)
+
+
+def operator(credentials: HTTPBasicCredentials | None = Depends(basic)) -> None:
+    """Who may see the app's internals: the user `operator` with the password the deploy set."""
+    if credentials is None:  # the browser asks for the password, then sends it every time
+        raise HTTPException(401, "sign in as the operator", headers={"WWW-Authenticate": "Basic"})
+    right = credentials.username == "operator" and secrets.compare_digest(credentials.password, OPERATOR_PASSWORD)
+    if not (OPERATOR_PASSWORD and right):
+        raise HTTPException(403, "operators only")
+
+
+app.include_router(lith.dashboard_router, dependencies=[Depends(operator)])  # GET /lith/dashboard
+app.include_router(lith.metrics_router, dependencies=[Depends(operator)])  # GET /lith/metrics
 
 # -- commands: each answers 204; its tab's outcome view says what happened, or why not --------
 

@@ -360,6 +360,21 @@ def send_and_drop(server: Server, path: str, body: dict[str, Any], db_path: Path
             time.sleep(0.01)
 
 
+def test_the_operator_pages_need_the_operator_password(server_factory: Callable[..., Server], db_path: Path) -> None:
+    """The dashboard and the scrape are mounted behind the deploy's password; unset, nobody opens them."""
+    closed = server_factory(APP, cwd=REPO, env={"KANBAN_DB": str(db_path)})
+    for path in ("/lith/dashboard", "/lith/metrics"):
+        assert httpx.get(closed.url + path).status_code == 401, path
+        assert httpx.get(closed.url + path, auth=("operator", "")).status_code == 403, path
+    closed.stop()
+    opened = server_factory(APP, cwd=REPO, env={"KANBAN_DB": str(db_path), "KANBAN_OPERATOR_PASSWORD": "s3cret"})
+    assert httpx.get(opened.url + "/lith/metrics", auth=("operator", "wrong")).status_code == 403
+    scrape = httpx.get(opened.url + "/lith/metrics", auth=("operator", "s3cret"))
+    assert scrape.status_code == 200 and "lith_writer_commands_total" in scrape.text
+    dashboard = httpx.get(opened.url + "/lith/dashboard", auth=("operator", "s3cret"))
+    assert dashboard.status_code == 200 and "/lith/dashboard/stream" in dashboard.text
+
+
 @pytest.mark.parametrize("restart", [False, True], ids=["same server", "after a restart"])
 def test_a_command_retried_after_a_lost_answer_applies_once(server: Server, db_path: Path, restart: bool) -> None:
     cmd = {"tab": "t1", "op": 1, "lane_id": 1, "title": "Exactly once"}
