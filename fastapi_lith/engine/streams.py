@@ -22,7 +22,7 @@ from typing import Protocol
 
 from . import fanout as _fanout
 from .encoders import Encoder
-from .frames import Frame
+from .frames import Frame, sse_event, sse_fields
 
 
 class Publisher(Protocol):
@@ -86,6 +86,7 @@ class Stream:
         self._busy = False  # bytes being encoded, ready or being written: encode nothing more
         self._out: bytes | BaseException | None = None
         self._timer: asyncio.TimerHandle | None = None  # wakes the body for keep-alives
+        self._lead: Frame | None = None  # set by `body`: the `retry:` field, before the first event
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -156,7 +157,8 @@ class Stream:
         self._busy = self.encoding = True
         if self._subscription is not None:
             self._subscription.caught_up(frames.keys())
-        return self, self._encoder, list(frames.values())
+        lead, self._lead = self._lead, None
+        return self, self._encoder, [lead, *frames.values()] if lead is not None else list(frames.values())
 
     def encoded(self, out: bytes | BaseException) -> None:
         """The fan-out's result, on the loop: the bytes to write, or the error that ends the body."""
@@ -173,6 +175,7 @@ class Stream:
         *,
         keepalive: float = 15.0,
         hibernate_after: float = 30.0,
+        retry: int | None = None,
         fanout: _fanout.Fanout | None = None,
     ) -> AsyncIterator[bytes]:
         """The compressed SSE body of this tab: frames as they come, keep-alives, a clean end.
@@ -217,7 +220,8 @@ class Stream:
                     self._written()
                 elif now >= last_write + keepalive:
                     asleep = encoder.hibernating
-                    out = encoder.encode(KEEPALIVE)
+                    lead, self._lead = self._lead, None
+                    out = encoder.encode(sse_event(lead), KEEPALIVE) if lead is not None else encoder.encode(KEEPALIVE)
                     self._busy = True
                     yield out + encoder.hibernate() if asleep else out  # asleep: free it again at once
                     self._written()
