@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 run: $(STAMP)
-	KANBAN_DB=$${KANBAN_DB:-kanban.db} $(BIN)/uvicorn examples.kanban.app:app --host 127.0.0.1 --port 8000 --loop uvloop --http httptools --log-config deploy/logging.json
+	KANBAN_DB=$${KANBAN_DB:-kanban.db} $(BIN)/uvicorn examples.kanban.app:app --host 127.0.0.1 --port 8000 --loop uvloop --http httptools --backlog 16384 --log-config deploy/logging.json
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
