@@ -186,8 +186,14 @@ class Stream:
         several in one body). A keep-alive goes through the encoder like any event, so the body
         stays one valid stream; it and hibernation run here, never while a worker holds the
         encoder.
+
+        `retry` (milliseconds) goes out as SSE's `retry:` field in the first event: how long the
+        page waits before it reconnects once this body ends, and before its first retry when a
+        reconnect fails (Datastar doubles it from there).
         """
         loop = asyncio.get_running_loop()
+        if retry is not None:
+            self._lead = sse_fields(b"retry: %d\n" % retry)
         self._encoder = encoder
         self._fanout = fanout or _fanout.shared()
         if self._pending:  # the first frames arrived before the body started
@@ -221,7 +227,7 @@ class Stream:
                 elif now >= last_write + keepalive:
                     asleep = encoder.hibernating
                     lead, self._lead = self._lead, None
-                    out = encoder.encode(sse_event(lead), KEEPALIVE) if lead is not None else encoder.encode(KEEPALIVE)
+                    out = encoder.encode(KEEPALIVE) if lead is None else encoder.encode(sse_event(lead), KEEPALIVE)
                     self._busy = True
                     yield out + encoder.hibernate() if asleep else out  # asleep: free it again at once
                     self._written()
