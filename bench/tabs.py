@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -197,7 +198,9 @@ def measure(args: argparse.Namespace) -> harness.Result:
     with tempfile.TemporaryDirectory(prefix="lith-bench-tabs-") as tmp:
         for variant in variants:
             for n in sizes:
+                began = time.perf_counter()
                 rows[f"{variant}_{n}"] = client.run(run_size(variant, n, rounds, hibernate, Path(tmp)))
+                print(f"{variant}, {n} tabs: {time.perf_counter() - began:.0f} s", file=sys.stderr, flush=True)
     mine = own.close()
     figures = {f"{key}_{name}": value for key, row in rows.items() for name, value in row.items()}
     text = [

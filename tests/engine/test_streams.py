@@ -454,6 +454,34 @@ async def test_frames_waiting_together_go_out_in_one_write() -> None:
     assert chunks == [sse_event(one) + sse_event(two), b""]
 
 
+async def test_the_retry_field_opens_the_first_event_once_through_the_encoder() -> None:
+    from fastapi_lith.engine.encoders import IdentityEncoder, ZstdEncoder
+    from fastapi_lith.engine.frames import Frame
+    from fastapi_lith.engine.streams import KEEPALIVE, Stream
+
+    stream = Stream("t1")
+    one = Frame("a", "<p id='a'>1</p>")
+    stream.offer(one)
+    decoder = Decoder("zstd")
+    text = b""
+
+    def progress(chunks: list[bytes]) -> bool:
+        nonlocal text
+        text += decoder.feed(chunks[-1])
+        if text.count(KEEPALIVE) == 1:
+            stream.offer(Frame("a", "<p id='a'>2</p>"))
+        return text.count(b"event:") >= 2
+
+    await collect(stream, ZstdEncoder(), progress, keepalive=0.05, retry=2345)
+    assert text.startswith(b"retry: 2345\n" + sse_event(one))
+    assert text.count(b"retry:") == 1
+
+    # A stream whose first write is a keep-alive sends it there.
+    idle = Stream("t2")
+    chunks = await collect(idle, IdentityEncoder(), lambda c: True, keepalive=0.01, retry=1500)
+    assert chunks[0] == b"retry: 1500\n" + KEEPALIVE
+
+
 async def test_an_awake_stream_sends_keepalives_without_hibernating() -> None:
     from fastapi_lith.engine.encoders import ZstdEncoder
     from fastapi_lith.engine.frames import Frame
