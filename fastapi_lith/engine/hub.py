@@ -115,15 +115,14 @@ class Hub:
         """Stop ticking and end every stream, so each response finishes its body."""
         forget(self)
         self.end_streams()
-        if self._admitting is not None:
-            self._admitting.cancel()
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        for task in (self._admitting, self._task):
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
+        self._task = None
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
