@@ -18,7 +18,7 @@ Per N it reports, all measured on the N streams:
              after the port answered until each tab is back and current (p50/p95/max), 5xx
              answers, connects refused after the port answered, the new process's peak RSS
              against the old one's steady RSS, and the latency of changes made during the storm
-             at the tabs already back (are the first tabs back starved by the later ones?)
+             (one a second) at the tabs already back: are the first tabs back starved?
 
     python -m bench.tabs                        # 1,000, 5,000 and 10,000 tabs, both variants
     python -m bench.tabs --tabs 1000,2000 --variants shared
@@ -47,6 +47,9 @@ VARIANTS = {
     "pertab": "/lith/stream?views=mine/{tab},outcome/{tab}&tab={tab}",
 }
 PROBE_EVERY = 0.02  # seconds between the POSTs that read the server's responsiveness
+# Seconds between the changes made while the storm comes back: a change costs a frame at every
+# tab already back (a render each in the per-tab variant), so more would measure the changes.
+STORM_CHANGE_EVERY = 1.0
 
 
 async def probe(herd: Herd, until: asyncio.Event, answers: list[float]) -> None:
@@ -111,7 +114,7 @@ async def storm(herd: Herd, server: Server) -> dict[str, Any]:
 
     async def ticker() -> None:
         while herd.current < n:
-            await herd.until(lambda h: h.current >= n, 0.25)
+            await herd.until(lambda h: h.current >= n, STORM_CHANGE_EVERY)
             if herd.current >= n:
                 return
             sent = time.perf_counter()
