@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from .lib import client, harness
-from .lib.proc import Usage, Window, memory
+from .lib.proc import Usage, Window
 from .lib.server import Server
 from .lib.stats import number, percentile
 from .lib.tabs import COUNTER, MINE, Herd, listen_limits, raise_file_limit
@@ -100,7 +100,7 @@ async def broadcast(herd: Herd, rounds: int, pid: int) -> dict[str, Any]:
 async def storm(herd: Herd, server: Server) -> dict[str, Any]:
     """SIGTERM, start again on the same port, and watch every tab come back."""
     n = len(herd.tabs)
-    steady = memory(server.pid)[0]
+    steady = Usage.of(server.pid).rss
     terminated = time.perf_counter()
     await asyncio.to_thread(server.stop, signal.SIGTERM)
     exited = time.perf_counter()
@@ -145,24 +145,25 @@ async def storm(herd: Herd, server: Server) -> dict[str, Any]:
     }
 
 
-async def run_size(variant: str, n: int, rounds: int, hibernate_after: float, tmp: Path) -> dict[str, float]:
+async def run_size(variant: str, n: int, rounds: int, hibernate_after: float, workers: int,
+                   tmp: Path) -> dict[str, float]:
     db = tmp / f"{variant}-{n}.db"
     server = Server("bench.lib.tabsapp:app", env={"COUNTER_DB": str(db), "TABS_HIBERNATE_AFTER": str(hibernate_after)},
-                    access_log=False)
+                    workers=workers, access_log=False)
     await asyncio.to_thread(server.start)
     herd = Herd(server.port, VARIANTS[variant], COUNTER if variant == "shared" else MINE, encoding="zstd")
     try:
-        before = memory(server.pid)[0]
+        before = Usage.of(server.pid).rss
         started = time.perf_counter()
         opening = asyncio.ensure_future(herd.open(n, timeout=300))
         await herd.until(lambda h: h.connected >= n, 300)
         connected_s = time.perf_counter() - started
         first_frame_s = await opening
-        awake = memory(server.pid)[0]
+        awake = Usage.of(server.pid).rss
         cast = await broadcast(herd, rounds, server.pid)
         asleep = float("nan")
         if await herd.until(lambda h: h.asleep >= n, hibernate_after + 60):
-            asleep = memory(server.pid)[0]
+            asleep = Usage.of(server.pid).rss
         woken = await broadcast(herd, 1, server.pid)
         gone = await storm(herd, server)
     finally:
@@ -184,6 +185,7 @@ def arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--variants", default="shared,pertab", help=f"of {', '.join(VARIANTS)}")
     ap.add_argument("--broadcasts", type=int, default=5, help="changes awaited at every tab, per size")
     ap.add_argument("--hibernate-after", type=float, default=5.0, help="the server's hibernate_after, s")
+    ap.add_argument("--workers", type=int, default=1, help="uvicorn --workers (RSS and CPU: the whole tree)")
 
 
 def measure(args: argparse.Namespace) -> harness.Result:
@@ -202,7 +204,7 @@ def measure(args: argparse.Namespace) -> harness.Result:
         for variant in variants:
             for n in sizes:
                 began = time.perf_counter()
-                rows[f"{variant}_{n}"] = client.run(run_size(variant, n, rounds, hibernate, Path(tmp)))
+                rows[f"{variant}_{n}"] = client.run(run_size(variant, n, rounds, hibernate, args.workers, Path(tmp)))
                 print(f"{variant}, {n} tabs: {time.perf_counter() - began:.0f} s", file=sys.stderr, flush=True)
     mine = own.close()
     figures = {f"{key}_{name}": value for key, row in rows.items() for name, value in row.items()}
@@ -210,7 +212,8 @@ def measure(args: argparse.Namespace) -> harness.Result:
         f"open files: {soft} (hard {hard}); listen queue: uvicorn --backlog 16384, kernel caps "
         + ", ".join(f"{k} {v}" for k, v in limits.items()),
         f"zstd; {rounds} broadcasts per size, a POST that moves no tab every {PROBE_EVERY * 1000:.0f} ms meanwhile; "
-        f"hibernate_after {hibernate:g} s; this client used {mine.cores:.2f} cores on average\n",
+        f"hibernate_after {hibernate:g} s; {args.workers} uvicorn worker(s); "
+        f"this client used {mine.cores:.2f} cores on average\n",
         "| tabs | connected s | first frame s | KiB/tab awake | KiB/tab asleep | p50 ms | p95 ms | p99 ms "
         "| missed | after wake p95 ms | POST 204 p95 ms | server µs CPU/frame |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
