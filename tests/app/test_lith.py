@@ -535,6 +535,7 @@ def test_a_rejected_command_reaches_its_tab_with_the_done_signal(counter: tuple[
     with httpx.stream("GET", url, headers={"Accept-Encoding": "identity"}, timeout=10) as stream:
         assert stream.status_code == 200
         lines = stream.iter_lines()
+        assert next(lines).startswith("retry: ")  # when to come back, in the first event
         assert next(lines) == "event: datastar-patch-elements"  # the first frame is there
         response = httpx.post(f"{server.url}/add", json={"tab": "done1", "n": 500, "op": 41}, headers=SAME_ORIGIN)
         assert response.status_code == 422
