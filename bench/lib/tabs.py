@@ -47,6 +47,7 @@ MINE = re.compile(rb'id="mine">\S+ sees (\d+)<')
 RETRY = re.compile(rb"^retry: *(\d+)$", re.M)
 
 Condition = Callable[["Herd"], bool]
+KEEPALIVE_REUSE = 2.0  # seconds a POST connection may sit idle and still be used again
 
 
 def raise_file_limit() -> tuple[int, int]:
@@ -246,11 +247,16 @@ class Herd:
     async def post(self, path: str, fields: dict[str, object]) -> tuple[int, float]:
         """A command from one more tab (its own connection, kept open): (status, when its answer
         came). Its `sent` is in `posted` too."""
+        body = json.dumps({"tab": "poster", "op": 0, **fields}).encode()
+        # uvicorn closes a keep-alive connection idle for 5 s: one idle longer is not reused.
+        last = self.posted[-1][1] if self.posted else 0.0
+        if self.poster is not None and time.perf_counter() - last > KEEPALIVE_REUSE:
+            self.poster.close()
+            self.poster = None
         if self.poster is None or self.poster.transport is None or self.poster.transport.is_closing():
             self.poster = await client.Poster.connect(self.port)
-        body = json.dumps({"tab": "poster", "op": 0, **fields}).encode()
         sent = time.perf_counter()
-        status = await asyncio.wait_for(self.poster.post(path, body), 30)
+        status = await asyncio.wait_for(self.poster.post(path, body), 60)
         answered = time.perf_counter()
         self.posted.append((sent, answered))
         return status, answered
