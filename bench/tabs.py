@@ -16,7 +16,8 @@ Per N it reports, all measured on the N streams:
   storm      SIGTERM with N tabs open, start again (same port): each tab reconnects as
              Datastar 1.0 does (the stream's `retry:`, doubled after each refused try); seconds
              after the port answered until each tab is back and current (p50/p95/max), 5xx
-             answers, connects refused after the port answered, the new process's peak RSS
+             answers, connects refused after the port answered, SYNs the kernel dropped for a
+             full listen queue (machine-wide: other programs' count too), the new process's peak RSS
              against the old one's steady RSS, and the latency of changes made during the storm
              (one a second) at the tabs already back: are the first tabs back starved?
 
@@ -40,7 +41,7 @@ from .lib import client, harness
 from .lib.proc import Usage, Window
 from .lib.server import Server
 from .lib.stats import number, percentile
-from .lib.tabs import COUNTER, MINE, Herd, listen_limits, raise_file_limit
+from .lib.tabs import COUNTER, MINE, Herd, listen_limits, listen_overflows, raise_file_limit
 
 VARIANTS = {
     "shared": "/lith/stream?views=counter,outcome/{tab}&tab={tab}",
@@ -101,6 +102,7 @@ async def storm(herd: Herd, server: Server) -> dict[str, Any]:
     """SIGTERM, start again on the same port, and watch every tab come back."""
     n = len(herd.tabs)
     steady = Usage.of(server.pid).rss
+    overflows = listen_overflows()
     terminated = time.perf_counter()
     await asyncio.to_thread(server.stop, signal.SIGTERM)
     exited = time.perf_counter()
@@ -139,6 +141,7 @@ async def storm(herd: Herd, server: Server) -> dict[str, Any]:
         "back_max_s": max(back, default=float("nan")),
         "reconnected_max_s": max(reconnected, default=float("nan")),
         "fivexx": sum(c for s, c in statuses.items() if s >= 500), "refused_after": herd.refused(answered),
+        "listen_overflows": listen_overflows() - overflows,
         "refused_before": herd.refused(terminated) - herd.refused(answered),
         "peak_over_steady": Usage.of(server.pid).hwm / steady if steady else float("nan"),
         "during_p95_ms": percentile(during, 95) * 1000, "during_n": len(changes),
@@ -226,15 +229,17 @@ def measure(args: argparse.Namespace) -> harness.Result:
     text += [
         "\nThe storm: SIGTERM with every tab open, start again; seconds after the port answered.\n",
         "| tabs | stop s | start s | all back | back p50 s | p95 s | max s | last reconnect s | 5xx "
-        "| refused after | refused while down | peak/steady RSS | change p95 ms at tabs back (n) |",
-        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| refused after | refused while down | SYNs dropped, queue full | peak/steady RSS "
+        "| change p95 ms at tabs back (n) |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for key, r in rows.items():
         text.append(
             f"| {key} | {r['storm_stop_s']:.1f} | {r['storm_start_s']:.1f} | {'yes' if r['storm_all_back'] else 'NO'} "
             f"| {r['storm_back_p50_s']:.2f} | {r['storm_back_p95_s']:.2f} | {r['storm_back_max_s']:.2f} "
             f"| {r['storm_reconnected_max_s']:.2f} | {r['storm_fivexx']:.0f} | {r['storm_refused_after']:.0f} "
-            f"| {r['storm_refused_before']:.0f} | {r['storm_peak_over_steady']:.2f} "
+            f"| {r['storm_refused_before']:.0f} | {r['storm_listen_overflows']:.0f} "
+            f"| {r['storm_peak_over_steady']:.2f} "
             f"| {number(r['storm_during_p95_ms'])} ({r['storm_during_n']:.0f}) |")
     return harness.Result(figures, "\n".join(text), {"rows": rows})
 

@@ -70,6 +70,20 @@ def listen_limits() -> dict[str, int]:
     return out
 
 
+def listen_overflows() -> int:
+    """Connects the kernel dropped since boot because a listen queue was full (TcpExt
+    ListenOverflows, machine-wide): a dropped SYN is not refused, the client sends it again
+    1, 2, 4... s later, so a full queue shows as a tail, not as errors."""
+    try:
+        lines = Path("/proc/net/netstat").read_text().splitlines()
+    except OSError:
+        return -1
+    for names, values in zip(lines[::2], lines[1::2], strict=False):
+        if names.startswith("TcpExt:"):
+            return int(dict(zip(names.split(), values.split(), strict=True)).get("ListenOverflows", -1))
+    return -1
+
+
 class Tab:
     """One tab's stream across its reconnects, and what reached it when."""
 
