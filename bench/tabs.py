@@ -75,7 +75,7 @@ async def probe(herd: Herd, until: asyncio.Event, answers: list[float]) -> None:
 async def broadcast(herd: Herd, rounds: int, pid: int) -> dict[str, Any]:
     """`rounds` changes, one after another, each awaited at every tab."""
     n = len(herd.tabs)
-    stop, answers = asyncio.Event(), []
+    stop, answers = asyncio.Event(), list[float]()
     prober = asyncio.create_task(probe(herd, stop, answers))
     latencies: list[float] = []
     missed = 0

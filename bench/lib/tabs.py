@@ -26,6 +26,7 @@ retryMaxCount: Infinity})` does (its fetch, read in starhtml 0.7.0's datastar-co
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import resource
@@ -120,15 +121,15 @@ class Tab:
             for found in RETRY.finditer(event):
                 self.interval = self.resets_to = int(found.group(1))
                 self.retries.append(self.interval)
-        found = self.herd.marker.search(event)
-        if found is None:
+        shown = self.herd.marker.search(event)
+        if shown is None:
             return
         self.herd.frames += 1
         self.mark = stream.decode.frames_ended
         if self.asleep:
             self.asleep = False
             self.herd.asleep -= 1
-        value = int(found.group(1))
+        value = int(shown.group(1))
         self.arrivals.setdefault(value, at)
         if self.first_frame_at != self.first_frame_at:
             self.first_frame_at = at
@@ -149,8 +150,11 @@ class Tab:
         loop = asyncio.get_running_loop()
         while not herd.closing:
             ended: asyncio.Future[None] = loop.create_future()
+            # Only a tab's first connect is paced: the reconnects of a storm come as a browser's
+            # do, each on its own timer, whatever the server's listen queue makes of them.
+            pace = herd.connecting if self.connects == 0 else contextlib.nullcontext()
             try:
-                async with herd.connecting:
+                async with pace:
                     stream = await client.open_stream(herd.port, herd.path.replace("{tab}", self.id), herd.encoding,
                                                       self.on_event, self.id)
                 stream.on_end = lambda _, ended=ended: ended.done() or ended.set_result(None)  # this one's
@@ -164,8 +168,7 @@ class Tab:
                 await self.back_off()
                 continue
             except RuntimeError:  # an answer other than 200 (client.py fails the stream)
-                stream = self.stream
-                status = stream.status if stream is not None else None
+                status = self.stream.status if self.stream is not None else None
                 if status is None:
                     await self.back_off()
                     continue
@@ -202,8 +205,8 @@ class Herd:
         self.port, self.path, self.marker, self.encoding = port, path, marker, encoding
         self.tabs: list[Tab] = []
         self.closing = False
-        # TCP connects in flight at once (not requests: a request waits for its answer outside),
-        # so this one process does not run out of ports or memory in one burst.
+        # First connects in flight at once (not requests: a request waits for its answer
+        # outside), so that opening N tabs is not one burst of N SYNs at a listen queue.
         self.connecting = asyncio.Semaphore(connecting_at_once)
         self.connected = self.first_frames = self.frames = self.asleep = 0
         self.target = -1  # the marker `current` counts tabs at
