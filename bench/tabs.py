@@ -113,6 +113,7 @@ async def storm(herd: Herd, server: Server) -> dict[str, Any]:
     status, first_204 = await herd.post("/add", {"n": 1})
     assert status == 204, f"POST /add answered {status} after the restart"
     changes: list[tuple[int, float, float]] = []  # (value, sent, 204) made during the storm
+    failed_before = herd.failures()
 
     async def ticker() -> None:
         while herd.current < n:
@@ -142,6 +143,8 @@ async def storm(herd: Herd, server: Server) -> dict[str, Any]:
         "reconnected_max_s": max(reconnected, default=float("nan")),
         "fivexx": sum(c for s, c in statuses.items() if s >= 500), "refused_after": herd.refused(answered),
         "listen_overflows": listen_overflows() - overflows,
+        "failed": sum(herd.failures().values()) - sum(failed_before.values()),
+        "failures": {k: v - failed_before.get(k, 0) for k, v in herd.failures().items()},
         "refused_before": herd.refused(terminated) - herd.refused(answered),
         "peak_over_steady": Usage.of(server.pid).hwm / steady if steady else float("nan"),
         "during_p95_ms": percentile(during, 95) * 1000, "during_n": len(changes),
@@ -172,6 +175,8 @@ async def run_size(variant: str, n: int, rounds: int, hibernate_after: float, wo
     finally:
         await herd.close()
         await asyncio.to_thread(server.stop)
+    print(f"{variant}, {n} tabs, the storm's other failed fetches: {gone['failures'] or 'none'}; "
+          f"statuses other than 200: {herd.statuses() or 'none'}", file=sys.stderr, flush=True)
     lat = cast["latencies"]
     return {
         "connected_s": connected_s, "first_frame_s": first_frame_s,
@@ -179,7 +184,7 @@ async def run_size(variant: str, n: int, rounds: int, hibernate_after: float, wo
         **{f"p{q}_ms": percentile(lat, q) * 1000 for q in (50, 95, 99)},
         "missed": cast["missed"] + woken["missed"], "wake_p95_ms": percentile(woken["latencies"], 95) * 1000,
         "post_p95_ms": cast["post_p95_ms"], "cpu_us_per_frame": cast["cpu_us_per_frame"],
-        **{f"storm_{k}": float(v) for k, v in gone.items()},
+        **{f"storm_{k}": float(v) for k, v in gone.items() if k != "failures"},
     }
 
 

@@ -89,7 +89,7 @@ class Tab:
     """One tab's stream across its reconnects, and what reached it when."""
 
     __slots__ = ("herd", "id", "interval", "resets_to", "retries", "arrivals", "latest", "first_frame_at",
-                 "connected_at", "connects", "refused", "statuses", "stream", "task", "asleep", "mark")
+                 "connected_at", "connects", "refused", "failed", "statuses", "stream", "task", "asleep", "mark")
 
     def __init__(self, herd: Herd, tab_id: str) -> None:
         self.herd = herd
@@ -102,6 +102,7 @@ class Tab:
         self.connected_at: list[float] = []  # each 200, when its headers came
         self.connects = 0
         self.refused: list[float] = []  # each refused connect, when
+        self.failed: dict[str, int] = {}  # other failed fetches, by what happened
         self.statuses: dict[int, int] = {}  # answers other than 200, by status
         self.stream: client.SseStream | None = None
         self.task: asyncio.Task[None] | None = None
@@ -165,6 +166,9 @@ class Tab:
             except OSError as exc:  # refused, reset: the fetch rejects
                 if isinstance(exc, ConnectionRefusedError):
                     self.refused.append(time.perf_counter())
+                else:
+                    self.fail("closed before its headers" if self.stream is not None and self.stream.status is None
+                              else type(exc).__name__)
                 await self.back_off()
                 continue
             except RuntimeError:  # an answer other than 200 (client.py fails the stream)
@@ -190,7 +194,11 @@ class Tab:
             if stream.finished:  # a clean end: the deploy's way
                 await asyncio.sleep(self.interval / 1000)
             else:  # the body broke off: the fetch rejects
+                self.fail("body broke off")
                 await self.back_off()
+
+    def fail(self, what: str) -> None:
+        self.failed[what] = self.failed.get(what, 0) + 1
 
     async def back_off(self) -> None:
         await asyncio.sleep(self.interval / 1000)
@@ -303,6 +311,14 @@ class Herd:
     def refused(self, after: float = 0.0) -> int:
         """Connects refused after `after` (perf_counter seconds)."""
         return sum(1 for t in self.tabs for at in t.refused if at >= after)
+
+    def failures(self) -> dict[str, int]:
+        """Fetches that failed other than by a refusal or an answer, by what happened."""
+        out: dict[str, int] = {}
+        for tab in self.tabs:
+            for what, n in tab.failed.items():
+                out[what] = out.get(what, 0) + n
+        return out
 
     def statuses(self) -> dict[int, int]:
         out: dict[int, int] = {}
