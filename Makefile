@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 run: $(STAMP)
-	KANBAN_DB=$${KANBAN_DB:-kanban.db} KANBAN_OPERATOR_PASSWORD=$${KANBAN_OPERATOR_PASSWORD:-dev} $(BIN)/uvicorn examples.kanban.app:app --host 127.0.0.1 --port 8000 --loop uvloop --http httptools --log-config deploy/logging.json
+	KANBAN_DB=$${KANBAN_DB:-kanban.db} KANBAN_OPERATOR_PASSWORD=$${KANBAN_OPERATOR_PASSWORD:-dev} $(BIN)/uvicorn examples.kanban.app:app --host 127.0.0.1 --port 8000 --loop uvloop --http httptools --backlog 16384 --log-config deploy/logging.json
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
@@ -29,7 +29,7 @@ docs: $(STAMP)
 
 # A quick pass of every benchmark (bench/RESULTS.md says what they measure): under ten minutes
 # on two cores. `python -m bench.NAME --help` for one scenario's own flags, and --against REV.
-BENCHES := writer hub encoders send kanban workers postgres accounts replica restart connects
+BENCHES := writer hub encoders send kanban workers postgres accounts replica restart connects tabs
 bench: $(STAMP)
 	for name in $(BENCHES); do $(BIN)/python -m bench.$$name --quick || exit 1; done
 

@@ -98,6 +98,7 @@ class Lith:
         keepalive: float = WebSettings.keepalive,
         hibernate_after: float = WebSettings.hibernate_after,
         send_timeout: float = WebSettings.send_timeout,
+        reconnect_within: float = WebSettings.reconnect_within,
         zstd_window_log: int | None = None,
         brotli_quality: int = 4,
         gzip_level: int = 6,
@@ -129,6 +130,8 @@ class Lith:
         - readers (`readers=Readers(...)`, or how many): the hub's render threads;
         - hub (`hub=`, called as `hub(views, readers, tick=..., feed=...)`): `tick`;
         - streams and encoders: `prefix`, `keepalive`, `hibernate_after`, `send_timeout`,
+          `reconnect_within` (each stream's `retry:`, drawn from 1 s to this, spreads a deploy's
+          reconnects),
           `zstd_window_log`, `brotli_quality`, `gzip_level` (replace the encoder with
           `app.dependency_overrides[lith.encoder]`);
         - command routes: `max_body`, `error_id`, `messages`, `outcome_hint`;
@@ -186,6 +189,7 @@ class Lith:
         config = WebSettings(
             same_origin_only=same_origin_only, max_body=max_body, error_id=error_id, messages=messages,
             keepalive=keepalive, hibernate_after=hibernate_after, send_timeout=send_timeout,
+            reconnect_within=reconnect_within,
             encoders=encoders.encoder_settings(
                 zstd_window_log=zstd_window_log, brotli_quality=brotli_quality, gzip_level=gzip_level
             ),
@@ -242,6 +246,7 @@ class Lith:
     keepalive = _kept_by("web.settings", "keepalive")
     hibernate_after = _kept_by("web.settings", "hibernate_after")
     send_timeout = _kept_by("web.settings", "send_timeout")
+    reconnect_within = _kept_by("web.settings", "reconnect_within")
     encoder_settings = _kept_by("web.settings", "encoders")
     datastar_url = _kept_by("web.settings", "datastar_url")
     datastar_integrity = _kept_by("web.settings", "datastar_integrity")

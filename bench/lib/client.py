@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -31,7 +32,10 @@ class Decoder:
 
     def __init__(self, encoding: str) -> None:
         self.encoding = encoding
-        if encoding == "zstd":
+        self.frames_ended = 0  # zstd frames finished: a stream hibernated (and one at its end)
+        if encoding == "gzip":
+            self.gz = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        elif encoding == "zstd":
             self.dctx = zstandard.ZstdDecompressor()
             self.z = self.dctx.decompressobj(write_size=1 << 19)
         elif encoding == "br":
@@ -41,6 +45,7 @@ class Decoder:
         if self.encoding == "zstd":
             out = self.z.decompress(payload)
             while self.z.eof:  # a hibernated stream starts a new zstd frame in the same body
+                self.frames_ended += 1
                 rest = self.z.unused_data
                 self.z = self.dctx.decompressobj(write_size=1 << 19)
                 if not rest:
@@ -52,6 +57,8 @@ class Decoder:
             while more := self.br.process(b""):  # process() can hold back part of a flushed block
                 out += more
             return bytes(out)
+        if self.encoding == "gzip":
+            return self.gz.decompress(payload)
         return payload
 
 
@@ -71,6 +78,9 @@ class SseStream(asyncio.Protocol):
         self.opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.on_end: Callable[[SseStream], None] | None = None
         self.error: str | None = None
+        self.status: int | None = None  # the response's, once its headers came
+        self.finished = False  # the body's last chunk came: the server ended it cleanly
+        self.on_bytes: Callable[[SseStream], None] | None = None  # after each read's chunks
         self.transport: asyncio.Transport | None = None
         self.body = self.chunks = self.decoded = self.events = self.keepalives = 0
 
@@ -104,7 +114,7 @@ class SseStream(asyncio.Protocol):
             if end < 0:
                 return
             head = bytes(buf[:end]).decode("latin-1").split("\r\n")
-            status = int(head[0].split()[1])
+            status = self.status = int(head[0].split()[1])
             headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in head[1:])}
             self.headers_done, pos = True, end + 4
             if status != 200 or headers.get("transfer-encoding", "").lower() != "chunked":
@@ -122,6 +132,7 @@ class SseStream(asyncio.Protocol):
                     size = int(bytes(buf[pos:eol]).split(b";")[0], 16)
                     if size == 0:  # the server ended the body
                         pos = n
+                        self.finished = True
                         self.ended()
                         break
                     pos, self.need = eol + 2, size
@@ -136,6 +147,8 @@ class SseStream(asyncio.Protocol):
         except Exception as exc:  # noqa: BLE001 - a corrupt body is a finding: reported
             return self.fail(f"{type(exc).__name__}: {exc}")
         del buf[:pos]
+        if self.on_bytes is not None:
+            self.on_bytes(self)
 
     def split(self, out: bytes, now: float) -> None:
         if not out:

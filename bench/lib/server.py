@@ -32,7 +32,7 @@ def free_port() -> int:
 
 def deploy_flags(workers: int = 1, *, access_log: bool = True, http: str = "httptools") -> list[str]:
     """The unit's ExecStart flags, as far as they apply on 127.0.0.1 (no proxy in front)."""
-    flags = ["--loop", "uvloop", "--http", http, "--timeout-graceful-shutdown", "10",
+    flags = ["--loop", "uvloop", "--http", http, "--timeout-graceful-shutdown", "10", "--backlog", "16384",
              "--no-server-header", "--log-config", str(ROOT / "deploy" / "logging.json")]
     if workers > 1:
         flags += ["--workers", str(workers)]

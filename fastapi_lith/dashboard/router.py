@@ -142,6 +142,7 @@ class Dashboard:
             return await stream_response(
                 self._open, request, encoder, keepalive=settings.keepalive,
                 hibernate_after=settings.hibernate_after, send_timeout=settings.send_timeout,
+                reconnect_within=settings.reconnect_within,
             )
 
         return stream

@@ -48,3 +48,12 @@ def sse_event(frame: Frame) -> bytes:
 
 
 _FORMATTING = threading.Lock()
+
+
+def sse_fields(fields: bytes) -> Frame:
+    """A frame whose event is `fields` as they are, such as a stream's `retry: 2500` line: put
+    before a stream's first frame, it joins that event and goes through the stream's encoder
+    with it. It belongs to no view (its key is empty)."""
+    frame = Frame("", "")
+    frame._sse = fields  # noqa: SLF001
+    return frame

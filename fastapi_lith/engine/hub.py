@@ -28,6 +28,11 @@ from .views import View, Views
 
 log = logging.getLogger("fastapi_lith.hub")
 
+# The first renders of opening streams go to the readers in batches of about this many, one
+# batch at a time: a deploy's thousands of reconnects then hold one reader at most, and the
+# ticks of the streams already open find another free.
+OPEN_BATCH = 256
+
 
 @dataclass(eq=False)
 class Instance:
@@ -113,6 +118,9 @@ class Hub:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.trace: FrameTracer | None = None  # told of frames made and taken, when the app traces
+        # Opens whose views have no frame yet, with what each awaits: see `_first_renders`.
+        self._opening: list[tuple[list[Instance], asyncio.Future[None]]] = []
+        self._admitting: asyncio.Task[None] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -131,13 +139,14 @@ class Hub:
         """Stop ticking and end every stream, so each response finishes its body."""
         forget(self)
         self.end_streams()
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        for task in (self._admitting, self._task):
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
+        self._task = None
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -259,6 +268,7 @@ class Hub:
             # Rendering already (another tab opened it a moment ago): its frame reaches this
             # stream too, as a watcher, when that render lands.
             if instance.frame is None and not instance.rendering and instance not in fresh:
+                instance.rendering = True  # queued: a tick or another open leaves it to this one
                 fresh.append(instance)
         waiting: list[Instance] = []
         for key in stream.keys:
@@ -269,12 +279,52 @@ class Hub:
             elif instance not in fresh:
                 waiting.append(instance)
         if fresh:
-            await self._render(fresh)
+            await self._first_renders(fresh)
         # Return only once every view has its first frame: the stream's first write then holds
         # them all, and a brotli window sized from it fits the largest.
         for instance in waiting:
             await instance.rendered.wait()
         return subscription
+
+    async def _first_renders(self, fresh: list[Instance]) -> None:
+        """Render the first frames of an opening stream with those of the other streams
+        opening meanwhile, in batches of about `OPEN_BATCH`, one batch at a time."""
+        done = asyncio.get_running_loop().create_future()
+        self._opening.append((fresh, done))
+        if self._admitting is None:
+            self._admitting = asyncio.create_task(self._admit(), name="lith-hub-opens")
+        await done
+
+    async def _admit(self) -> None:
+        batch: list[tuple[list[Instance], asyncio.Future[None]]] = []
+        try:
+            while self._opening:
+                count = taken = 0
+                for fresh, _ in self._opening:
+                    if count >= OPEN_BATCH:
+                        break
+                    count += len(fresh)
+                    taken += 1
+                batch, self._opening = self._opening[:taken], self._opening[taken:]
+                try:
+                    await self._render([instance for fresh, _ in batch for instance in fresh])
+                except Exception as exc:  # noqa: BLE001 - each open of the batch raises it
+                    for _, done in batch:
+                        if not done.done():
+                            done.set_exception(exc)
+                else:
+                    for _, done in batch:
+                        if not done.done():
+                            done.set_result(None)
+                batch = []
+        finally:  # cancelled (the hub stopped): no open waits for a render that will not come
+            self._admitting = None
+            left, self._opening = [*batch, *self._opening], []
+            for fresh, done in left:
+                for instance in fresh:
+                    instance.rendering = False
+                    instance.rendered.set()
+                done.cancel()
 
     def close(self, stream: Stream) -> None:
         """Stop watching; instances nobody watches any more are dropped with their frames."""

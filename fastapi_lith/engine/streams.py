@@ -22,7 +22,7 @@ from typing import Protocol
 
 from . import fanout as _fanout
 from .encoders import Encoder
-from .frames import Frame
+from .frames import Frame, sse_event, sse_fields
 
 
 class Publisher(Protocol):
@@ -105,6 +105,7 @@ class Stream:
         self._busy = False  # bytes being encoded, ready or being written: encode nothing more
         self._out: bytes | BaseException | None = None
         self._timer: asyncio.TimerHandle | None = None  # wakes the body for keep-alives
+        self._lead: Frame | None = None  # set by `body`: the `retry:` field, before the first event
 
     @property
     def encoder(self) -> Encoder | None:
@@ -182,7 +183,8 @@ class Stream:
         self._busy = self.encoding = True
         if self._subscription is not None:
             self._subscription.caught_up(frames.keys())
-        return self, self._encoder, list(frames.values())
+        lead, self._lead = self._lead, None
+        return self, self._encoder, [lead, *frames.values()] if lead is not None else list(frames.values())
 
     def encoded(self, out: bytes | BaseException) -> None:
         """The fan-out's result, on the loop: the bytes to write, or the error that ends the body."""
@@ -199,6 +201,7 @@ class Stream:
         *,
         keepalive: float = 15.0,
         hibernate_after: float = 30.0,
+        retry: int | None = None,
         fanout: _fanout.Fanout | None = None,
     ) -> AsyncIterator[bytes]:
         """The compressed SSE body of this tab: frames as they come, keep-alives, a clean end.
@@ -209,8 +212,14 @@ class Stream:
         several in one body). A keep-alive goes through the encoder like any event, so the body
         stays one valid stream; it and hibernation run here, never while a worker holds the
         encoder.
+
+        `retry` (milliseconds) goes out as SSE's `retry:` field in the first event: how long the
+        page waits before it reconnects once this body ends, and before its first retry when a
+        reconnect fails (Datastar doubles it from there).
         """
         loop = asyncio.get_running_loop()
+        if retry is not None:
+            self._lead = sse_fields(b"retry: %d\n" % retry)
         self._encoder = encoder
         self._fanout = fanout or _fanout.shared()
         if self._pending:  # the first frames arrived before the body started
@@ -246,7 +255,8 @@ class Stream:
                     self._written()
                 elif now >= last_write + keepalive:
                     asleep = encoder.hibernating
-                    out = encoder.encode(KEEPALIVE)
+                    lead, self._lead = self._lead, None
+                    out = encoder.encode(KEEPALIVE) if lead is None else encoder.encode(sse_event(lead), KEEPALIVE)
                     self._busy = True
                     if asleep:  # free it again at once
                         out += encoder.hibernate()

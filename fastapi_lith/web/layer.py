@@ -64,6 +64,7 @@ class WebSettings:
     keepalive: float = 15.0
     hibernate_after: float = 30.0
     send_timeout: float = 10.0
+    reconnect_within: float = 5.0
     encoders: dict[str, dict[str, int]] = field(default_factory=dict)
     datastar_url: str = DATASTAR_CDN
     datastar_integrity: str | None = None
@@ -84,6 +85,8 @@ class WebSettings:
             )
         for name in ("keepalive", "hibernate_after", "send_timeout"):
             settings.number(name, getattr(self, name), low=0.001)
+        # Datastar's own retry interval is 1 s: a window below it would only bunch the herd.
+        settings.number("reconnect_within", self.reconnect_within, low=1.0)
         if not isinstance(self.datastar_url, str) or not self.datastar_url:
             raise SettingError(f"datastar_url must be a URL or a path, not {self.datastar_url!r}")
         # Subresource Integrity: the browser runs the script only if its bytes have this hash.
@@ -231,6 +234,7 @@ class WebLayer:
         return await stream_response(
             engine.hub.open, request, encoder, principal=principal, tokens=self.tokens,
             keepalive=config.keepalive, hibernate_after=config.hibernate_after, send_timeout=config.send_timeout,
+            reconnect_within=config.reconnect_within,
         )
 
     # -- the page -----------------------------------------------------------------------------

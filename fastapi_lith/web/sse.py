@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import anyio
@@ -53,6 +54,7 @@ async def stream_response(
     keepalive: float,
     hibernate_after: float,
     send_timeout: float,
+    reconnect_within: float,
 ) -> Response:
     """`GET {prefix}/stream?views=key1,key2&tab=…&token=…`: one tab's SSE response, a 400
     saying what is malformed, or a refusal (web/access.py).
@@ -60,6 +62,10 @@ async def stream_response(
     `open_views` is the hub's `open`: it checks what `principal` may watch, subscribes a new
     stream and gives its first frames. With `tokens` (a secret is set) the URL must carry the
     token its page signed for this tab, these keys and this principal.
+
+    The first event carries SSE's `retry:` field, drawn uniformly from 1 s to
+    `reconnect_within` s for each stream: when a deploy ends every stream at once, the pages
+    come back spread over that window instead of all together a second later.
     """
     tab = request.query_params.get("tab", "")
     if not TAB_ID.fullmatch(tab):
@@ -80,7 +86,10 @@ async def stream_response(
     if encoder.name:
         headers["Content-Encoding"] = encoder.name
     response = StreamResponse(
-        tab_body(subscription, encoder, shutdown, keepalive=keepalive, hibernate_after=hibernate_after),
+        tab_body(
+            subscription, encoder, shutdown, keepalive=keepalive, hibernate_after=hibernate_after,
+            retry=round(1000 * random.uniform(1.0, reconnect_within)),
+        ),
         headers=headers,
         ping=0,  # a raw ping would corrupt a compressed body: keep-alives go through the encoder
         send_timeout=send_timeout,
@@ -92,7 +101,8 @@ async def stream_response(
 
 
 async def tab_body(
-    subscription: Subscription, encoder: Encoder, shutdown: anyio.Event, *, keepalive: float, hibernate_after: float
+    subscription: Subscription, encoder: Encoder, shutdown: anyio.Event, *,
+    keepalive: float, hibernate_after: float, retry: int | None = None,
 ) -> AsyncIterator[bytes]:
     """`stream.body`, ended cleanly by server shutdown (sse-starlette sees uvicorn's signal), so
     the page's `retry: 'always'` reconnects to the next process; the subscription closes after."""
@@ -100,7 +110,7 @@ async def tab_body(
     on_shutdown = asyncio.ensure_future(shutdown.wait())
     on_shutdown.add_done_callback(lambda _: stream.end())
     try:
-        async for chunk in stream.body(encoder, keepalive=keepalive, hibernate_after=hibernate_after):
+        async for chunk in stream.body(encoder, keepalive=keepalive, hibernate_after=hibernate_after, retry=retry):
             yield chunk
     finally:
         on_shutdown.cancel()

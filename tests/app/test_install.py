@@ -102,6 +102,7 @@ def test_each_example_starts_from_a_bare_install_and_streams_a_command(example: 
     with httpx.stream("GET", url, headers={"Accept-Encoding": "identity"}, timeout=30) as stream:
         assert stream.status_code == 200
         lines = stream.iter_lines()
+        assert next(lines).startswith("retry: ")  # when to come back, in the first event
         assert next(lines) == "event: datastar-patch-elements"  # the first paint
         command = {"tab": "bare1", "op": 1, **body}
         posted = httpx.post(base + route, json=command, headers=SAME_ORIGIN)

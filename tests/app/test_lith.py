@@ -535,6 +535,7 @@ def test_a_rejected_command_reaches_its_tab_with_the_done_signal(counter: tuple[
     with httpx.stream("GET", url, headers={"Accept-Encoding": "identity"}, timeout=10) as stream:
         assert stream.status_code == 200
         lines = stream.iter_lines()
+        assert next(lines).startswith("retry: ")  # when to come back, in the first event
         assert next(lines) == "event: datastar-patch-elements"  # the first frame is there
         response = httpx.post(f"{server.url}/add", json={"tab": "done1", "n": 500, "op": 41}, headers=SAME_ORIGIN)
         assert response.status_code == 422
@@ -627,5 +628,15 @@ def test_each_default_is_the_parts_own() -> None:
         own = inspect.signature(part).parameters
         for setting, name in names.items():
             assert lith[setting].default == own[name].default, (setting, part)
-    for name in ("same_origin_only", "max_body", "error_id", "keepalive", "hibernate_after", "send_timeout"):
+    for name in ("same_origin_only", "max_body", "error_id", "keepalive", "hibernate_after", "send_timeout",
+                 "reconnect_within"):
         assert lith[name].default == getattr(WebSettings, name), name
+
+
+@pytest.mark.parametrize("value", [0.5, "5", True])
+def test_a_reconnect_window_below_datastars_own_second_or_not_a_number_is_refused(tmp_path: Path, value: object) -> None:
+    from fastapi_lith import Lith, SettingError
+
+    with pytest.raises(SettingError, match="reconnect_within"):
+        Lith(tmp_path / "a.db", reconnect_within=value)  # type: ignore[arg-type]
+    assert Lith(tmp_path / "b.db", reconnect_within=1.0).reconnect_within == 1.0

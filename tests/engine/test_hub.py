@@ -297,8 +297,9 @@ async def test_open_returns_with_every_first_frame_even_when_another_tab_renders
         assert not second_opening.done()
         gate.release.set()
         second = await asyncio.wait_for(second_opening, 10)
-        # Both frames were there when open returned, so the stream's first write holds both.
-        assert [f.key for f in second.received] == [f"outcome/{second.id}", "big/1"]
+        # Both frames were there when open returned, so the stream's first write holds both
+        # (its outcome renders in the batch after the one in flight, so it lands second).
+        assert sorted(f.key for f in second.received) == ["big/1", f"outcome/{second.id}"]
         await first
 
 
@@ -742,3 +743,31 @@ async def test_a_registry_of_its_own_renders_when_touched_without_a_commit_and_o
         hub.touched(["gauge"])  # nobody watches: no instance, nothing to render
         assert await hub.tick() == 0
         assert renders == [2] and hub.instances == {}
+
+
+async def test_opening_streams_hold_one_reader_at_most_so_a_tick_still_renders(tmp_path: Path) -> None:
+    lith, _ = make_lith(tmp_path)
+    release = threading.Event()
+    entered = threading.Semaphore(0)
+
+    @lith.view("slow/{tab}", topics={"slow"})
+    def slow(db: Db, tab: str) -> h.Element:
+        entered.release()
+        assert release.wait(30), "the test never released the renders"
+        return h.p(id="slow")[tab]
+
+    async with Tabs(lith) as tabs:
+        live = await tabs.open("board/1")
+        first = asyncio.ensure_future(tabs.open("slow/{tab}"))
+        assert await asyncio.to_thread(entered.acquire, True, 30), "the first open never rendered"
+        # Without batching the next opens would take the second reader too, and the tick below
+        # would wait for them.
+        later = [asyncio.ensure_future(tabs.open("slow/{tab}")) for _ in range(20)]
+        await tabs.do(Add())
+        try:
+            assert await asyncio.wait_for(tabs.tick(), 10) == 1
+            assert live.html("board/1") == '<p id="board-1">1</p>'
+        finally:
+            release.set()
+        opened = await asyncio.wait_for(asyncio.gather(first, *later), 10)
+        assert all(tab.html("slow/{tab}".replace("{tab}", tab.id)) for tab in opened)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import time
 import zlib
@@ -131,6 +132,9 @@ def test_each_encoding_decodes_event_by_event_into_the_same_events(server: Serve
         assert headers["vary"] == "Accept-Encoding"
         assert headers["content-type"].startswith("text/event-stream")
     first = {e: r.next_event()[0] for e, r in readers.items()}
+    # Each stream's first event opens with its own `retry:` (web/sse.py draws one per stream).
+    assert all(re.match(r"retry: \d+\n", event) for event in first.values())
+    first = {e: event.split("\n", 1)[1] for e, event in first.items()}
     assert len(set(first.values())) == 1
     assert first["identity"].startswith("event: datastar-patch-elements\ndata: elements <main id=\"board\">")
     assert 130_000 < len(first["identity"]) < 160_000
@@ -466,6 +470,34 @@ async def test_frames_waiting_together_go_out_in_one_write() -> None:
     assert chunks == [sse_event(one) + sse_event(two), b""]
 
 
+async def test_the_retry_field_opens_the_first_event_once_through_the_encoder() -> None:
+    from fastapi_lith.engine.encoders import IdentityEncoder, ZstdEncoder
+    from fastapi_lith.engine.frames import Frame
+    from fastapi_lith.engine.streams import KEEPALIVE, Stream
+
+    stream = Stream("t1")
+    one = Frame("a", "<p id='a'>1</p>")
+    stream.offer(one)
+    decoder = Decoder("zstd")
+    text = b""
+
+    def progress(chunks: list[bytes]) -> bool:
+        nonlocal text
+        text += decoder.feed(chunks[-1])
+        if text.count(KEEPALIVE) == 1:
+            stream.offer(Frame("a", "<p id='a'>2</p>"))
+        return text.count(b"event:") >= 2
+
+    await collect(stream, ZstdEncoder(), progress, keepalive=0.05, retry=2345)
+    assert text.startswith(b"retry: 2345\n" + sse_event(one))
+    assert text.count(b"retry:") == 1
+
+    # A stream whose first write is a keep-alive sends it there.
+    idle = Stream("t2")
+    chunks = await collect(idle, IdentityEncoder(), lambda c: True, keepalive=0.01, retry=1500)
+    assert chunks[0] == b"retry: 1500\n" + KEEPALIVE
+
+
 async def test_an_awake_stream_sends_keepalives_without_hibernating() -> None:
     from fastapi_lith.engine.encoders import ZstdEncoder
     from fastapi_lith.engine.frames import Frame
@@ -616,7 +648,8 @@ async def test_a_stream_sends_its_views_then_their_changes_and_closes_on_disconn
         exchange = Exchange(response, "zstd")
         await exchange.until('<p id="board-2">0</p>')
         assert '<p id="board-1">0</p>' in exchange.text and "nothing happens here" in exchange.text
-        assert exchange.text.startswith("event: datastar-patch-elements")  # no raw ping before it
+        # No raw ping before it: the first event opens with the stream's `retry:` field alone.
+        assert re.match(r"retry: \d+\nevent: datastar-patch-elements", exchange.text)
         await lith.writer.do(Add(n=5))
         await exchange.until('<p id="board-1">5</p>')
         [stream] = lith.hub.streams

@@ -1,0 +1,103 @@
+"""Two thousand real tabs on a real uvicorn: asleep and awake, a restart, the reconnects' spread.
+
+Each tab is a real HTTP/1.1 SSE stream from bench/lib/tabs.py's client, decoded as it arrives
+and reconnected as Datastar 1.0 does; the server is the counter example (bench/lib/tabsapp.py)
+with the unit's flags. Every wait is on a condition, bounded so a hang fails instead.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bench.lib import client
+from bench.lib.server import Server
+from bench.lib.tabs import COUNTER, Herd, raise_file_limit
+
+TABS = 2000
+SHARED = "/lith/stream?views=counter,outcome/{tab}&tab={tab}"
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[object]:
+    raise_file_limit()
+    servers: list[Server] = []
+
+    def start(**env: str) -> Server:
+        server = Server("bench.lib.tabsapp:app", env={"COUNTER_DB": str(tmp_path / "counter.db"), **env},
+                        access_log=False, log=tmp_path / f"server-{len(servers)}.log")
+        servers.append(server)
+        return server.start()
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+async def change(herd: Herd, timeout: float = 40) -> int:
+    """POST /add and wait until every tab shows the new count; the tabs that never did."""
+    value = max(t.latest for t in herd.tabs) + 1
+    herd.watch(value)
+    status, _ = await herd.post("/add", {"n": 1})
+    assert status == 204
+    await herd.until(lambda h: h.current >= len(h.tabs), timeout)
+    return herd.missed(value)
+
+
+def test_two_thousand_tabs_fall_asleep_and_wake_without_losing_a_change(serve) -> None:  # type: ignore[no-untyped-def]
+    server = serve(TABS_HIBERNATE_AFTER="1")
+
+    async def run() -> None:
+        herd = Herd(server.port, SHARED, COUNTER, encoding="zstd")
+        try:
+            await herd.open(TABS, timeout=50)
+            for _ in range(2):
+                assert await herd.until(lambda h: h.asleep >= TABS, 30), f"{herd.asleep} of {TABS} hibernated"
+                assert await change(herd) == 0
+            assert all(t.connects == 1 for t in herd.tabs), "a stream ended instead of hibernating"
+        finally:
+            await herd.close()
+
+    client.run(run())
+
+
+def test_a_restart_with_two_thousand_tabs_brings_every_one_back_current(serve) -> None:  # type: ignore[no-untyped-def]
+    server = serve(TABS_RECONNECT_WITHIN="2")
+
+    async def run() -> None:
+        herd = Herd(server.port, SHARED, COUNTER, encoding="zstd")
+        try:
+            await herd.open(TABS, timeout=50)
+            server.stop(signal.SIGTERM)
+            server.start()
+            assert await change(herd, timeout=50) == 0
+            assert all(t.connects == 2 for t in herd.tabs)
+            assert herd.statuses() == {}, "answers other than 200 while the tabs came back"
+        finally:
+            await herd.close()
+
+    client.run(run())
+
+
+@pytest.mark.parametrize("encoding", ["zstd", "br", "gzip", "identity"])
+def test_each_stream_tells_its_tab_when_to_come_back_spread_over_the_window(serve, encoding: str) -> None:  # type: ignore[no-untyped-def]
+    server = serve(TABS_RECONNECT_WITHIN="3")
+    count = 300
+
+    async def run() -> list[int]:
+        herd = Herd(server.port, SHARED, COUNTER, encoding=encoding)
+        try:
+            await herd.open(count, timeout=50)
+            # One `retry:` per stream, in its first event: decoded out of the compressed body.
+            assert all(len(t.retries) == 1 and t.arrivals for t in herd.tabs)
+            return [t.retries[0] for t in herd.tabs]
+        finally:
+            await herd.close()
+
+    retries = client.run(run())
+    assert all(1000 <= r <= 3000 for r in retries), retries
+    assert len(set(retries)) > count * 3 // 4, "the values are not drawn for each stream"
+    assert min(retries) < 1500 and max(retries) > 2500, "the values do not spread over the window"
