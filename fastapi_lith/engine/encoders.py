@@ -79,8 +79,8 @@ ZSTD_FRAMES = 4
 
 
 def _zstd_window_log(size: int) -> int:
-    """A window that holds `ZSTD_FRAMES` writes of `size` bytes, within 2^17..2^23."""
-    return min(max(17, (ZSTD_FRAMES * size - 1).bit_length()), ZstdEncoder.MAX_WINDOW_LOG)
+    """A window that holds `ZSTD_FRAMES` writes of `size` bytes, within 2^10..2^23."""
+    return min(max(zstandard.WINDOWLOG_MIN, (ZSTD_FRAMES * size - 1).bit_length()), ZstdEncoder.MAX_WINDOW_LOG)
 
 
 class ZstdEncoder(Encoder):
@@ -91,8 +91,11 @@ class ZstdEncoder(Encoder):
     starts with an empty window, so its first event costs about what a fresh stream's does.
 
     The window is sized from the stream's first write unless `window_log` is given: room for
-    `ZSTD_FRAMES` writes of that size, between 2^17 and 2^23, so a big board gets a window that
-    reaches back far enough and a small page keeps a small one. `level`, `window_log` and
+    `ZSTD_FRAMES` writes of that size, between 2^10 and 2^23, so a big board gets a window that
+    reaches back far enough and a counter's stream keeps about 30 KiB instead of 80. A later
+    write too large for that window ends the zstd frame and starts one sized from it, in the
+    same body: a view that grows costs one fresh frame, not a window too short from then on.
+    `level`, `window_log` and
     `hash_log` pick zstd's parameters; any other field of `zstandard.ZstdCompressionParameters`
     (chain_log, strategy, ...) can be given by name.
     """
@@ -172,16 +175,20 @@ class ZstdEncoder(Encoder):
     def encode(self, *events: bytes) -> bytes:
         if self._closed:
             raise EncoderClosed("encoder is closed")
+        head = b""
+        if self.window_log is None:  # sized by the writes: grow it for one that outgrows it
+            window_log = _zstd_window_log(sum(map(len, events)))
+            if self.params is None or window_log > self.params.window_log:
+                head = self.hibernate()
+                self.params = self._params(window_log)
         if self._stream is None:
-            if self.params is None:
-                self.params = self._params(_zstd_window_log(sum(map(len, events))))
             self._stream = zstandard.ZstdCompressor(compression_params=self.params).compressobj()
         self._sent = True
         stream = self._stream
-        if len(events) == 1:
+        if len(events) == 1 and not head:
             out: bytes = stream.compress(events[0]) + stream.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
             return out
-        parts = [stream.compress(event) for event in events]
+        parts = [head, *(stream.compress(event) for event in events)]
         parts.append(stream.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK))
         return b"".join(parts)
 
@@ -199,7 +206,9 @@ class ZstdEncoder(Encoder):
             tail = self.hibernate()
         else:
             # An empty frame, so even a stream that sent nothing has a valid zstd body.
-            tail = zstandard.ZstdCompressor(compression_params=self.params or self._params(17)).compress(b"")
+            tail = zstandard.ZstdCompressor(
+                compression_params=self.params or self._params(zstandard.WINDOWLOG_MIN)
+            ).compress(b"")
         self._closed = True
         return tail
 
