@@ -18,6 +18,8 @@ from ..engine.streams import Principal, Stream, Subscription
 from ..exceptions import AccessDenied, ViewError
 from .access import StreamTokens, refusal, stream_path
 
+_HEADERS: dict[tuple[tuple[bytes, bytes], ...], tuple[tuple[bytes, bytes], ...]] = {}
+
 
 class StreamResponse(EventSourceResponse):
     """sse-starlette's response (its headers, its HEAD), streamed in the request's own task.
@@ -37,6 +39,10 @@ class StreamResponse(EventSourceResponse):
         # sse-starlette's own ping is off: a raw ping would corrupt a compressed body, so
         # keep-alives go through the encoder.
         super().__init__(content, headers=headers, ping=0, send_timeout=send_timeout)
+        del self._send_lock  # it keeps sse-starlette's ping apart from the body: no ping here
+        # Every stream of an encoding sends the same headers: one copy of them for all.
+        raw = tuple(self.raw_headers)
+        self.raw_headers = list(_HEADERS.setdefault(raw, raw))
         self.end = end
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
