@@ -220,8 +220,8 @@ def arguments(ap: argparse.ArgumentParser) -> None:
 def measure(args: argparse.Namespace) -> harness.Result:
     limit = raise_file_limit()
     counts = [50] if args.smoke else [1_000] if args.quick else args.tabs
-    if 2 * max(counts) + 1000 > limit:
-        raise SystemExit(f"{max(counts)} tabs need about {2 * max(counts) + 1000} files here and there; "
+    if max(counts) + WARM + 500 > limit:  # a socket per tab in each process, and its own files
+        raise SystemExit(f"{max(counts)} tabs need about {max(counts) + WARM + 500} files a process; "
                          f"the limit is {limit}")
     figures: dict[str, float] = {}
     lines = [f"Server RSS growth per tab, KiB (tasks per tab), the counter example, uvicorn --http {args.http}; "
