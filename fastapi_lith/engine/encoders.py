@@ -10,6 +10,7 @@ thread: zstandard, brotli and zlib all release the GIL while they compress.
 
 from __future__ import annotations
 
+import sys
 import zlib
 from typing import Any, ClassVar
 
@@ -77,8 +78,8 @@ class IdentityEncoder(Encoder):
 # bytes (bench/RESULTS.md).
 ZSTD_FRAMES = 4
 # Bytes of compressed output a zstd stream buffers at a time: a frame's larger output comes in
-# several pieces, joined. A counter's stream holds about 5 KiB less than with 128 KiB.
-ZSTD_CHUNK = 4096
+# several pieces, joined. A counter's stream holds about 7 KiB less than with 128 KiB.
+ZSTD_CHUNK = 1024
 
 
 def _zstd_window_log(size: int) -> int:
@@ -129,6 +130,8 @@ class ZstdEncoder(Encoder):
         self.hash_log = hash_log
         self._extra = params
         self.params: Any = None if window_log is None else self._params(window_log)
+        # The largest write the sized window holds `ZSTD_FRAMES` of (None: a fixed window).
+        self._fits: int | None = 0 if window_log is None else None
         self._stream: Any = None  # a ZstdCompressionChunker while a frame is open
         self._sent = False
         self._closed = False
@@ -179,11 +182,13 @@ class ZstdEncoder(Encoder):
         if self._closed:
             raise EncoderClosed("encoder is closed")
         head = b""
-        if self.window_log is None:  # sized by the writes: grow it for one that outgrows it
-            window_log = _zstd_window_log(sum(map(len, events)))
-            if self.params is None or window_log > self.params.window_log:
+        if self._fits is not None:  # sized by the writes: grow it for one that outgrows it
+            size = len(events[0]) if len(events) == 1 else sum(map(len, events))
+            if size > self._fits:
                 head = self.hibernate()
+                window_log = _zstd_window_log(size)
                 self.params = self._params(window_log)
+                self._fits = sys.maxsize if window_log == self.MAX_WINDOW_LOG else (1 << window_log) // ZSTD_FRAMES
         if self._stream is None:
             # A chunker, not a compressobj: its output buffer is ZSTD_CHUNK bytes, where a
             # compressobj's is 128 KiB.
