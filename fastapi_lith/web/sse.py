@@ -26,10 +26,10 @@ class StreamResponse(EventSourceResponse):
 
     sse-starlette runs every response in an AnyIO task group: the body, a listener for the
     server's exit and one for the client's disconnect, each a task with its event, under a
-    cancel scope, about 25 KiB a tab (bench/memory.py). A tab's stream needs one of them: the
+    cancel scope, about 18 KiB a tab (bench/memory.py). A tab's stream needs only the last: the
     hub ends every stream at the server's stop signal (engine/shutdown.py), and uvicorn's `send`
-    returns quietly once the client is gone, so only a waiter on `receive()` learns of a
-    disconnect, and it calls `end` so the body finishes. Each send keeps `send_timeout` on one
+    returns quietly once the client is gone, so a waiter on `receive()` is the one way to learn
+    of a disconnect; it calls `end` and the body finishes. Each send keeps `send_timeout` on one
     asyncio timeout: a client that stops reading is ended after it.
     """
 
