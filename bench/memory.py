@@ -5,6 +5,8 @@ tab) under uvicorn with the deploy's flags, and N real streams from a raw asynci
 uvloop in this process (bench/lib/client.py), each read until its first frames arrived. A
 fresh server per figure: its RSS after a warm-up (a few hundred streams opened and closed, so
 the allocators hold what a stream needs) is the baseline, its RSS with N tabs open the figure.
+New streams first reuse what the warm-up freed, so a figure at 1,000 tabs reads several KiB
+low; at 10,000 that is a tenth as much.
 
   awake       the tabs' encoders hold their compressors (hibernate_after longer than the run)
   hibernated  zstd only: every stream idle past a short hibernate_after, its compressor freed
