@@ -82,7 +82,7 @@ def make_app() -> Any:
     api.get("/sse")(lambda n, size: sse(chunks(n, size), timeout=False))
     api.get("/sse+timeout")(lambda n, size: sse(chunks(n, size), timeout=True))
     api.get("/lith-timeout")(
-        lambda n, size: StreamResponse(chunks(n, size), end=lambda: None, send_timeout=10.0, headers={}))
+        lambda n, size: StreamResponse(chunks(n, size), stream=None, send_timeout=10.0, headers={}))
 
     class Feeder:
         """The hub's part: offers the next frame the moment the fan-out takes one, `n` in all."""
@@ -108,7 +108,7 @@ def make_app() -> Any:
         stream.watch(subscription)
         stream.offer(frame)
         return StreamResponse(tab_body(subscription, IdentityEncoder(), keepalive=15.0, hibernate_after=30.0),
-                              end=stream.end, send_timeout=10.0, headers={})
+                              stream=stream, send_timeout=10.0, headers={})
 
     @api.post("/post", status_code=204)
     async def post(move: Move) -> None:

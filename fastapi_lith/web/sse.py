@@ -29,12 +29,13 @@ class StreamResponse(EventSourceResponse):
     cancel scope, about 18 KiB a tab (bench/memory.py). A tab's stream needs only the last: the
     hub ends every stream at the server's stop signal (engine/shutdown.py), and uvicorn's `send`
     returns quietly once the client is gone, so a waiter on `receive()` is the one way to learn
-    of a disconnect; it calls `end` and the body finishes. Each send keeps `send_timeout` on one
-    asyncio timeout: a client that stops reading is ended after it.
+    of a disconnect; it ends `stream`, the tab's stream the body writes, and the body finishes.
+    Each send keeps `send_timeout` on one asyncio timeout: a client that stops reading is ended
+    after it.
     """
 
     def __init__(
-        self, content: AsyncIterator[bytes], *, end: Callable[[], None], send_timeout: float, headers: dict[str, str]
+        self, content: AsyncIterator[bytes], *, stream: Stream | None, send_timeout: float, headers: dict[str, str]
     ) -> None:
         # sse-starlette's own ping is off: a raw ping would corrupt a compressed body, so
         # keep-alives go through the encoder.
@@ -43,7 +44,7 @@ class StreamResponse(EventSourceResponse):
         # Every stream of an encoding sends the same headers: one copy of them for all.
         raw = tuple(self.raw_headers)
         self.raw_headers = list(_HEADERS.setdefault(raw, raw))
-        self.end = end
+        self.stream = stream
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] == "HEAD":
@@ -72,6 +73,10 @@ class StreamResponse(EventSourceResponse):
         while (await receive())["type"] != "http.disconnect":
             pass
         self.end()
+
+    def end(self) -> None:
+        if self.stream is not None:
+            self.stream.end()
 
     async def _send_with_timeout(self, send: Send, message: Message) -> None:
         if self.send_timeout is None:
@@ -121,7 +126,7 @@ async def stream_response(
         headers["Content-Encoding"] = encoder.name
     return StreamResponse(
         tab_body(subscription, encoder, keepalive=keepalive, hibernate_after=hibernate_after),
-        end=subscription.stream.end,
+        stream=subscription.stream,
         send_timeout=send_timeout,
         headers=headers,
     )
