@@ -10,7 +10,7 @@ Layers, each adding one thing to the one above:
   starlette     Starlette's StreamingResponse over an async generator
   sse           sse-starlette's EventSourceResponse, no ping, no send timeout
   sse+timeout   the same with a send timeout and a shutdown event (an AnyIO cancel scope per send)
-  lith-timeout  the same through the library's `StreamResponse` (one asyncio timeout per send)
+  lith-timeout  the library's `StreamResponse` instead: the request's own task, one asyncio timeout per send
   lith          the library's stream body: frames offered to a `Stream`, encoded (identity) by
                 the fan-out, written by the tab's body inside `StreamResponse`; a frame is
                 offered as soon as the previous one is taken
@@ -71,16 +71,18 @@ def make_app() -> Any:
 
         return gen()
 
-    def sse(gen: Any, timeout: bool, cls: Any = EventSourceResponse) -> Any:
+    def sse(gen: Any, timeout: bool) -> Any:
         if not timeout:
-            return cls(gen, ping=0)
-        return cls(gen, ping=0, send_timeout=10.0, shutdown_event=anyio.Event(), shutdown_grace_period=1.0)
+            return EventSourceResponse(gen, ping=0)
+        return EventSourceResponse(gen, ping=0, send_timeout=10.0, shutdown_event=anyio.Event(),
+                                   shutdown_grace_period=1.0)
 
     api.get("/")(lambda: PlainTextResponse("ok"))
     api.get("/starlette")(lambda n, size: StreamingResponse(chunks(n, size), media_type="text/event-stream"))
     api.get("/sse")(lambda n, size: sse(chunks(n, size), timeout=False))
     api.get("/sse+timeout")(lambda n, size: sse(chunks(n, size), timeout=True))
-    api.get("/lith-timeout")(lambda n, size: sse(chunks(n, size), timeout=True, cls=StreamResponse))
+    api.get("/lith-timeout")(
+        lambda n, size: StreamResponse(chunks(n, size), stream=None, send_timeout=10.0, headers={}))
 
     class Feeder:
         """The hub's part: offers the next frame the moment the fan-out takes one, `n` in all."""
@@ -105,9 +107,8 @@ def make_app() -> Any:
         subscription = Subscription(Feeder(stream, n, frame), stream, ("k",))
         stream.watch(subscription)
         stream.offer(frame)
-        shutdown = anyio.Event()
-        return StreamResponse(tab_body(subscription, IdentityEncoder(), shutdown, keepalive=15.0, hibernate_after=30.0),
-                              ping=0, send_timeout=10.0, shutdown_event=shutdown, shutdown_grace_period=1.0)
+        return StreamResponse(tab_body(subscription, IdentityEncoder(), keepalive=15.0, hibernate_after=30.0),
+                              stream=stream, send_timeout=10.0, headers={})
 
     @api.post("/post", status_code=204)
     async def post(move: Move) -> None:

@@ -10,6 +10,7 @@ thread: zstandard, brotli and zlib all release the GIL while they compress.
 
 from __future__ import annotations
 
+import sys
 import zlib
 from typing import Any, ClassVar
 
@@ -76,11 +77,14 @@ class IdentityEncoder(Encoder):
 # room for about two writes a moved card costs kilobytes, with four to seven a few hundred
 # bytes (bench/RESULTS.md).
 ZSTD_FRAMES = 4
+# Bytes of compressed output a zstd stream buffers at a time: a frame's larger output comes in
+# several pieces, joined. A counter's stream holds about 7 KiB less than with 128 KiB.
+ZSTD_CHUNK = 1024
 
 
 def _zstd_window_log(size: int) -> int:
-    """A window that holds `ZSTD_FRAMES` writes of `size` bytes, within 2^17..2^23."""
-    return min(max(17, (ZSTD_FRAMES * size - 1).bit_length()), ZstdEncoder.MAX_WINDOW_LOG)
+    """A window that holds `ZSTD_FRAMES` writes of `size` bytes, within 2^10..2^23."""
+    return min(max(zstandard.WINDOWLOG_MIN, (ZSTD_FRAMES * size - 1).bit_length()), ZstdEncoder.MAX_WINDOW_LOG)
 
 
 class ZstdEncoder(Encoder):
@@ -91,8 +95,11 @@ class ZstdEncoder(Encoder):
     starts with an empty window, so its first event costs about what a fresh stream's does.
 
     The window is sized from the stream's first write unless `window_log` is given: room for
-    `ZSTD_FRAMES` writes of that size, between 2^17 and 2^23, so a big board gets a window that
-    reaches back far enough and a small page keeps a small one. `level`, `window_log` and
+    `ZSTD_FRAMES` writes of that size, between 2^10 and 2^23, so a big board gets a window that
+    reaches back far enough and a counter's stream keeps about 30 KiB instead of 80. A later
+    write too large for that window ends the zstd frame and starts one sized from it, in the
+    same body: a view that grows costs one fresh frame, not a window too short from then on.
+    `level`, `window_log` and
     `hash_log` pick zstd's parameters; any other field of `zstandard.ZstdCompressionParameters`
     (chain_log, strategy, ...) can be given by name.
     """
@@ -123,7 +130,9 @@ class ZstdEncoder(Encoder):
         self.hash_log = hash_log
         self._extra = params
         self.params: Any = None if window_log is None else self._params(window_log)
-        self._stream: Any = None  # a ZstdCompressionObj while a frame is open
+        # The largest write the sized window holds `ZSTD_FRAMES` of (None: a fixed window).
+        self._fits: int | None = 0 if window_log is None else None
+        self._stream: Any = None  # a ZstdCompressionChunker while a frame is open
         self._sent = False
         self._closed = False
 
@@ -172,23 +181,31 @@ class ZstdEncoder(Encoder):
     def encode(self, *events: bytes) -> bytes:
         if self._closed:
             raise EncoderClosed("encoder is closed")
+        head = b""
+        if self._fits is not None:  # sized by the writes: grow it for one that outgrows it
+            size = len(events[0]) if len(events) == 1 else sum(map(len, events))
+            if size > self._fits:
+                head = self.hibernate()
+                window_log = _zstd_window_log(size)
+                self.params = self._params(window_log)
+                self._fits = sys.maxsize if window_log == self.MAX_WINDOW_LOG else (1 << window_log) // ZSTD_FRAMES
         if self._stream is None:
-            if self.params is None:
-                self.params = self._params(_zstd_window_log(sum(map(len, events))))
-            self._stream = zstandard.ZstdCompressor(compression_params=self.params).compressobj()
+            # A chunker, not a compressobj: its output buffer is ZSTD_CHUNK bytes, where a
+            # compressobj's is 128 KiB.
+            compressor = zstandard.ZstdCompressor(compression_params=self.params)
+            self._stream = compressor.chunker(chunk_size=ZSTD_CHUNK)
         self._sent = True
         stream = self._stream
-        if len(events) == 1:
-            out: bytes = stream.compress(events[0]) + stream.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
-            return out
-        parts = [stream.compress(event) for event in events]
-        parts.append(stream.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK))
+        parts = [head]
+        for event in events:
+            parts += stream.compress(event)
+        parts += stream.flush()
         return b"".join(parts)
 
     def hibernate(self) -> bytes:
         if self._stream is None:
             return b""
-        tail: bytes = self._stream.flush(zstandard.COMPRESSOBJ_FLUSH_FINISH)
+        tail = b"".join(self._stream.finish())
         self._stream = None
         return tail
 
@@ -199,7 +216,9 @@ class ZstdEncoder(Encoder):
             tail = self.hibernate()
         else:
             # An empty frame, so even a stream that sent nothing has a valid zstd body.
-            tail = zstandard.ZstdCompressor(compression_params=self.params or self._params(17)).compress(b"")
+            tail = zstandard.ZstdCompressor(
+                compression_params=self.params or self._params(zstandard.WINDOWLOG_MIN)
+            ).compress(b"")
         self._closed = True
         return tail
 

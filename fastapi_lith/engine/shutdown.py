@@ -4,7 +4,8 @@ uvicorn's SIGTERM handler only sets `server.should_exit`; sse-starlette notices 
 that sleeps 0.5 s between looks, and uvicorn waits for every open response before the app's
 lifespan ends. So each process held its streams for up to half a second of every restart
 (bench/restart.py). A started hub puts a relay in front of the server's handler: it ends the
-hubs' streams on the event loop, then calls that handler as before.
+hubs' streams on the event loop, then calls that handler as before. It is a stream's only end
+at a stop: the responses keep no exit listener of their own (web/sse.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,14 @@ from collections.abc import Callable
 from typing import Any
 
 _ends: dict[int, tuple[asyncio.AbstractEventLoop, Callable[[], None]]] = {}
+_signalled = False  # a relay saw the stop signal: a stream that opens after it ends at once
+
+
+def exit_signalled() -> bool:
+    """Whether a server of this process was told to stop. Set in the signal handler before the
+    hubs' `end` is scheduled: a stream that opens later sees it, one open before is ended by
+    its hub."""
+    return _signalled
 
 
 def end_on_exit_signal(owner: object, end: Callable[[], None]) -> None:
@@ -42,6 +51,8 @@ def forget(owner: object) -> None:
 
 def _relay(previous: Callable[[int, Any], None]) -> Callable[..., None]:
     def relay(_server: object, sig: int, frame: Any) -> None:
+        global _signalled
+        _signalled = True
         for loop, end in list(_ends.values()):
             if not loop.is_closed():
                 loop.call_soon_threadsafe(end)  # the handler may run between any two bytecodes

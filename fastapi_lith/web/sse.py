@@ -6,30 +6,78 @@ import asyncio
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-import anyio
 from sse_starlette import EventSourceResponse
 from sse_starlette.sse import SendTimeoutError
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
-from starlette.types import Message, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from ..engine.commands import TAB_ID
 from ..engine.encoders import Encoder
+from ..engine.shutdown import exit_signalled
 from ..engine.streams import Principal, Stream, Subscription
 from ..exceptions import AccessDenied, ViewError
 from .access import StreamTokens, refusal, stream_path
 
+_HEADERS: dict[tuple[tuple[bytes, bytes], ...], tuple[tuple[bytes, bytes], ...]] = {}
+
 
 class StreamResponse(EventSourceResponse):
-    """sse-starlette's response, its send timeout kept on a cheaper clock.
+    """sse-starlette's response (its headers, its HEAD), streamed in the request's own task.
 
-    sse-starlette opens an AnyIO cancel scope around every chunk it sends, which costs about as
-    much as the rest of its path per chunk; one asyncio timeout does the same job for a third
-    of that (bench/send.py). A client that stops reading is still ended after `send_timeout`,
-    and its stream counts it (the metrics' `lith_stream_send_timeouts_total`).
+    sse-starlette runs every response in an AnyIO task group: the body, a listener for the
+    server's exit and one for the client's disconnect, each a task with its event, under a
+    cancel scope, about 18 KiB a tab (bench/memory.py). A tab's stream needs only the last: the
+    hub ends every stream at the server's stop signal (engine/shutdown.py), and uvicorn's `send`
+    returns quietly once the client is gone, so a waiter on `receive()` is the one way to learn
+    of a disconnect; it ends `stream`, the tab's stream the body writes, and the body finishes.
+    Each send keeps `send_timeout` on one asyncio timeout: a client that stops reading is ended
+    after it, and its stream counts it (the metrics' `lith_stream_send_timeouts_total`).
     """
 
-    stream: Stream | None = None
+    def __init__(
+        self, content: AsyncIterator[bytes], *, stream: Stream | None, send_timeout: float, headers: dict[str, str]
+    ) -> None:
+        # sse-starlette's own ping is off: a raw ping would corrupt a compressed body, so
+        # keep-alives go through the encoder.
+        super().__init__(content, headers=headers, ping=0, send_timeout=send_timeout)
+        del self._send_lock  # it keeps sse-starlette's ping apart from the body: no ping here
+        # Every stream of an encoding sends the same headers: one copy of them for all.
+        raw = tuple(self.raw_headers)
+        self.raw_headers = list(_HEADERS.setdefault(raw, raw))
+        self.stream = stream
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] == "HEAD":
+            await super().__call__(scope, receive, send)  # headers only: no body starts
+            return
+        if exit_signalled():  # opened after the hub ended its streams: end this one too
+            self.end()
+        disconnect = asyncio.ensure_future(self._until_disconnect(receive))
+        body = self.body_iterator
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            async for chunk in body:
+                await self._send_with_timeout(send, {"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except BaseException:
+            # The body waits at a `yield`: closing it runs its cleanup (the subscription closes)
+            # before the error goes on.
+            aclose = getattr(body, "aclose", None)
+            if aclose is not None:
+                await aclose()
+            raise
+        finally:
+            disconnect.cancel()
+
+    async def _until_disconnect(self, receive: Receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.end()
+
+    def end(self) -> None:
+        if self.stream is not None:
+            self.stream.end()
 
     async def _send_with_timeout(self, send: Send, message: Message) -> None:
         if self.send_timeout is None:
@@ -81,37 +129,28 @@ async def stream_response(
         return refusal(request, exc)
     except ViewError as exc:
         return PlainTextResponse(str(exc), 400)
-    shutdown = anyio.Event()
     headers = {"Vary": "Accept-Encoding"}
     if encoder.name:
         headers["Content-Encoding"] = encoder.name
-    response = StreamResponse(
+    return StreamResponse(
         tab_body(
-            subscription, encoder, shutdown, keepalive=keepalive, hibernate_after=hibernate_after,
+            subscription, encoder, keepalive=keepalive, hibernate_after=hibernate_after,
             retry=round(1000 * random.uniform(1.0, reconnect_within)),
         ),
-        headers=headers,
-        ping=0,  # a raw ping would corrupt a compressed body: keep-alives go through the encoder
+        stream=subscription.stream,
         send_timeout=send_timeout,
-        shutdown_event=shutdown,
-        shutdown_grace_period=1.0,
+        headers=headers,
     )
-    response.stream = subscription.stream
-    return response
 
 
 async def tab_body(
-    subscription: Subscription, encoder: Encoder, shutdown: anyio.Event, *,
-    keepalive: float, hibernate_after: float, retry: int | None = None,
+    subscription: Subscription, encoder: Encoder, *, keepalive: float, hibernate_after: float, retry: int | None = None
 ) -> AsyncIterator[bytes]:
-    """`stream.body`, ended cleanly by server shutdown (sse-starlette sees uvicorn's signal), so
-    the page's `retry: 'always'` reconnects to the next process; the subscription closes after."""
-    stream = subscription.stream
-    on_shutdown = asyncio.ensure_future(shutdown.wait())
-    on_shutdown.add_done_callback(lambda _: stream.end())
+    """`stream.body`, then the subscription closed. The stream ends cleanly at server shutdown
+    (the hub ends it) so the page's `retry: 'always'` reconnects to the next process."""
     try:
-        async for chunk in stream.body(encoder, keepalive=keepalive, hibernate_after=hibernate_after, retry=retry):
+        body = subscription.stream.body(encoder, keepalive=keepalive, hibernate_after=hibernate_after, retry=retry)
+        async for chunk in body:
             yield chunk
     finally:
-        on_shutdown.cancel()
         subscription.close()

@@ -18,7 +18,7 @@ import pytest
 from tests.support import REPO
 
 SCENARIOS = ("writer", "hub", "encoders", "send", "kanban", "workers", "postgres", "accounts", "replica", "restart",
-             "connects", "dashboard", "tabs")
+             "connects", "dashboard", "tabs", "memory")
 
 
 def postgres_missing() -> str | None:

@@ -287,16 +287,37 @@ def test_zstd_window_follows_the_first_write(frames: list[bytes]) -> None:
     assert 140_000 < len(frames[0]) < 150_000
     assert window(frames[0]) == 2**20
     assert window(frames[0], b"data: outcome\n\n") == 2**20  # one write of two events
-    assert window(b"x" * 10_000) == 2**17
-    assert window(b"x") == 2**17
+    assert window(b"x" * 10_000) == 2**16
+    assert window(b"x") == 2**10  # a counter's few hundred bytes: zstd's smallest window
     assert window(b"x" * 3_000_000) == 2**23
     small = ZstdEncoder()
     small.encode(b"x" * 10_000)
     assert small.memory_size() <= 0.3 * 1024 * 1024
-    # A woken stream keeps the window chosen by its first write.
+    # A woken stream keeps its window for writes that fit it.
     small.hibernate()
-    body = small.encode(frames[0])
-    assert zstandard.get_frame_parameters(body).window_size == 2**17
+    body = small.encode(b"data: a keep-alive's size\n\n")
+    assert zstandard.get_frame_parameters(body).window_size == 2**16
+
+
+def test_a_write_that_outgrows_a_sized_zstd_window_starts_a_frame_sized_from_it(frames: list[bytes]) -> None:
+    """A view that starts small and grows (an empty list filling up) gets a window for what it
+    sends now, in a new zstd frame of the same body, instead of one too short to repeat it."""
+    encoder = ZstdEncoder()
+    decoder = ZstdDecoder()
+    small = b"event: datastar-patch-elements\ndata: elements <ul id='list'></ul>\n\n"
+    first = encoder.encode(small)
+    assert zstandard.get_frame_parameters(first).window_size == 2**10
+    assert decoder.feed(first) == small
+    grown = encoder.encode(frames[0])
+    assert decoder.feed(grown) == frames[0] and decoder.frames_ended == 1  # the small frame ended
+    assert encoder.params.window_log == 20
+    again = encoder.encode(frames[1])  # the next board repeats the last one: a few hundred bytes
+    assert decoder.feed(again) == frames[1] and len(again) < 2_000
+    assert encoder.encode(small) and encoder.params.window_log == 20  # it never shrinks
+    fixed = ZstdEncoder(window_log=12)  # a window the app chose stays
+    fixed.encode(small)
+    fixed.encode(frames[0])
+    assert fixed.params.window_log == 12 and not fixed.hibernating
 
 
 def test_events_are_encoded_in_one_write_without_joining(frames: list[bytes]) -> None:
@@ -501,7 +522,7 @@ def test_zstd_preset_parameters() -> None:
     sized.encode(b"data: x\n\n")
     default = sized.params
     assert (low.window_log, low.hash_log) == (18, 13)
-    assert (default.window_log, default.hash_log) == (17, 13)  # a small first write: the smallest window
+    assert (default.window_log, default.hash_log) == (10, 6)  # a small first write: the smallest window
     assert (dense.window_log, dense.hash_log, dense.chain_log, dense.search_log, dense.min_match) == (19, 13, 14, 1, 6)
 
 
@@ -578,7 +599,7 @@ def test_the_zstd_window_holds_four_writes_of_the_first_size_exactly() -> None:
 
     assert _zstd_window_log(2**18) == 20  # four writes of 256 KiB fill 1 MiB: no more is needed
     assert _zstd_window_log(2**18 + 1) == 21
-    assert (_zstd_window_log(1), _zstd_window_log(2**30)) == (17, 23)
+    assert (_zstd_window_log(1), _zstd_window_log(2**30)) == (10, 23)
 
 
 def test_gzip_defaults_to_zlibs_own_level() -> None:

@@ -205,6 +205,25 @@ def test_disconnects_free_their_streams(server: Server) -> None:
     assert after["rss_kib"] - before["rss_kib"] < 20 * 1024, (before, after)
 
 
+def test_an_open_stream_runs_in_its_request_task_and_one_waiter(server: Server) -> None:
+    """Per stream: uvicorn's task for the request and the waiter for its disconnect, no task
+    group of listeners (a task and its events are most of what an idle tab costs)."""
+    def stats() -> dict[str, int]:
+        return httpx.get(f"{server.url}/stats").json()
+
+    before = stats()
+    contexts = [open_stream(server, "identity", f"views=board&tab=tasks{i}") for i in range(20)]
+    readers = [next(context) for context in contexts]
+    for reader in readers:
+        reader.next_event()
+    during = stats()
+    for context in contexts:
+        context.close()
+    opened = during["streams"] - before["streams"]
+    assert opened == 20, (before, during)
+    assert during["tasks"] - before["tasks"] <= 2 * opened, (before, during)
+
+
 @pytest.fixture
 def quick_server(server_factory: Any, tmp_path: Path) -> Server:
     return server_factory(
@@ -679,9 +698,27 @@ async def test_server_shutdown_ends_a_stream_cleanly_and_frees_it(tmp_path: Path
         # Idle, the body sends the app's keep-alives (through the encoder), never a raw ping.
         await exchange.until(": keep-alive\n\n" * 4)
         assert "ping" not in exchange.text
-        response._shutdown_event.set()  # what sse-starlette does when uvicorn is told to stop
+        lith.hub.end_streams()  # what the hub does when uvicorn is told to stop
         await asyncio.wait_for(exchange.task, 10)
         assert exchange.messages[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
+        assert not lith.hub.streams
+
+
+async def test_a_stream_that_opens_after_the_stop_signal_ends_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fastapi_lith.engine import shutdown
+    from fastapi_lith.engine.encoders import ZstdEncoder
+    from tests.engine.test_hub import make_lith
+
+    lith, _ = make_lith(tmp_path)
+    async with lith.lifespan():
+        response = await lith.open_stream(stream_request("views=board/1&tab=t1"), ZstdEncoder())
+        # The hub ended its streams a moment ago; this one was still being opened.
+        monkeypatch.setattr(shutdown, "_signalled", True)
+        exchange = Exchange(response, "zstd")
+        await asyncio.wait_for(exchange.task, 10)
+        assert exchange.decoder.frames_ended == 1  # a clean end: the page reconnects elsewhere
         assert not lith.hub.streams
 
 

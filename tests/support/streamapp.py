@@ -6,6 +6,7 @@ STREAM_DB, STREAM_KEEPALIVE, STREAM_HIBERNATE, STREAM_SEND_TIMEOUT, STREAM_ENCOD
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
 import tempfile
@@ -144,6 +145,7 @@ async def stats() -> dict[str, int]:
         "instances": len(lith.hub.instances),
         "hibernating": hibernating,
         "rss_kib": rss_kib(),
+        "tasks": len(asyncio.all_tasks()),
     }
 
 
