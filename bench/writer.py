@@ -12,7 +12,9 @@ ours, in the same run:
   naive    what a route would otherwise do: one transaction per command through SQLAlchemy's
            async engine on aiosqlite (`async with engine.begin(): await conn.execute(...)`)
   floor    the same SQL on raw sqlite3 in one thread, SAVEPOINT/UPDATE/RELEASE per command and
-           COMMIT per 512: what the writer thread could do with no Python around it
+           COMMIT per 512: what the writer thread could do with no Python around it; a
+           micro-benchmark, so pyperf times one batch (its wall time, one thread: its CPU, but
+           for FULL's fsync waits)
   traced   ours with every command spanned as an app with an OpenTelemetry provider has it
            (docs/tracing.md: the writer inside `lith.lifespan()`, its hub idle, the provider set
            globally), the SDK's batch processor handing the spans to an exporter that drops them;
@@ -36,12 +38,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import os
 import random
 import shutil
 import sqlite3
 import tempfile
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,10 +53,10 @@ from pydantic import Field
 
 from fastapi_lith import Command, Lith, TabCommand, Tx, Writer
 
-from .lib import conditions, harness, plot
+from .lib import conditions, harness, perf, plot
 from .lib.load import Load, produce
 from .lib.metrics import Counts
-from .lib.proc import ThreadClocks, Window
+from .lib.proc import ThreadClocks
 from .lib.profile import Spy
 from .lib.stats import NAN, median, number, ratio
 
@@ -210,40 +213,41 @@ async def naive(path: Path, sync: str, producers: int, warmup: float, seconds: f
     return figures_of(load, load.cost.cores * load.seconds, per_tx=1.0, others=load.cost.others)
 
 
-def floor(path: Path, sync: str, warmup: float, seconds: float) -> dict[str, float]:
+def floor_batch(path: str, sync: str) -> Callable[[], None]:
+    """For pyperf's workers: one batch of the floor, `BATCH` commands and their COMMIT."""
     conn = sqlite3.connect(path, isolation_level=None, cached_statements=512)
     conn.execute(f"PRAGMA synchronous = {sync}")
-    execute, i, n = conn.cursor().execute, 0, 0
-    start = time.perf_counter()
-    window = t0 = None
-    while True:
+    execute, ids = conn.cursor().execute, itertools.cycle(IDS)
+
+    def batch() -> None:
         execute("BEGIN IMMEDIATE")
         for _ in range(BATCH):
             execute("SAVEPOINT cmd")
-            execute(SQL, (1, IDS[i & MASK]))
+            execute(SQL, (1, next(ids)))
             execute("RELEASE cmd")
-            i += 1
         execute("COMMIT")
-        now = time.perf_counter()
-        if window is None:
-            if now - start >= warmup:
-                window, t0 = Window.open(), now
-            continue
-        n += BATCH
-        if now - t0 >= seconds:  # type: ignore[operator]
-            break
-    f = window.close()
+
+    return batch
+
+
+def floor(path: Path, sync: str, flags: list[str]) -> dict[str, float]:
+    """The floor is a micro-benchmark, one function in one thread: pyperf times its batch."""
+    setup = f"from bench.writer import floor_batch; batch = floor_batch({str(path)!r}, {sync!r})"
+    mean, sd = perf.timeit(f"floor {sync}", [setup], "batch()", flags, path.with_suffix(".json"))
+    conn = sqlite3.connect(path)
+    total = conn.execute("SELECT sum(count) FROM counter").fetchone()[0] or 0
     conn.close()
-    check_total(path, n)
-    return {"rate": n / f.seconds, "cpu_us": f.cores * f.seconds / n * 1e6, "per_tx": float(BATCH), "others": f.others}
+    if not total or total % BATCH:  # whole batches, and some: the timed statement wrote
+        raise AssertionError(f"{total} increments in the floor's file")
+    return {"rate": BATCH / mean, "wall_us": mean / BATCH * 1e6, "sd_pct": sd / mean * 100, "per_tx": float(BATCH)}
 
 
 def run_one(variant: str, tmp: Path, sync: str, producers: int, warmup: float, seconds: float,
-            profile: bool) -> dict[str, float]:
+            profile: bool, flags: list[str]) -> dict[str, float]:
     path = fresh_db(tmp, migrations=variant in ("ours", "tab", "uvloop", TRACED))
     try:
         if variant == "floor":
-            return floor(path, sync, warmup, seconds)
+            return floor(path, sync, flags)
         if variant == "naive":
             return asyncio.run(naive(path, sync, producers, warmup, seconds))
         coro = ours(path, sync, producers, warmup, seconds, tab=variant == "tab", profile=profile and variant == "ours",
@@ -279,11 +283,12 @@ def measure(args: argparse.Namespace) -> harness.Result:
                     if v == "floor" and p != producers[0]:
                         continue  # one thread, no producers: once per setting
                     key = f"{v} {sync} {'-' if v == 'floor' else p}"
-                    runs[key] = run_one(v, tmp, sync, p, warmup, seconds, args.profile and p == producers[-1])
+                    runs[key] = run_one(v, tmp, sync, p, warmup, seconds, args.profile and p == producers[-1],
+                                        perf.mode(args))
                     r = runs[key]
                     print(f"  {key:<22} {number(r['rate']):>9} cmd/s  {r['per_tx']:6.1f}/tx  "
-                          f"CPU {r['cpu_us']:6.1f} µs/cmd  p50 {r.get('p50_ms', NAN):6.3f} ms  "
-                          f"others {r['others']:.2f} cores", flush=True)
+                          f"{cpu(r)} µs/cmd  p50 {r.get('p50_ms', NAN):6.3f} ms  "
+                          f"others {r.get('others', NAN):.2f} cores", flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     text = table(runs, syncs, producers, variants, seconds)
@@ -305,10 +310,18 @@ def headline(runs: dict[str, dict[str, float]], syncs: list[str], producers: lis
     return out
 
 
+def cpu(r: dict[str, float]) -> str:
+    """CPU per command, or the floor's wall time per command (one thread) and its spread."""
+    if "wall_us" in r:
+        return f"{r['wall_us']:.1f} wall ± {r['sd_pct']:.0f}%"
+    return f"{r['cpu_us']:.1f}"
+
+
 def table(runs: dict[str, dict[str, float]], syncs: list[str], producers: list[int], variants: list[str],
           seconds: float) -> str:
     lines = [f"Windows of {seconds} s. Latency: from `do()` to its return, as the caller sees it. CPU: every thread "
-             "of the process per command (ours: event loop + writer thread).\n",
+             "of the process per command (ours: event loop + writer thread); the floor's is pyperf's wall time per "
+             "command, ± its standard deviation.\n",
              "| sync | P | variant | commands/s | per transaction | commit ms (busy) | p50 / p99 ms | CPU µs/command "
              "| ours / floor, wall | lith (Go) at 200 |", "|---|---:|---|---:|---:|---:|---:|---:|---:|---|"]
     for sync in syncs:
@@ -324,9 +337,10 @@ def table(runs: dict[str, dict[str, float]], syncs: list[str], producers: list[i
                 lith = f"{go[0]:,} ({go[1]})" if go else ""
                 commit = f"{r['commit_ms']:.2f} ({r['busy']:.0%})" if "commit_ms" in r else ""
                 lines.append(
-                    f"| {sync} | {'–' if v == 'floor' else p} | {v} | {number(r['rate'])} | {r['per_tx']:.1f} | {commit} "
+                    f"| {sync} | {'–' if v == 'floor' else p} | {v} | {number(r['rate'])} | {r['per_tx']:.1f} "
+                    f"| {commit} "
                     f"| {number(r.get('p50_ms', NAN), 3)} / {number(r.get('p99_ms', NAN), 3)} "
-                    f"| {r['cpu_us']:.1f}{split} "
+                    f"| {cpu(r)}{split} "
                     f"| {vs_floor} | {lith} |")
     return "\n".join(lines)
 
