@@ -45,11 +45,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import htpy as h
+from datastar_py.sse import ServerSentEventGenerator
 from markupsafe import Markup
 from pydantic import Field
 
 from examples.kanban.synthetic import LANE_TITLES, LANES, make_cards
-from datastar_py.sse import ServerSentEventGenerator
 from fastapi_lith import Command, Db, Frame, Lith, Stream, Tx, fragment
 
 from .lib import harness
@@ -229,7 +229,8 @@ async def run(sc: Scenario, folder: Path, warmup: float, seconds: float, rate: f
                 edges["spy"] = Spy(os.getpid(), seconds)
 
         def closed() -> None:
-            edges.update(counts=Counts.of(metrics) - edges["start"], lost=sum(s.skipped for s in keepers) - edges["lost"],
+            edges.update(counts=Counts.of(metrics) - edges["start"],
+                         lost=sum(s.skipped for s in keepers) - edges["lost"],
                          figures=edges["window"].close(), cores=edges["threads"].cores())
 
         # Bumps at 25/s per alone board: each of those boards changes every 50 ms tick.
@@ -307,7 +308,8 @@ def table(results: dict[str, dict[str, Any]], seconds: float) -> str:
             ("… event loop thread", "loop", 3, None), ("… reader threads", "readers", 3, None),
             ("… writer thread", "writer", 3, None), ("threads waiting for a CPU (cores)", "waiting", 3, None),
             ("others' cores", "others", 2, None), ("tick mean ms", "tick_mean_ms", 2, None),
-            ("tick p95 ms (buckets)", "tick_p95_ms", 2, LITH["tick_p95_ms"]), ("commit p50 ms", "commit_p50_ms", 3, None),
+            ("tick p95 ms (buckets)", "tick_p95_ms", 2, LITH["tick_p95_ms"]),
+            ("commit p50 ms", "commit_p50_ms", 3, None),
             ("commit p99 ms", "commit_p99_ms", 3, None), ("commands/s", "commands_s", 0, None),
             ("board bytes", "html_bytes", 0, 142_067), ("fragment cache exact", "cache_exact", 0, None),
             ("streams ending on the current board", "streams_current", 0, None)]

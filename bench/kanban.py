@@ -18,8 +18,8 @@ decoding the acting tab's event that carries its op), post→204, board frames p
 second, compressed bytes per frame, server cores and CPU per board frame, MiB per stream, and
 lost moves; and the server's own view, scraped from its metrics as the example's operator
 (`GET /lith/metrics`): renders and ticks per second, late ticks, frames and bytes sent, and the
-writer's commands per batch and busy share. Beside them, the ceiling: the same MoveCard commands from 200 producers through
-`await writer.do(cmd)` in one process, no HTTP.
+writer's commands per batch and busy share. Beside them, the ceiling: the same MoveCard
+commands from 200 producers through `await writer.do(cmd)` in one process, no HTTP.
 
     python -m bench.kanban                          # 5 runs of 20 s and the ceiling: about 3 minutes
     python -m bench.kanban --quick --plot           # bench/plots/kanban-latency.svg
@@ -129,7 +129,8 @@ def served(m: Counts | None, seconds: float) -> dict[str, float]:
     if m is None:
         return {}
     frames = m.get("lith_stream_frames_total")
-    return {"renders_s": m.total("lith_hub_renders_total") / seconds, "ticks_s": m.get("lith_hub_ticks_total") / seconds,
+    return {"renders_s": m.total("lith_hub_renders_total") / seconds,
+            "ticks_s": m.get("lith_hub_ticks_total") / seconds,
             "late_ticks": m.get("lith_hub_late_ticks_total"), "frames_sent_s": frames / seconds,
             "sent_bytes_per_frame": m.get("lith_stream_bytes_total", stage="sent") / frames if frames else NAN,
             "per_batch": m.mean("lith_writer_batch_size"),
@@ -305,7 +306,8 @@ def table(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
             ("server ms CPU per board frame", "server_ms_per_board_frame", 3), ("MiB per stream", "mib_per_stream", 2),
             ("server threads waiting for a CPU (cores)", "waiting", 2), ("client cores", "client_cores", 2),
             ("others' cores", "others", 2), ("lost moves", "lost", 0), ("reconnects", "reconnects", 0),
-            ("server: renders/s", "renders_s", 1), ("server: ticks/s", "ticks_s", 1), ("server: late ticks", "late_ticks", 0),
+            ("server: renders/s", "renders_s", 1), ("server: ticks/s", "ticks_s", 1),
+            ("server: late ticks", "late_ticks", 0),
             ("server: frames sent/s", "frames_sent_s", 0), ("server: bytes sent per frame", "sent_bytes_per_frame", 0),
             ("server: commands per batch", "per_batch", 1), ("server: writer busy", "writer_busy", 2)]
     lines = [f"{args.tabs} tabs, {args.workers} server process(es); rows: offered moves/s by encoding.\n",

@@ -56,10 +56,10 @@ def reaches(source: str, *, private_imports: bool = False) -> list[str]:
             elif name in ENGINE_COUNTERS:
                 found.append(f"{line}: .{name} (an engine counter: read lith.metrics)")
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "setattr"):
-            if len(node.args) > 1 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
-                name = node.args[1].value
-                if name.startswith("_") and not name.startswith("__"):
-                    found.append(f"{line}: {node.func.id}(..., {name!r})")
+            named = node.args[1] if len(node.args) > 1 else None
+            if isinstance(named, ast.Constant) and isinstance(named.value, str) and named.value.startswith("_") \
+                    and not named.value.startswith("__"):
+                found.append(f"{line}: {node.func.id}(..., {named.value!r})")
     return found
 
 
