@@ -274,7 +274,7 @@ def arguments(ap: argparse.ArgumentParser) -> None:
 
 def measure(args: argparse.Namespace) -> harness.Result:
     names = args.only.split(",") if args.only else ["normal"] if args.smoke else list(SCENARIOS)
-    warmup, seconds = (0.3, 0.8) if args.smoke else (1.0, 8.0) if args.quick else (2.0, args.seconds or 30.0)
+    warmup, seconds = (0.3, 0.8) if args.smoke else (1.0, 5.0) if args.quick else (2.0, args.seconds or 30.0)
     tmp = Path(tempfile.mkdtemp(prefix="lith-bench-hub-"))
     results: dict[str, dict[str, Any]] = {}
     try:

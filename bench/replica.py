@@ -215,7 +215,7 @@ def arguments(ap: argparse.ArgumentParser) -> None:
 
 def measure(args: argparse.Namespace) -> harness.Result:
     producers = [50] if args.smoke else [int(p) for p in args.producers.split(",")]
-    reps, seconds, rpo_runs, mb = (1, 0.3, 1, 2) if args.smoke else (2, 2.0, 3, args.mb) if args.quick \
+    reps, seconds, rpo_runs, mb = (1, 0.3, 1, 2) if args.smoke else (2, 1.0, 2, args.mb) if args.quick \
         else (args.reps, args.seconds, args.rpo_runs, args.mb)
     runs: dict[str, list[dict[str, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="lith-bench-replica-") as folder:
