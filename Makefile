@@ -29,7 +29,7 @@ docs: $(STAMP)
 
 # A quick pass of every benchmark (bench/RESULTS.md says what they measure): under ten minutes
 # on two cores. `python -m bench.NAME --help` for one scenario's own flags, and --against REV.
-BENCHES := writer hub encoders send kanban workers postgres accounts replica restart connects tabs memory
+BENCHES := writer hub encoders send kanban workers postgres accounts replica restart connects dashboard tabs memory
 bench: $(STAMP)
 	for name in $(BENCHES); do $(BIN)/python -m bench.$$name --quick || exit 1; done
 

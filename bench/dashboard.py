@@ -1,7 +1,7 @@
 """The dashboard's cost: the server's CPU with 0, 1, 10 and 50 dashboards watching a kanban board's load.
 
 The kanban example (`examples/kanban`, a board seeded with `--cards` cards) runs as its own
-uvicorn with the deploy's flags and its dashboard mounted (bench/lib/dashboard_app.py). Over
+uvicorn with the deploy's flags, its dashboard and metrics behind its operator's password. Over
 every run the same modest load: `--tabs` tabs watch the board (zstd) while as many producers
 move cards at `--rate` moves/s in all. Each run adds W dashboard streams (zstd), opened before
 the warm-up, then measures one window:
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import random
 import shutil
@@ -36,11 +37,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
-from .kanban import BOARD, layout, seed
+from .kanban import BOARD, OPERATOR, layout, seed
 from .lib import client, harness
 from .lib.load import produce
+from .lib.metrics import Counts
 from .lib.proc import Window
 from .lib.server import Server
 from .lib.stats import NAN, number
@@ -48,11 +49,14 @@ from .lib.stats import NAN, number
 VIEWS = ("lith-dashboard/numbers", "lith-dashboard/plots")
 
 
+BASIC = "Basic " + base64.b64encode(":".join(OPERATOR).encode()).decode()  # the operator's, as a browser sends it
+
+
 def renders(port: int) -> dict[str, float]:
-    """lith_hub_renders_total by view, from the app's metrics."""
-    text = httpx.get(f"http://127.0.0.1:{port}/lith/metrics", timeout=30).text
-    return {s.labels["view"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
-            if s.name == "lith_hub_renders_total"}
+    """lith_hub_renders_total by view, from the app's metrics, scraped as its operator."""
+    answer = httpx.get(f"http://127.0.0.1:{port}/lith/metrics", auth=OPERATOR, timeout=30)
+    answer.raise_for_status()
+    return Counts.parse(answer.text).by("lith_hub_renders_total", "view")
 
 
 class Watchers:
@@ -66,8 +70,8 @@ class Watchers:
         if not event.startswith(b":"):
             self.frames += 1
 
-    async def open(self, port: int, path: str, tab: str) -> None:
-        stream = await client.open_stream(port, path, "zstd", self.on_event, tab)
+    async def open(self, port: int, path: str, tab: str, authorization: str = "") -> None:
+        stream = await client.open_stream(port, path, "zstd", self.on_event, tab, authorization=authorization)
         self.streams.append(stream)
         await asyncio.wait_for(stream.opened, 30)
 
@@ -87,7 +91,7 @@ async def run(port: int, pid: int, watchers: int, args: argparse.Namespace, card
         await tabs.open(port, f"/lith/stream?views=board/{BOARD},outcome/{tab}&tab={tab}", tab)
     for i in range(watchers):
         tab = f"dash-{i:03d}"
-        await dashboards.open(port, f"/lith/dashboard/stream?views={','.join(VIEWS)}&tab={tab}", tab)
+        await dashboards.open(port, f"/lith/dashboard/stream?views={','.join(VIEWS)}&tab={tab}", tab, BASIC)
     posters = [await client.Poster.connect(port) for _ in names]
     ops = iter(range(1, 1 << 62))
     edges: dict[str, Any] = {}
@@ -147,8 +151,9 @@ def measure(args: argparse.Namespace) -> harness.Result:
             db = tmp / f"{watchers}.db"
             shutil.copy(template, db)
             cards, lanes = layout(db)
-            with Server("bench.lib.dashboard_app:app", env={"KANBAN_DB": str(db)}, access_log=False,
-                        ready=f"/boards/{BOARD}", log=tmp / f"{watchers}.log") as server:
+            env = {"KANBAN_DB": str(db), "KANBAN_OPERATOR_PASSWORD": OPERATOR[1]}
+            with Server("examples.kanban.app:app", env=env, access_log=False, ready=f"/boards/{BOARD}",
+                        log=tmp / f"{watchers}.log") as server:
                 results[watchers] = r = client.run(run(server.port, server.pid, watchers, args, cards, lanes,
                                                        warmup, seconds))
             print(f"  {watchers} watchers: {r['server_cores']:.3f} server cores, {r['dashboard_renders_s']:.1f} "

@@ -22,8 +22,6 @@ import argparse
 import gc
 import itertools
 import statistics
-import subprocess
-import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -34,8 +32,7 @@ from datastar_py.sse import ServerSentEventGenerator
 from examples.kanban.synthetic import board_html, change_card, make_cards
 from fastapi_lith import BrotliEncoder, Encoder, GzipEncoder, IdentityEncoder, ZstdEncoder
 
-from .lib import conditions, harness, plot
-from .lib.checkout import LIBRARY, PRELUDE, child_env
+from .lib import conditions, harness, perf, plot
 from .lib.proc import rss
 from .lib.stats import number
 
@@ -91,16 +88,9 @@ def setup(name: str, n: int) -> tuple[Encoder, Any]:
 
 def timed(name: str, n: int, mode: list[str], out: Path) -> dict[str, float]:
     """µs per encode from `pyperf timeit` over the library under test."""
-    import pyperf
-
-    cmd = [sys.executable, "-m", "pyperf", "timeit", "--quiet", *mode, "--inherit-environ",
-           "PYTHONPATH,BENCH_ROOT,BENCH_LIBRARY", "--name", name, "-o", str(out), "-s", PRELUDE,
-           "-s", f"from bench.encoders import setup; encoder, events = setup({name!r}, {n})",
-           "encoder.encode(next(events))"]
-    subprocess.run(cmd, cwd=LIBRARY, env=child_env(), check=True, stdout=subprocess.DEVNULL)
-    bench = pyperf.Benchmark.load(str(out))
-    values = bench.get_values()
-    return {"us": bench.mean() * 1e6, "us_sd": (bench.stdev() if len(values) > 1 else 0.0) * 1e6}
+    mean, sd = perf.timeit(name, [f"from bench.encoders import setup; encoder, events = setup({name!r}, {n})"],
+                           "encoder.encode(next(events))", mode, out)
+    return {"us": mean * 1e6, "us_sd": sd * 1e6}
 
 
 def memory_child(name: str, streams: int, sent: int) -> dict[str, float]:
@@ -126,7 +116,7 @@ def memory_child(name: str, streams: int, sent: int) -> dict[str, float]:
 
 def measure(args: argparse.Namespace) -> harness.Result:
     n, streams = (8, 10) if args.smoke else (40, 50) if args.quick else (200, 200)
-    mode = ["--debug-single-value"] if args.smoke else ["--fast"] if args.quick else []
+    mode = perf.mode(args)
     events = frames(n)
     results = {name: sizes(name, events) for name in CONFIGS}
     with tempfile.TemporaryDirectory(prefix="lith-bench-encoders-") as tmp:
@@ -148,7 +138,7 @@ def measure(args: argparse.Namespace) -> harness.Result:
 
 
 def table(results: dict[str, dict[str, float]], n: int, streams: int, mode: list[str]) -> str:
-    lines = [f"{n} frames; CPU: pyperf timeit {' '.join(mode) or '(default: 20 processes)'}; memory: {streams} "
+    lines = [f"{n} frames; CPU: {perf.describe(mode)}; memory: {streams} "
              "encoders × 10 frames.\n",
              "| config | first B | median B | mean B | p90 B | µs per frame (± sd) | MiB per stream (hibernated) "
              "| lith B |",

@@ -16,8 +16,10 @@ the load, on the raw asyncio client (bench/lib/client.py), so its own CPU is pri
 Figures over a window after a warm-up: moves/s, post→frame latency (writing the POST to
 decoding the acting tab's event that carries its op), post→204, board frames per tab per
 second, compressed bytes per frame, server cores and CPU per board frame, MiB per stream, and
-lost moves. Beside them, the ceiling: the same MoveCard commands from 200 producers through
-`await writer.do(cmd)` in one process, no HTTP.
+lost moves; and the server's own view, scraped from its metrics as the example's operator
+(`GET /lith/metrics`): renders and ticks per second, late ticks, frames and bytes sent, and the
+writer's commands per batch and busy share. Beside them, the ceiling: the same MoveCard
+commands from 200 producers through `await writer.do(cmd)` in one process, no HTTP.
 
     python -m bench.kanban                          # 5 runs of 20 s and the ceiling: about 3 minutes
     python -m bench.kanban --quick --plot           # bench/plots/kanban-latency.svg
@@ -43,6 +45,7 @@ from typing import Any
 from .lib import client, conditions, harness, plot
 from .lib.checkout import LIBRARY, child_env
 from .lib.load import produce
+from .lib.metrics import Counts
 from .lib.proc import Window
 from .lib.profile import Spy
 from .lib.server import Server
@@ -54,6 +57,7 @@ DONE = b'data-signals:done="'
 # and its kanban's post→frame p95.
 LITH = {"zstd": {"cores": 2.7, "bytes": 3162}, "br": {"cores": 5.2, "bytes": 1010}}
 LITH_P95_MS = 98.0
+OPERATOR = ("operator", "bench")  # the example's operator: KANBAN_OPERATOR_PASSWORD, set for the server
 
 
 def seed(path: Path, cards: int) -> None:
@@ -111,6 +115,28 @@ class Tabs:
         return sum(s.body for s in self.streams), sum(s.events for s in self.streams)
 
 
+async def scrape(port: int) -> Counts | None:
+    """The server's metrics as its operator reads them; None from a library that has no scrape."""
+    import httpx
+
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", auth=OPERATOR, timeout=30) as http:
+        answer = await http.get("/lith/metrics")
+    return Counts.parse(answer.text) if answer.status_code == 200 else None
+
+
+def served(m: Counts | None, seconds: float) -> dict[str, float]:
+    """What the server says it did over the window."""
+    if m is None:
+        return {}
+    frames = m.get("lith_stream_frames_total")
+    return {"renders_s": m.total("lith_hub_renders_total") / seconds,
+            "ticks_s": m.get("lith_hub_ticks_total") / seconds,
+            "late_ticks": m.get("lith_hub_late_ticks_total"), "frames_sent_s": frames / seconds,
+            "sent_bytes_per_frame": m.get("lith_stream_bytes_total", stage="sent") / frames if frames else NAN,
+            "per_batch": m.mean("lith_writer_batch_size"),
+            "writer_busy": m.get("lith_writer_commit_seconds_sum") / seconds}
+
+
 async def load(server: Server, encoding: str, rate: float, tabs_n: int, cards: list[int], lanes: list[int],
                warmup: float, seconds: float, profile: bool) -> dict[str, Any]:
     tabs = Tabs(server.port, encoding)
@@ -153,13 +179,13 @@ async def load(server: Server, encoding: str, rate: float, tabs_n: int, cards: l
 
     def opened() -> None:
         edges.update(server=Window.open(server.pid), client=Window.open(), totals=tabs.totals(),
-                     board=tabs.board_frames)
+                     board=tabs.board_frames, scraped=asyncio.ensure_future(scrape(server.port)))
         if profile:
             edges["spy"] = Spy(server.pid, seconds, subprocesses=server.workers > 1)
 
     def closed() -> None:
         edges.update(s=edges["server"].close(), c=edges["client"].close(), totals1=tabs.totals(),
-                     board1=tabs.board_frames)
+                     board1=tabs.board_frames, scraped1=asyncio.ensure_future(scrape(server.port)))
 
     done = await produce(send, tabs_n, warmup=warmup, seconds=seconds, rate=rate, opened=opened, closed=closed)
     tabs.closing = True
@@ -168,6 +194,8 @@ async def load(server: Server, encoding: str, rate: float, tabs_n: int, cards: l
     for p in posters:
         p.close()
     s, c = edges["s"], edges["c"]
+    before, after = await edges["scraped"], await edges["scraped1"]
+    metrics = served(after - before if before is not None and after is not None else None, s.seconds)
     body = edges["totals1"][0] - edges["totals"][0]
     frames = edges["totals1"][1] - edges["totals"][1]
     board = edges["board1"] - edges["board"]
@@ -181,7 +209,7 @@ async def load(server: Server, encoding: str, rate: float, tabs_n: int, cards: l
         "server_ms_per_board_frame": s.cores * s.seconds / board * 1e3 if board else NAN,
         "mib_per_stream": (s.rss_mib - rss0) / tabs_n, "client_cores": c.cores, "others": c.others,
         "waiting": s.waiting, "lost": float(lost[0]), "reconnects": float(tabs.reconnects),
-        "errors": float(sum(done.errors.values())),
+        "errors": float(sum(done.errors.values())), **metrics,
     }
 
 
@@ -190,7 +218,10 @@ def one_run(tmp: Path, template: Path, encoding: str, rate: float, args: argpars
     db = tmp / f"{encoding}-{rate:g}.db"
     shutil.copy(template, db)
     cards, lanes = layout(db)
-    with Server("examples.kanban.app:app", env={"KANBAN_DB": str(db)}, workers=args.workers, access_log=False,
+    env = {"KANBAN_DB": str(db), "KANBAN_OPERATOR_PASSWORD": OPERATOR[1]}
+    if args.workers > 1:  # one scrape over every worker (docs/metrics.md): a fresh folder per run
+        env["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(dir=tmp, prefix="metrics-")
+    with Server("examples.kanban.app:app", env=env, workers=args.workers, access_log=False,
                 ready=f"/boards/{BOARD}", log=tmp / f"{encoding}-{rate:g}.log") as server:
         result: dict[str, Any] = client.run(load(server, encoding, rate, args.tabs, cards, lanes, warmup, seconds,
                                                  args.profile))
@@ -274,10 +305,14 @@ def table(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
             ("bytes per frame", "bytes_per_frame", 0), ("server cores", "server_cores", 2),
             ("server ms CPU per board frame", "server_ms_per_board_frame", 3), ("MiB per stream", "mib_per_stream", 2),
             ("server threads waiting for a CPU (cores)", "waiting", 2), ("client cores", "client_cores", 2),
-            ("others' cores", "others", 2), ("lost moves", "lost", 0), ("reconnects", "reconnects", 0)]
+            ("others' cores", "others", 2), ("lost moves", "lost", 0), ("reconnects", "reconnects", 0),
+            ("server: renders/s", "renders_s", 1), ("server: ticks/s", "ticks_s", 1),
+            ("server: late ticks", "late_ticks", 0),
+            ("server: frames sent/s", "frames_sent_s", 0), ("server: bytes sent per frame", "sent_bytes_per_frame", 0),
+            ("server: commands per batch", "per_batch", 1), ("server: writer busy", "writer_busy", 2)]
     lines = [f"{args.tabs} tabs, {args.workers} server process(es); rows: offered moves/s by encoding.\n",
              "| figure | " + " | ".join(keys) + " |", "|---|" + "---:|" * len(keys)]
-    lines += [f"| {label} | " + " | ".join(number(results[k][key], d) for k in keys) + " |"
+    lines += [f"| {label} | " + " | ".join(number(results[k].get(key, NAN), d) for k in keys) + " |"
               for label, key, d in rows]
     z, b = LITH["zstd"], LITH["br"]
     lines.append(f"\nlith (Go), 200 tabs: zstd {z['cores']} cores and {z['bytes']:,} B/frame, "

@@ -15,6 +15,8 @@ Layers, each adding one thing to the one above:
                 the fan-out, written by the tab's body inside `StreamResponse`; a frame is
                 offered as soon as the previous one is taken
 POST: a FastAPI route validating a small JSON body into a Pydantic model, answering 204.
+The two library layers have no public name: bench/lib/layers.py, the one bench module that
+imports private ones, builds them (it says why).
 
     python -m bench.send                 # about a minute
     python -m bench.send --chunks 20000 --conns 20 --posts 4000
@@ -55,10 +57,7 @@ def make_app() -> Any:
     from sse_starlette import EventSourceResponse
     from starlette.responses import PlainTextResponse, StreamingResponse
 
-    from fastapi_lith import Frame, IdentityEncoder, Stream
-    from fastapi_lith.engine.frames import sse_event
-    from fastapi_lith.engine.streams import Subscription
-    from fastapi_lith.web.sse import StreamResponse, tab_body
+    from .lib.layers import tab_response, timed_response
 
     api = FastAPI()
 
@@ -81,34 +80,11 @@ def make_app() -> Any:
     api.get("/starlette")(lambda n, size: StreamingResponse(chunks(n, size), media_type="text/event-stream"))
     api.get("/sse")(lambda n, size: sse(chunks(n, size), timeout=False))
     api.get("/sse+timeout")(lambda n, size: sse(chunks(n, size), timeout=True))
-    api.get("/lith-timeout")(
-        lambda n, size: StreamResponse(chunks(n, size), stream=None, send_timeout=10.0, headers={}))
-
-    class Feeder:
-        """The hub's part: offers the next frame the moment the fan-out takes one, `n` in all."""
-
-        def __init__(self, stream: Stream, n: int, frame: Frame) -> None:
-            self.stream, self.left, self.frame = stream, n, frame
-
-        def close(self, stream: Stream) -> None:
-            pass
-
-        def caught_up(self, keys: Any) -> None:
-            self.left -= 1
-            if self.left > 0:
-                self.stream.offer(self.frame)
-            else:
-                asyncio.get_running_loop().call_soon(self.stream.end)
+    api.get("/lith-timeout")(lambda n, size: timed_response(chunks(n, size)))
 
     @api.get("/lith")
     async def ours(n: int, size: int) -> Any:
-        frame = Frame("k", "x" * max(1, 1 + size - len(sse_event(Frame("k", "x")))))  # an event of `size` bytes
-        stream = Stream("t")
-        subscription = Subscription(Feeder(stream, n, frame), stream, ("k",))
-        stream.watch(subscription)
-        stream.offer(frame)
-        return StreamResponse(tab_body(subscription, IdentityEncoder(), keepalive=15.0, hibernate_after=30.0),
-                              stream=stream, send_timeout=10.0, headers={})
+        return tab_response(n, size)
 
     @api.post("/post", status_code=204)
     async def post(move: Move) -> None:

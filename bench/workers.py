@@ -32,9 +32,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from fastapi_lith import Command, Feed, LocalFeed, SqliteFeed, Tx, Writer
+from fastapi_lith import Command, Feed, Lith, LocalFeed, SqliteFeed, Tx, Writer
 
 from .lib import conditions, crossing, harness, plot
+from .lib.metrics import Counts
 from .lib.stats import median, percentile, ratio
 
 ROWS = 1000
@@ -93,12 +94,13 @@ async def produce(path: str, feed: str, producers: int, seconds: float, command:
     made: Feed = LocalFeed() if feed == "local" else {"feed": SqliteFeed, "busy": BusyFeed}[feed](db)
     writer = Writer(db, migrations=db.parent / "migrations", feed=made)
     await writer.start()
+    metrics = Lith(db, writer=writer).metrics  # the writer's counts, as its operator sees them
     kind = {"add": Add, "hold": Hold}[command]
     start = await crossing.window_start()
     end = start + seconds
     latencies: list[float] = []
     errors = 0
-    b0, cpu0 = writer.batches, time.process_time()
+    before, cpu0 = Counts.of(metrics), time.process_time()
 
     async def producer(k: int) -> None:
         nonlocal errors
@@ -113,7 +115,8 @@ async def produce(path: str, feed: str, producers: int, seconds: float, command:
             latencies.append(time.perf_counter() - t0)
 
     await asyncio.gather(*(producer(k) for k in range(producers)))
-    batches, cpu = writer.batches - b0, time.process_time() - cpu0
+    cpu = time.process_time() - cpu0
+    batches = (Counts.of(metrics) - before).get("lith_writer_batches_total", result="committed")
     closing = ""
     try:
         await writer.close()

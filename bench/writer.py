@@ -12,14 +12,19 @@ ours, in the same run:
   naive    what a route would otherwise do: one transaction per command through SQLAlchemy's
            async engine on aiosqlite (`async with engine.begin(): await conn.execute(...)`)
   floor    the same SQL on raw sqlite3 in one thread, SAVEPOINT/UPDATE/RELEASE per command and
-           COMMIT per 512: what the writer thread could do with no Python around it
+           COMMIT per 512: what the writer thread could do with no Python around it; a
+           micro-benchmark, so pyperf times one batch (its wall time, one thread: its CPU, but
+           for FULL's fsync waits)
   traced   ours with every command spanned as an app with an OpenTelemetry provider has it
-           (ops/tracing.py: lith.command, lith.queued, lith.commit), the SDK's batch processor
-           handing them to an exporter that drops them; only when asked (`--variants ours,traced`)
+           (docs/tracing.md: the writer inside `lith.lifespan()`, its hub idle, the provider set
+           globally), the SDK's batch processor handing the spans to an exporter that drops them;
+           only when asked (`--variants ours,traced`)
 
 Each run is a fresh database file, a warm-up, then a window; every increment counted is
 checked in the file afterwards. CPU per command is every thread of the process, split into the
-event loop and the writer thread (by the threads' CPU clocks).
+event loop and the writer thread (by the threads' CPU clocks). The writer's own figures come from
+its metrics (`Lith(path, writer=writer).metrics`, sampled at the window's edges): commands per
+batch, the mean commit of a batch, and the share of the window it spent on batches (busy).
 
     python -m bench.writer                          # about 3 minutes
     python -m bench.writer --quick --plot           # about a minute, and bench/plots/writer-producers.svg
@@ -32,12 +37,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import itertools
 import os
 import random
 import shutil
 import sqlite3
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -45,11 +51,12 @@ from typing import Any
 import sqlalchemy as sa
 from pydantic import Field
 
-from fastapi_lith import Command, TabCommand, Tx, Writer
+from fastapi_lith import Command, Lith, TabCommand, Tx, Writer
 
-from .lib import conditions, harness, plot
+from .lib import conditions, harness, perf, plot
 from .lib.load import Load, produce
-from .lib.proc import ThreadClocks, Window
+from .lib.metrics import Counts
+from .lib.proc import ThreadClocks
 from .lib.profile import Spy
 from .lib.stats import NAN, median, number, ratio
 
@@ -119,17 +126,17 @@ def figures_of(load: Load, cpu: float, **more: float) -> dict[str, float]:
             "cpu_us": cpu / load.done * 1e6 if load.done else NAN, "errors": float(sum(load.errors.values())), **more}
 
 
-def trace_writer(writer: Writer) -> Callable[[], None]:
-    """Span each command of `writer` as ops/tracing.py does for an app with a provider; the spans
-    go to an exporter that drops them, through the SDK's batch processor (its thread's CPU is
-    counted with the rest). Returns what stops it."""
+def trace_globally() -> None:
+    """Give the process an OpenTelemetry provider, as a traced app does: the spans go to an
+    exporter that drops them, through the SDK's batch processor (its thread's CPU is counted
+    with the rest). Set once per process (OpenTelemetry refuses a second); only a Lith's
+    lifespan asks for it, so the untraced variants, which run no lifespan, stay untraced."""
+    from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-    from fastapi_lith.engine.hub import Hub
-    from fastapi_lith.engine.readers import Readers
-    from fastapi_lith.engine.views import Views
-    from fastapi_lith.ops.tracing import Tracing
+    if isinstance(trace.get_tracer_provider(), TracerProvider):
+        return
 
     class Dropped(SpanExporter):
         def export(self, spans: Any) -> SpanExportResult:
@@ -137,22 +144,36 @@ def trace_writer(writer: Writer) -> Callable[[], None]:
 
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(Dropped()))
-    readers = Readers(size=1)  # the hub's, never read: no view watches the commands' topics
-    writer.trace = Tracing(Hub(Views(), readers), provider.get_tracer("bench")).batch
-
-    def stop() -> None:
-        writer.trace = None
-        provider.shutdown()
-        readers.close()
-
-    return stop
+    trace.set_tracer_provider(provider)
 
 
 async def ours(path: Path, sync: str, producers: int, warmup: float, seconds: float, *, tab: bool,
                profile: bool, traced: bool = False) -> dict[str, float]:
     writer = Writer(path, migrations=path.parent / "migrations", synchronous=sync)  # type: ignore[arg-type]
-    await writer.start()
-    untrace = trace_writer(writer) if traced else None
+    lith = Lith(path, writer=writer)  # for its metrics; only the traced variant runs its lifespan
+    async with contextlib.AsyncExitStack() as running:
+        if traced:
+            trace_globally()
+            await running.enter_async_context(lith.lifespan(ticks=False))
+        else:
+            await writer.start()
+            running.push_async_callback(writer.close)
+        load, edges = await window(writer, lith, producers, warmup, seconds, tab=tab, profile=profile)
+    check_total(path, load.done)
+    w, cores, per, c = load.cost, edges["cores"], ratio(1e6, load.rate), edges["counts"]
+    assert w is not None
+    out = figures_of(load, w.cores * w.seconds, others=w.others, loop_us=cores.get("loop", NAN) * per,
+                     writer_us=cores.get("writer", NAN) * per, per_tx=c.mean("lith_writer_batch_size"),
+                     commit_ms=c.mean("lith_writer_commit_seconds") * 1e3,
+                     busy=c.get("lith_writer_commit_seconds_sum") / w.seconds)
+    if profile:
+        print(f"\nprofile of ours, {sync}, {producers} producers ({edges['spy'].command}):\n{edges['spy'].summary()}\n")
+    return out
+
+
+async def window(writer: Writer, lith: Lith, producers: int, warmup: float, seconds: float, *, tab: bool,
+                 profile: bool) -> tuple[Load, dict[str, Any]]:
+    """The closed loop over one window, and what the writer's metrics and threads say of it."""
     edges: dict[str, Any] = {}
 
     def send(k: int, i: int) -> Any:
@@ -160,26 +181,14 @@ async def ours(path: Path, sync: str, producers: int, warmup: float, seconds: fl
         return writer.do(TabAdd(id=cid, n=1, tab=f"tab{k}", op=i + 1) if tab else Add(id=cid, n=1))
 
     def opened() -> None:
-        edges.update(threads=ThreadClocks(), commands=writer.commands, batches=writer.batches)
+        edges.update(threads=ThreadClocks(), start=Counts.of(lith.metrics))
         if profile:
             edges["spy"] = Spy(os.getpid(), seconds)
 
     def closed() -> None:
-        edges.update(cores=edges["threads"].cores(),
-                     per_tx=(writer.commands - edges["commands"]) / max(1, writer.batches - edges["batches"]))
+        edges.update(cores=edges["threads"].cores(), counts=Counts.of(lith.metrics) - edges["start"])
 
-    load = await produce(send, producers, warmup=warmup, seconds=seconds, opened=opened, closed=closed)
-    if untrace is not None:
-        untrace()
-    await writer.close()
-    check_total(path, load.done)
-    w, cores, per = load.cost, edges["cores"], ratio(1e6, load.rate)
-    assert w is not None
-    out = figures_of(load, w.cores * w.seconds, per_tx=edges["per_tx"], others=w.others,
-                     loop_us=cores.get("loop", NAN) * per, writer_us=cores.get("writer", NAN) * per)
-    if profile:
-        print(f"\nprofile of ours, {sync}, {producers} producers ({edges['spy'].command}):\n{edges['spy'].summary()}\n")
-    return out
+    return await produce(send, producers, warmup=warmup, seconds=seconds, opened=opened, closed=closed), edges
 
 
 async def naive(path: Path, sync: str, producers: int, warmup: float, seconds: float) -> dict[str, float]:
@@ -204,40 +213,41 @@ async def naive(path: Path, sync: str, producers: int, warmup: float, seconds: f
     return figures_of(load, load.cost.cores * load.seconds, per_tx=1.0, others=load.cost.others)
 
 
-def floor(path: Path, sync: str, warmup: float, seconds: float) -> dict[str, float]:
+def floor_batch(path: str, sync: str) -> Callable[[], None]:
+    """For pyperf's workers: one batch of the floor, `BATCH` commands and their COMMIT."""
     conn = sqlite3.connect(path, isolation_level=None, cached_statements=512)
     conn.execute(f"PRAGMA synchronous = {sync}")
-    execute, i, n = conn.cursor().execute, 0, 0
-    start = time.perf_counter()
-    window = t0 = None
-    while True:
+    execute, ids = conn.cursor().execute, itertools.cycle(IDS)
+
+    def batch() -> None:
         execute("BEGIN IMMEDIATE")
         for _ in range(BATCH):
             execute("SAVEPOINT cmd")
-            execute(SQL, (1, IDS[i & MASK]))
+            execute(SQL, (1, next(ids)))
             execute("RELEASE cmd")
-            i += 1
         execute("COMMIT")
-        now = time.perf_counter()
-        if window is None:
-            if now - start >= warmup:
-                window, t0 = Window.open(), now
-            continue
-        n += BATCH
-        if now - t0 >= seconds:  # type: ignore[operator]
-            break
-    f = window.close()
+
+    return batch
+
+
+def floor(path: Path, sync: str, flags: list[str]) -> dict[str, float]:
+    """The floor is a micro-benchmark, one function in one thread: pyperf times its batch."""
+    setup = f"from bench.writer import floor_batch; batch = floor_batch({str(path)!r}, {sync!r})"
+    mean, sd = perf.timeit(f"floor {sync}", [setup], "batch()", flags, path.with_suffix(".json"))
+    conn = sqlite3.connect(path)
+    total = conn.execute("SELECT sum(count) FROM counter").fetchone()[0] or 0
     conn.close()
-    check_total(path, n)
-    return {"rate": n / f.seconds, "cpu_us": f.cores * f.seconds / n * 1e6, "per_tx": float(BATCH), "others": f.others}
+    if not total or total % BATCH:  # whole batches, and some: the timed statement wrote
+        raise AssertionError(f"{total} increments in the floor's file")
+    return {"rate": BATCH / mean, "wall_us": mean / BATCH * 1e6, "sd_pct": sd / mean * 100, "per_tx": float(BATCH)}
 
 
 def run_one(variant: str, tmp: Path, sync: str, producers: int, warmup: float, seconds: float,
-            profile: bool) -> dict[str, float]:
+            profile: bool, flags: list[str]) -> dict[str, float]:
     path = fresh_db(tmp, migrations=variant in ("ours", "tab", "uvloop", TRACED))
     try:
         if variant == "floor":
-            return floor(path, sync, warmup, seconds)
+            return floor(path, sync, flags)
         if variant == "naive":
             return asyncio.run(naive(path, sync, producers, warmup, seconds))
         coro = ours(path, sync, producers, warmup, seconds, tab=variant == "tab", profile=profile and variant == "ours",
@@ -273,11 +283,12 @@ def measure(args: argparse.Namespace) -> harness.Result:
                     if v == "floor" and p != producers[0]:
                         continue  # one thread, no producers: once per setting
                     key = f"{v} {sync} {'-' if v == 'floor' else p}"
-                    runs[key] = run_one(v, tmp, sync, p, warmup, seconds, args.profile and p == producers[-1])
+                    runs[key] = run_one(v, tmp, sync, p, warmup, seconds, args.profile and p == producers[-1],
+                                        perf.mode(args))
                     r = runs[key]
                     print(f"  {key:<22} {number(r['rate']):>9} cmd/s  {r['per_tx']:6.1f}/tx  "
-                          f"CPU {r['cpu_us']:6.1f} µs/cmd  p50 {r.get('p50_ms', NAN):6.3f} ms  "
-                          f"others {r['others']:.2f} cores", flush=True)
+                          f"{cpu(r)} µs/cmd  p50 {r.get('p50_ms', NAN):6.3f} ms  "
+                          f"others {r.get('others', NAN):.2f} cores", flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     text = table(runs, syncs, producers, variants, seconds)
@@ -299,12 +310,20 @@ def headline(runs: dict[str, dict[str, float]], syncs: list[str], producers: lis
     return out
 
 
+def cpu(r: dict[str, float]) -> str:
+    """CPU per command, or the floor's wall time per command (one thread) and its spread."""
+    if "wall_us" in r:
+        return f"{r['wall_us']:.1f} wall ± {r['sd_pct']:.0f}%"
+    return f"{r['cpu_us']:.1f}"
+
+
 def table(runs: dict[str, dict[str, float]], syncs: list[str], producers: list[int], variants: list[str],
           seconds: float) -> str:
     lines = [f"Windows of {seconds} s. Latency: from `do()` to its return, as the caller sees it. CPU: every thread "
-             "of the process per command (ours: event loop + writer thread).\n",
-             "| sync | P | variant | commands/s | per transaction | p50 / p99 ms | CPU µs/command | ours / floor, wall "
-             "| lith (Go) at 200 |", "|---|---:|---|---:|---:|---:|---:|---:|---|"]
+             "of the process per command (ours: event loop + writer thread); the floor's is pyperf's wall time per "
+             "command, ± its standard deviation.\n",
+             "| sync | P | variant | commands/s | per transaction | commit ms (busy) | p50 / p99 ms | CPU µs/command "
+             "| ours / floor, wall | lith (Go) at 200 |", "|---|---:|---|---:|---:|---:|---:|---:|---:|---|"]
     for sync in syncs:
         floor_rate = runs.get(f"floor {sync} -", {}).get("rate", NAN)
         for p in producers:
@@ -316,10 +335,12 @@ def table(runs: dict[str, dict[str, float]], syncs: list[str], producers: list[i
                 go = LITH_GO.get(sync) if p == 200 and v == "ours" else None
                 vs_floor = "" if v == "floor" else f"{ratio(floor_rate, r['rate']):.1f}×"
                 lith = f"{go[0]:,} ({go[1]})" if go else ""
+                commit = f"{r['commit_ms']:.2f} ({r['busy']:.0%})" if "commit_ms" in r else ""
                 lines.append(
                     f"| {sync} | {'–' if v == 'floor' else p} | {v} | {number(r['rate'])} | {r['per_tx']:.1f} "
+                    f"| {commit} "
                     f"| {number(r.get('p50_ms', NAN), 3)} / {number(r.get('p99_ms', NAN), 3)} "
-                    f"| {r['cpu_us']:.1f}{split} "
+                    f"| {cpu(r)}{split} "
                     f"| {vs_floor} | {lith} |")
     return "\n".join(lines)
 

@@ -173,14 +173,16 @@ class SseStream(asyncio.Protocol):
 
 
 async def open_stream(
-    port: int, path: str, encoding: str, on_event: OnEvent, tab: str = "", *, cookie: str = ""
+    port: int, path: str, encoding: str, on_event: OnEvent, tab: str = "", *, cookie: str = "",
+    authorization: str = "",
 ) -> SseStream:
-    """Connect and send the GET (with `cookie`, a signed-in browser's); the stream's `opened`
-    resolves once its headers are checked."""
+    """Connect and send the GET (with `cookie`, a signed-in browser's, or `authorization`, an
+    operator's); the stream's `opened` resolves once its headers are checked."""
     loop = asyncio.get_running_loop()
     _, stream = await loop.create_connection(lambda: SseStream(tab, encoding, on_event), "127.0.0.1", port)
     assert stream.transport is not None
     signed_in = f"Cookie: {cookie}\r\n" if cookie else ""
+    signed_in += f"Authorization: {authorization}\r\n" if authorization else ""
     stream.transport.write(
         f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAccept: text/event-stream\r\n"
         f"Accept-Encoding: {encoding}\r\nCache-Control: no-cache\r\n{HEADERS}{signed_in}\r\n".encode())
