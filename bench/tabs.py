@@ -113,12 +113,22 @@ async def storm(herd: Herd, server: Server) -> dict[str, Any]:
     terminated = time.perf_counter()
     await asyncio.to_thread(server.stop, signal.SIGTERM)
     exited = time.perf_counter()
-    await asyncio.to_thread(server.start)
-    polled = time.perf_counter()  # the port answered a GET of the page (within its 50 ms poll)
     value = max(t.latest for t in herd.tabs) + 1
     herd.watch(value)
-    status, first_204 = await herd.post("/add", {"n": 1})
+    starting = asyncio.ensure_future(asyncio.to_thread(server.start))
+    # The change the tabs must show is made as soon as the new process takes it: on a held
+    # socket its POST waits in the queue, on a bound port it is refused until the port opens.
+    # (Waiting for `start` first would put it behind the GET that `start` polls with, which on
+    # a held socket waits behind every tab that reconnected meanwhile.)
+    while True:
+        try:
+            status, first_204 = await herd.post("/add", {"n": 1})
+            break
+        except ConnectionRefusedError:
+            await asyncio.sleep(0.05)  # polling a port that is not yet open, as `start` does
     assert status == 204, f"POST /add answered {status} after the restart"
+    await starting
+    polled = time.perf_counter()  # the page's GET answered (within its 50 ms poll)
     changes: list[tuple[int, float, float]] = []  # (value, sent, 204) made during the storm
     failed_before = herd.failures()
 
@@ -136,9 +146,9 @@ async def storm(herd: Herd, server: Server) -> dict[str, Any]:
     done = await herd.until(lambda h: h.current >= n, 120)
     ticking.cancel()
     await asyncio.gather(ticking, return_exceptions=True)
-    # The new process's first answer: on a held socket the polling GET waits in the queue
-    # behind the tabs that reconnected first, so the first tab's headers may come before it.
-    answered = min([polled, *(at for t in herd.tabs for at in t.connected_at if at > exited)])
+    # The new process's first answer: the page's GET, the change's 204 or a tab's headers,
+    # whichever came first.
+    answered = min([polled, first_204, *(at for t in herd.tabs for at in t.connected_at if at > exited)])
     back = [b for b in (t.reached_at(value) - answered for t in herd.tabs) if b == b]
     reconnected = [t.connected_at[-1] - answered for t in herd.tabs if t.connected_at]
     during: list[float] = []
