@@ -15,7 +15,7 @@
 # Layout (ROOT is /srv/lith/NAME unless set):
 #   ROOT/releases/20261129T214501Z/   one release: its files and its .venv
 #   ROOT/current -> releases/...      what the service runs (see lith@.service)
-#   ROOT/env                          the service's environment (APP, PORT, APP_DB, ...): keys,
+#   ROOT/env                          the service's environment (APP, APP_DB, ...): keys,
 #                                     so root's, mode 0600 (systemd reads it as root)
 #   ROOT/data/                        the database and its copies, the service user's: this
 #                                     script only adds its copy, with the database's owner and mode
@@ -25,7 +25,9 @@
 #                                       RESTART_CMD and ROOT are both set)
 #   --root DIR          ROOT            /srv/lith/NAME
 #   --releases DIR      RELEASES_DIR    ROOT/releases
-#   --health-url URL    HEALTH_URL      http://127.0.0.1:PORT/health (PORT from ROOT/env, else 8000)
+#   --health-url URL    HEALTH_URL      http://localhost/health, through HEALTH_SOCKET
+#   --health-socket P   HEALTH_SOCKET   the unit's socket, /run/lith/NAME.sock, when HEALTH_URL is
+#                                       not set; with HEALTH_URL alone, the URL's own host and port
 #   --timeout SECONDS   HEALTH_TIMEOUT  30
 #   --keep N            KEEP_RELEASES   5 (older releases are deleted; current and previous stay)
 #   --db PATH           DB              the database to copy before switching (optional)
@@ -61,6 +63,7 @@ while [ $# -gt 0 ]; do
         --root) ROOT="$2"; shift 2 ;;
         --releases) RELEASES_DIR="$2"; shift 2 ;;
         --health-url) HEALTH_URL="$2"; shift 2 ;;
+        --health-socket) HEALTH_SOCKET="$2"; shift 2 ;;
         --timeout) HEALTH_TIMEOUT="$2"; shift 2 ;;
         --keep) KEEP_RELEASES="$2"; shift 2 ;;
         --db) DB="$2"; shift 2 ;;
@@ -81,9 +84,10 @@ ROOT="${ROOT:-/srv/lith/$NAME}"
 RELEASES_DIR="${RELEASES_DIR:-$ROOT/releases}"
 CURRENT="$ROOT/current"
 if [ -z "${HEALTH_URL:-}" ]; then
-    PORT="$( (grep -E '^PORT=' "$ROOT/env" 2>/dev/null || true) | tail -n 1 | cut -d= -f2- | tr -d "\"' ")"
-    HEALTH_URL="http://127.0.0.1:${PORT:-8000}/health"
+    HEALTH_URL="http://localhost/health"
+    HEALTH_SOCKET="${HEALTH_SOCKET:-/run/lith/$NAME.sock}"
 fi
+HEALTH_SOCKET="${HEALTH_SOCKET:-}"
 HEALTH_TIMEOUT="${HEALTH_TIMEOUT:-30}"
 KEEP_RELEASES="${KEEP_RELEASES:-5}"
 if [ -z "${INSTALL_CMD:-}" ]; then
@@ -99,15 +103,26 @@ fi
 CONSTRAINTS="${CONSTRAINTS:-}"
 export NAME ROOT SOURCE PYTHON CONSTRAINTS
 
-healthy() {  # healthy URL SECONDS: true once URL answers 200 within SECONDS
+healthy() {  # healthy URL SECONDS: true once URL answers 200 within SECONDS (through HEALTH_SOCKET)
     local url="$1" deadline=$((SECONDS + $2))
     while [ "$SECONDS" -lt "$deadline" ]; do
         if command -v curl >/dev/null 2>&1; then
-            code="$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "$url" || true)"
+            code="$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 ${HEALTH_SOCKET:+--unix-socket "$HEALTH_SOCKET"} "$url" || true)"
         else
-            code="$(python3 -c 'import sys, urllib.request
-try: print(urllib.request.urlopen(sys.argv[1], timeout=2).status)
-except Exception as e: print(getattr(e, "code", 0))' "$url")"
+            code="$(python3 -c 'import http.client, socket, sys, urllib.parse, urllib.request
+url, path = sys.argv[1], sys.argv[2]
+try:
+    if not path:
+        print(urllib.request.urlopen(url, timeout=2).status)
+    else:
+        parts = urllib.parse.urlsplit(url)
+        conn = http.client.HTTPConnection(parts.netloc, timeout=2)
+        conn.sock = socket.socket(socket.AF_UNIX)
+        conn.sock.settimeout(2)
+        conn.sock.connect(path)
+        conn.request("GET", parts.path or "/")
+        print(conn.getresponse().status)
+except Exception as e: print(getattr(e, "code", 0))' "$url" "$HEALTH_SOCKET")"
         fi
         [ "$code" = "200" ] && return 0
         sleep 0.25
@@ -186,7 +201,7 @@ restart || true
 
 # -- 4. health
 if healthy "$HEALTH_URL" "$HEALTH_TIMEOUT"; then
-    say "healthy: $HEALTH_URL answers 200; deployed $id"
+    say "healthy: $HEALTH_URL${HEALTH_SOCKET:+ (through $HEALTH_SOCKET)} answers 200; deployed $id"
     # keep the newest KEEP_RELEASES releases, and always current and previous
     ls -1 "$RELEASES_DIR" | sort | head -n "-$KEEP_RELEASES" | while read -r old; do
         path="$RELEASES_DIR/$old"

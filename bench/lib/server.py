@@ -6,6 +6,10 @@ per POST is CPU the figures would carry.
 
     with Server("examples.kanban.app:app", env={"KANBAN_DB": str(db)}, ready="/boards/1") as server:
         ... server.port, server.pid ...
+
+`held=True` serves as the unit does under deploy/lith@.socket: this process holds the listening
+socket and each uvicorn it starts takes it as `--fd`, so a restart keeps the port listening and
+a connect meanwhile waits in its queue instead of being refused.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from types import TracebackType
 from .checkout import LIBRARY, ROOT, child_env
 
 STARTUP_SECONDS = 60.0
+BACKLOG = 16384  # the unit's --backlog and the socket unit's Backlog= (the kernel caps it at somaxconn)
 
 
 def free_port() -> int:
@@ -32,13 +37,29 @@ def free_port() -> int:
 
 def deploy_flags(workers: int = 1, *, access_log: bool = True, http: str = "httptools") -> list[str]:
     """The unit's ExecStart flags, as far as they apply on 127.0.0.1 (no proxy in front)."""
-    flags = ["--loop", "uvloop", "--http", http, "--timeout-graceful-shutdown", "10", "--backlog", "16384",
+    flags = ["--loop", "uvloop", "--http", http, "--timeout-graceful-shutdown", "10", "--backlog", str(BACKLOG),
              "--no-server-header", "--log-config", str(ROOT / "deploy" / "logging.json")]
     if workers > 1:
         flags += ["--workers", str(workers)]
     if not access_log:
         flags.append("--no-access-log")
     return flags
+
+
+def held_socket() -> socket.socket:
+    """A listening socket on a free port of 127.0.0.1, as systemd opens one for a socket unit.
+
+    uvicorn takes an `--fd` socket as AF_UNIX whatever it is, so uvloop serves it as a pipe and
+    sets no TCP_NODELAY on what it accepts: set on the listening socket, every accepted one has
+    it (as the unit's own TCP ports would by NoDelay=yes), and frames are not held by Nagle.
+    """
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(BACKLOG)
+    sock.set_inheritable(True)
+    return sock
 
 
 def answers(port: int, path: str) -> bool:
@@ -52,22 +73,27 @@ def answers(port: int, path: str) -> bool:
 
 
 class Server:
-    """`python -m uvicorn APP` on a free port, its output in a log file, stopped by SIGINT."""
+    """`python -m uvicorn APP` on a free port, its output in a log file, stopped by SIGINT; with
+    `held`, on a socket this process holds until `close()`."""
 
     def __init__(self, app: str, *, env: dict[str, str] | None = None, workers: int = 1, access_log: bool = True,
-                 http: str = "httptools", ready: str = "/", log: Path | None = None) -> None:
+                 http: str = "httptools", ready: str = "/", log: Path | None = None, held: bool = False) -> None:
         self.app, self.workers, self.ready = app, workers, ready
         self.env = child_env(LIBRARY, **(env or {}))
         self.flags = deploy_flags(workers, access_log=access_log, http=http)
-        self.port = free_port()
+        self.socket = held_socket() if held else None
+        self.port = free_port() if self.socket is None else int(self.socket.getsockname()[1])
         self.log = log or Path(tempfile.mkstemp(prefix="lith-bench-server-", suffix=".log")[1])
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_in = float("nan")
 
     @property
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "uvicorn", self.app, "--host", "127.0.0.1", "--port", str(self.port),
-                *self.flags]
+        if self.socket is not None:
+            listen = ["--fd", str(self.socket.fileno())]
+        else:
+            listen = ["--host", "127.0.0.1", "--port", str(self.port)]
+        return [sys.executable, "-m", "uvicorn", self.app, *listen, *self.flags]
 
     @property
     def pid(self) -> int:
@@ -77,7 +103,9 @@ class Server:
     def start(self) -> Server:
         began = time.monotonic()
         with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(self.command, cwd=LIBRARY, env=self.env, stdout=out, stderr=subprocess.STDOUT)
+            fds = () if self.socket is None else (self.socket.fileno(),)
+            self.proc = subprocess.Popen(self.command, cwd=LIBRARY, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                         pass_fds=fds)
         while not answers(self.port, self.ready):
             if self.proc.poll() is not None:
                 raise RuntimeError(f"uvicorn exited with {self.proc.returncode}:\n{self.tail()}")
@@ -105,8 +133,14 @@ class Server:
             self.proc.kill()
             self.proc.wait()
 
+    def close(self) -> None:
+        """Stop the server, and close the socket it was held on: the port refuses from now on."""
+        self.stop()
+        if self.socket is not None:
+            self.socket.close()
+
     def __enter__(self) -> Server:
         return self.start()
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        self.stop()
+        self.close()

@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -60,7 +61,9 @@ if [ -f "$pidfile" ]; then
 fi
 echo "$(date +%s.%N) restart" >> "$ROOT/restarts.log"
 cd "$ROOT/current"
-"$PY" -m uvicorn "${APP:-app:app}" --host 127.0.0.1 --port "$PORT" --timeout-graceful-shutdown 2 \
+# LISTEN_FD: a socket held by whoever runs deploy.sh, as systemd holds lith@.socket's.
+if [ -n "${LISTEN_FD:-}" ]; then listen=(--fd "$LISTEN_FD"); else listen=(--host 127.0.0.1 --port "$PORT"); fi
+"$PY" -m uvicorn "${APP:-app:app}" "${listen[@]}" --timeout-graceful-shutdown 2 \
     >> "$ROOT/app.log" 2>&1 < /dev/null &
 echo $! > "$pidfile"
 """
@@ -96,10 +99,10 @@ class Site:
             "KEEP_RELEASES": "2",
         }
 
-    def deploy(self, source: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    def deploy(self, source: Path, *, pass_fds: tuple[int, ...] = (), **env: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             ["bash", str(DEPLOY / "deploy.sh"), str(source)],
-            env={**self.env, **env}, capture_output=True, text=True, timeout=120,
+            env={**self.env, **env}, capture_output=True, text=True, timeout=120, pass_fds=pass_fds,
         )  # fmt: skip
 
     def health(self) -> str:
@@ -201,6 +204,45 @@ def test_a_release_that_fails_its_health_check_is_rolled_back(site: Site, tmp_pa
     assert before[-1].endswith(".failed") and before[-2].endswith(".failed")  # v2's was deleted
 
 
+def ask(path: Path, url_path: str = "/health") -> bytes:
+    """A GET through a unix socket, as Caddy's `reverse_proxy unix/...` sends one."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(60)
+        s.connect(str(path))
+        s.sendall(f"GET {url_path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode())
+        return b"".join(iter(lambda: s.recv(65536), b""))
+
+
+def test_through_a_held_socket_a_deploy_checks_health_and_a_connect_waits_for_the_next_process(
+    site: Site, tmp_path: Path
+) -> None:
+    """lith@.socket's way: the socket outlives every process. deploy.sh asks /health through it,
+    and a connect made while no process serves waits in its queue for the next one."""
+    path = tmp_path / "run" / "testapp.sock"
+    path.parent.mkdir()
+    held = socket.socket(socket.AF_UNIX)
+    held.bind(str(path))
+    held.listen(64)
+    fd = held.fileno()
+    through = {"LISTEN_FD": str(fd), "HEALTH_URL": "", "HEALTH_SOCKET": str(path)}
+    with held:
+        done = site.deploy(write_version(site.sources / "v1", "v1"), pass_fds=(fd,), **through)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"(through {path}) answers 200" in done.stdout
+        assert b'{"version":"v1"}' in ask(path)
+
+        site.stop()  # as `systemctl stop lith@testapp.service` leaves it: the socket still held
+        waiting = socket.socket(socket.AF_UNIX)
+        waiting.connect(str(path))  # not refused: queued
+        waiting.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        done = site.deploy(write_version(site.sources / "v2", "v2"), pass_fds=(fd,), **through)
+        assert done.returncode == 0, done.stdout + done.stderr
+        waiting.settimeout(60)
+        with waiting:
+            answer = b"".join(iter(lambda: waiting.recv(65536), b""))
+        assert answer.startswith(b"HTTP/1.1 200") and b'{"version":"v2"}' in answer, answer
+
+
 def test_a_first_release_that_fails_has_nothing_to_roll_back_to(site: Site) -> None:
     bad = write_version(site.sources / "bad", "bad", status=500)
     done = site.deploy(bad, HEALTH_TIMEOUT="2")
@@ -273,11 +315,31 @@ def test_the_unit_runs_uvicorn_workers_on_one_database_and_restarts_on_failure(t
     units = tmp_path / "units"
     units.mkdir()
     (units / "lith@.service").write_text(unit.replace("/srv/lith/", f"{srv}/lith/"))
-    done = subprocess.run(
-        ["systemd-analyze", "verify", "--man=no", str(units / "lith@demo.service")],
-        capture_output=True, text=True, timeout=60, cwd=units,
-    )  # fmt: skip
-    assert done.returncode == 0 and not done.stderr.strip(), done.stderr
+    (units / "lith@.socket").write_text((DEPLOY / "lith@.socket").read_text())
+    for name in ("lith@demo.service", "lith@demo.socket"):
+        done = subprocess.run(
+            ["systemd-analyze", "verify", "--man=no", str(units / name)],
+            capture_output=True, text=True, timeout=60, cwd=units,
+        )  # fmt: skip
+        assert done.returncode == 0 and not done.stderr.strip(), f"{name}: {done.stderr}"
+
+
+def test_the_service_serves_on_the_socket_systemd_holds_for_it() -> None:
+    """A restart keeps the socket (lith@.socket), so the tabs that reconnect meanwhile wait in
+    its queue instead of being refused; uvicorn takes it as fd 3, with the socket's backlog."""
+    unit = (DEPLOY / "lith@.service").read_text()
+    sock = (DEPLOY / "lith@.socket").read_text()
+    exec_start = unit.split("ExecStart=")[1].split("\nKillSignal")[0]
+    assert "--fd 3 " in exec_start and "--port" not in exec_start and "--host" not in exec_start
+    assert "\nRequires=lith@%i.socket\n" in unit and "lith@%i.socket" in unit.split("\nAfter=")[1].split("\n")[0]
+    assert "\nListenStream=/run/lith/%i.sock\n" in sock
+    backlog = re.search(r"^Backlog=(\d+)$", sock, re.M)
+    assert backlog and f"--backlog {backlog.group(1)} " in exec_start  # uvicorn listens again with its own
+    # No client address on a unix socket: only then does uvicorn take Caddy's X-Forwarded-Proto.
+    assert "--forwarded-allow-ips * " in exec_start
+    caddyfile = (DEPLOY / "Caddyfile").read_text()
+    assert "reverse_proxy unix/{$LITH_SOCKET} {" in caddyfile
+    assert "PORT=" not in (DEPLOY / "env.example").read_text()
 
 
 def unit_command(key: str, release: Path, app: str) -> list[str]:
@@ -345,7 +407,7 @@ def test_the_caddyfile_is_valid_and_leaves_the_streams_alone() -> None:
     assert "flush_interval -1" in text and "not path /lith/stream*" in text
     if shutil.which("caddy") is None:
         pytest.skip("caddy is not installed (apt-get install caddy)")
-    env = {**os.environ, "LITH_DOMAIN": "app.example.com", "LITH_PORT": "8000"}
+    env = {**os.environ, "LITH_DOMAIN": "app.example.com", "LITH_SOCKET": "/run/lith/myapp.sock"}
     done = subprocess.run(["caddy", "adapt", "--config", str(DEPLOY / "Caddyfile"), "--adapter", "caddyfile"],
                           capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -354,7 +416,7 @@ def test_the_caddyfile_is_valid_and_leaves_the_streams_alone() -> None:
     encode = next(r for r in routes if r["handle"][0]["handler"] == "encode")
     assert encode["match"] == [{"not": [{"path": ["/lith/stream*"]}]}]
     proxy = next(r for r in routes if r["handle"][0]["handler"] == "reverse_proxy")["handle"][0]
-    assert proxy["flush_interval"] == -1 and proxy["upstreams"] == [{"dial": "127.0.0.1:8000"}]
+    assert proxy["flush_interval"] == -1 and proxy["upstreams"] == [{"dial": "unix//run/lith/myapp.sock"}]
 
 
 # -- six windows: HTTP/1.1 runs out of connections, Caddy's HTTP/2 does not ----------------------
@@ -373,8 +435,8 @@ SAME_ORIGIN = {"Datastar-Request": "true", "Sec-Fetch-Site": "same-origin"}
 
 
 @pytest.fixture
-def caddy(tmp_path: Path) -> Iterator[Callable[[int], str]]:
-    """`caddy(upstream_port) -> https URL`: deploy/Caddyfile run as is, in front of a local port.
+def caddy(tmp_path: Path) -> Iterator[Callable[[Path], str]]:
+    """`caddy(app_socket) -> https URL`: deploy/Caddyfile run as is, in front of a unix socket.
 
     The global options around it only keep the test to itself: free ports, its own certificate
     store, no admin endpoint, no change to the system's trusted certificates.
@@ -383,14 +445,14 @@ def caddy(tmp_path: Path) -> Iterator[Callable[[int], str]]:
         pytest.skip("caddy is not installed (apt-get install caddy)")
     procs: list[subprocess.Popen[bytes]] = []
 
-    def start(upstream: int) -> str:
+    def start(upstream: Path) -> str:
         https_port = free_port()
         config = tmp_path / "Caddyfile"
         config.write_text(CADDY_TEST_CONFIG.format(
             http_port=free_port(), https_port=https_port, storage=tmp_path / "caddy-data",
             caddyfile=DEPLOY / "Caddyfile",
         ))  # fmt: skip
-        env = {**os.environ, "LITH_DOMAIN": "127.0.0.1", "LITH_PORT": str(upstream), "HOME": str(tmp_path),
+        env = {**os.environ, "LITH_DOMAIN": "127.0.0.1", "LITH_SOCKET": str(upstream), "HOME": str(tmp_path),
                "XDG_DATA_HOME": str(tmp_path / "xdg"), "XDG_CONFIG_HOME": str(tmp_path / "xdg")}  # fmt: skip
         log = open(tmp_path / "caddy.log", "wb")  # noqa: SIM115 - closed with the process
         proc = subprocess.Popen(["caddy", "run", "--config", str(config), "--adapter", "caddyfile"],
@@ -419,7 +481,7 @@ def open_counters(context: Any, url: str, count: int) -> list[Any]:
 
 
 def test_over_http1_six_windows_freeze_the_seventh_behind_caddy_http2_they_do_not(
-    browser: Any, datastar_js: Path, server_factory: Callable[..., Server], caddy: Callable[[int], str],
+    browser: Any, datastar_js: Path, server_factory: Callable[..., Server], caddy: Callable[[Path], str],
     tmp_path: Path,
 ) -> None:
     server = server_factory("examples.counter.app:app", cwd=REPO, env={"COUNTER_DB": str(tmp_path / "c.db")})
@@ -437,8 +499,27 @@ def test_over_http1_six_windows_freeze_the_seventh_behind_caddy_http2_they_do_no
         seventh.goto(server.url + "/", timeout=3_000)
     plain.close()
 
-    # The same app behind deploy/Caddyfile: HTTP/2, one connection carries every window.
-    url = caddy(server.port)
+    # The same app behind deploy/Caddyfile, on a unix socket as the unit serves it: HTTP/2, one
+    # connection carries every window.
+    path = tmp_path / "app.sock"
+    log = open(tmp_path / "uds.log", "wb")  # noqa: SIM115 - closed with the process
+    uds = subprocess.Popen([sys.executable, "-m", "uvicorn", "examples.counter.app:app", "--uds", str(path)],
+                           cwd=REPO, env={**os.environ, "COUNTER_DB": str(tmp_path / "c.db")},
+                           stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not path.exists():
+            assert uds.poll() is None and time.monotonic() < deadline, (tmp_path / "uds.log").read_text()
+            time.sleep(0.05)
+        assert ask(path).startswith(b"HTTP/1.1 200")
+        served_behind_caddy(browser, datastar_js, caddy(path))
+    finally:
+        uds.terminate()
+        uds.wait(30)
+        log.close()
+
+
+def served_behind_caddy(browser: Any, datastar_js: Path, url: str) -> None:
     tls = browser.new_context(ignore_https_errors=True)  # Caddy's own local certificate
     route_datastar(tls, datastar_js)
     windows = open_counters(tls, url, 8)

@@ -27,7 +27,7 @@ EXPECTED = {
     ".ci/run", ".gitignore", "Makefile", "README.md", "pyproject.toml",
     "guestbook/__init__.py", "guestbook/app.py", "guestbook/signin.py", "guestbook/migrations/0001_init.sql",
     "tests/conftest.py", "tests/test_app.py", "tests/test_browser.py",
-    "deploy/Caddyfile", "deploy/deploy.sh", "deploy/env.example", "deploy/lith@.service",
+    "deploy/Caddyfile", "deploy/deploy.sh", "deploy/env.example", "deploy/lith@.service", "deploy/lith@.socket",
     "deploy/logging.json",
 }  # fmt: skip
 WHEEL = f"wheels/fastapi_lith-{__version__}-py3-none-any.whl"  # the version pyproject.toml pins
@@ -60,7 +60,7 @@ def test_the_project_has_every_part_and_no_placeholder_left(project: Path) -> No
 
 def test_the_deploy_files_are_the_repositorys(project: Path) -> None:
     """One source of truth: the template's copies of deploy/ may not drift from the repo's."""
-    for name in ("lith@.service", "Caddyfile", "deploy.sh", "logging.json"):
+    for name in ("lith@.service", "lith@.socket", "Caddyfile", "deploy.sh", "logging.json"):
         assert (project / "deploy" / name).read_bytes() == (REPO / "deploy" / name).read_bytes(), name
     (template,) = [t for rel, t in template_files() if rel == "deploy/env.example.tmpl"]
     example = render_text(template.read_text(), name="myapp", package="myapp")

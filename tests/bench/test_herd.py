@@ -7,7 +7,9 @@ with the unit's flags. Every wait is on a condition, bounded so a hang fails ins
 
 from __future__ import annotations
 
+import asyncio
 import signal
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,15 +28,15 @@ def serve(tmp_path: Path) -> Iterator[object]:
     raise_file_limit()
     servers: list[Server] = []
 
-    def start(**env: str) -> Server:
+    def start(*, held: bool = False, **env: str) -> Server:
         server = Server("bench.lib.tabsapp:app", env={"COUNTER_DB": str(tmp_path / "counter.db"), **env},
-                        access_log=False, log=tmp_path / f"server-{len(servers)}.log")
+                        access_log=False, log=tmp_path / f"server-{len(servers)}.log", held=held)
         servers.append(server)
         return server.start()
 
     yield start
     for server in servers:
-        server.stop()
+        server.close()
 
 
 async def change(herd: Herd, timeout: float = 40) -> int:
@@ -74,6 +76,32 @@ def test_a_restart_with_two_thousand_tabs_brings_every_one_back_current(serve) -
             server.stop(signal.SIGTERM)
             server.start()
             assert await change(herd, timeout=50) == 0
+            assert all(t.connects == 2 for t in herd.tabs)
+            assert herd.statuses() == {}, "answers other than 200 while the tabs came back"
+        finally:
+            await herd.close()
+
+    client.run(run())
+
+
+def test_a_restart_on_a_held_socket_refuses_no_connect_and_brings_every_tab_back_current(serve) -> None:  # type: ignore[no-untyped-def]
+    """deploy/lith@.socket's way: the socket outlives the process, so every reconnect made while
+    no process serves waits in its queue; none is refused, so none is backed off from."""
+    server = serve(held=True, TABS_RECONNECT_WITHIN="2")
+
+    async def run() -> None:
+        herd = Herd(server.port, SHARED, COUNTER, encoding="zstd")
+        try:
+            await herd.open(TABS, timeout=50)
+            # Stopped and started beside the loop, so the tabs reconnect while no process serves.
+            await asyncio.to_thread(server.stop, signal.SIGTERM)
+            with socket.create_connection(("127.0.0.1", server.port), timeout=60) as waiting:  # queued, not refused
+                waiting.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+                await asyncio.to_thread(server.start)
+                assert (await asyncio.to_thread(waiting.recv, 64)).startswith(b"HTTP/1.1 200")
+            assert await change(herd, timeout=50) == 0
+            assert herd.refused() == 0, f"{herd.refused()} connects refused"
+            assert herd.failures() == {}, herd.failures()
             assert all(t.connects == 2 for t in herd.tabs)
             assert herd.statuses() == {}, "answers other than 200 while the tabs came back"
         finally:
