@@ -68,7 +68,7 @@ def make_app() -> Any:
         calls give the growth since, by file."""
         streams = list(lith.hub.streams)
         # Read where it is, not recorded per stream: a record would be memory the figure counts.
-        encoders = [s._encoder for s in streams]  # noqa: SLF001
+        encoders = [s.encoder for s in streams]
         awake = sum(1 for e in encoders if e is not None and not e.hibernating)
         answer: dict[str, Any] = {"rss": rss(), "tasks": len(asyncio.all_tasks()), "streams": len(streams),
                                   "awake": awake}

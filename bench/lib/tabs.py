@@ -219,7 +219,7 @@ class Herd:
         self.connected = self.first_frames = self.frames = self.asleep = 0
         self.target = -1  # the marker `current` counts tabs at
         self.current = 0  # tabs whose latest is at least `target`
-        self._waits: list[tuple[Condition, asyncio.Future[None]]] = []
+        self.waits: list[tuple[Condition, asyncio.Future[None]]] = []
         self.poster: client.Poster | None = None
         self.posted: list[tuple[float, float]] = []  # (sent, 204) of each post
 
@@ -231,18 +231,18 @@ class Herd:
             self.check()
 
     def check(self) -> None:
-        for item in list(self._waits):
+        for item in list(self.waits):
             condition, done = item
             if not done.done() and condition(self):
                 done.set_result(None)
-                self._waits.remove(item)
+                self.waits.remove(item)
 
     async def until(self, condition: Condition, timeout: float) -> bool:
         """Wait until `condition(herd)` holds; False if it did not within `timeout` seconds."""
         if condition(self):
             return True
         done = asyncio.get_running_loop().create_future()
-        self._waits.append((condition, done))
+        self.waits.append((condition, done))
         try:
             await asyncio.wait_for(done, timeout)
             return True
