@@ -8,7 +8,6 @@ import base64
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fastapi_lith import Lith, SettingError
 from fastapi_lith.engine.streams import Stream
-from tests.support import REPO
+from tests.support import REPO, until
 from tests.support.browser import Server
 
 PASSWORD = "a password for this test only"
@@ -37,17 +36,6 @@ def serve(server_factory: Callable[..., Server], db: Path) -> Server:
         "app:app", cwd=db.parent, args=["--app-dir", str(DOCS_APP)],
         env={"DASHBOARD_DB": str(db), "OPERATOR_PASSWORD": PASSWORD, "PYTHONPATH": str(REPO)},
     )
-
-
-async def until(check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    """Ask `check` (a coroutine function) until it gives something true; that, or a failure."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = await check()
-        if got:
-            return got
-        assert time.monotonic() < deadline, "the condition never held"
-        await asyncio.sleep(0.05)
 
 
 async def renders(client: httpx.AsyncClient, base: str) -> dict[str, float]:

@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from fastapi_lith import Accounts, Command, Db, Lith, Rejected, SettingError, TabCommand, Tx
 from fastapi_lith.backends.sqlite.feed import SqliteFeed
 from fastapi_lith.testing import Tabs
-from tests.support import REPO, SUPPORT
+from tests.support import REPO, SUPPORT, until
 from tests.support.browser import Server
 
 APP = "metricsapp:app"
@@ -144,17 +144,6 @@ async def tabs_on_both(server: Server, client: httpx.AsyncClient) -> list[Tab]:
         if len(set(pids)) == 2 and all(pids.count(p) >= 2 for p in set(pids)):
             return tabs
     raise AssertionError("every stream landed in one process")
-
-
-async def until(check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    """Ask `check` (a coroutine function) until it gives something true; that, or a failure."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = await check()
-        if got:
-            return got
-        assert time.monotonic() < deadline, "the condition never held"
-        await asyncio.sleep(0.05)
 
 
 @pytest.fixture
