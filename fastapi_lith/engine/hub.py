@@ -117,6 +117,7 @@ class Hub:
         self.dirty: set[Instance] = set()  # changed since their last render
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self.ending = False  # told to stop (`end_streams`): a stream that opens now ends at once
         self.trace: FrameTracer | None = None  # told of frames made and taken, when the app traces
         # Opens whose views have no frame yet, with what each awaits: see `_first_renders`.
         self._opening: list[tuple[list[Instance], asyncio.Future[None]]] = []
@@ -131,7 +132,9 @@ class Hub:
         end_on_exit_signal(self, self.end_streams)
 
     def end_streams(self) -> None:
-        """Make every stream finish its body: the pages reconnect, to the next process."""
+        """Make every stream finish its body: the pages reconnect, to the next process. One that
+        opens later, until the hub stops, ends after its first frames too."""
+        self.ending = True
         for stream in list(self.streams):
             stream.end()
 
@@ -147,6 +150,7 @@ class Hub:
                 except asyncio.CancelledError:
                     pass
         self._task = None
+        self.ending = False  # stopped: a later start serves streams again
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -284,6 +288,8 @@ class Hub:
         # them all, and a brotli window sized from it fits the largest.
         for instance in waiting:
             await instance.rendered.wait()
+        if self.ending:  # opened after the stop signal ended the others: the page goes elsewhere
+            stream.end()
         return subscription
 
     async def _first_renders(self, fresh: list[Instance]) -> None:

@@ -18,15 +18,6 @@ from collections.abc import Callable
 from typing import Any
 
 _ends: dict[int, tuple[asyncio.AbstractEventLoop, Callable[[], None]]] = {}
-_signalled = False  # a relay saw the stop signal: a stream that opens after it ends at once
-
-
-def exit_signalled() -> bool:
-    """Whether a server of this process was told to stop. Set in the signal handler before the
-    hubs' `end` is scheduled: a stream that opens later sees it, one open before is ended by
-    its hub."""
-    return _signalled
-
 
 def end_on_exit_signal(owner: object, end: Callable[[], None]) -> None:
     """Call `end()` on this loop when SIGTERM or SIGINT arrives, until `forget(owner)`. Only in
@@ -51,8 +42,6 @@ def forget(owner: object) -> None:
 
 def _relay(previous: Callable[[int, Any], None]) -> Callable[..., None]:
     def relay(_server: object, sig: int, frame: Any) -> None:
-        global _signalled
-        _signalled = True
         for loop, end in list(_ends.values()):
             if not loop.is_closed():
                 loop.call_soon_threadsafe(end)  # the handler may run between any two bytecodes

@@ -14,7 +14,6 @@ from starlette.types import Message, Receive, Scope, Send
 
 from ..engine.commands import TAB_ID
 from ..engine.encoders import Encoder
-from ..engine.shutdown import exit_signalled
 from ..engine.streams import Principal, Stream, Subscription
 from ..exceptions import AccessDenied, ViewError
 from .access import StreamTokens, refusal, stream_path
@@ -51,8 +50,6 @@ class StreamResponse(EventSourceResponse):
         if scope["type"] != "http" or scope["method"] == "HEAD":
             await super().__call__(scope, receive, send)  # headers only: no body starts
             return
-        if exit_signalled():  # opened after the hub ended its streams: end this one too
-            self.end()
         disconnect = asyncio.ensure_future(self._until_disconnect(receive))
         body = self.body_iterator
         try:

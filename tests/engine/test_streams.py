@@ -704,22 +704,25 @@ async def test_server_shutdown_ends_a_stream_cleanly_and_frees_it(tmp_path: Path
         assert not lith.hub.streams
 
 
-async def test_a_stream_that_opens_after_the_stop_signal_ends_at_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from fastapi_lith.engine import shutdown
+async def test_a_stream_that_opens_after_the_stop_signal_ends_at_once(tmp_path: Path) -> None:
     from fastapi_lith.engine.encoders import ZstdEncoder
     from tests.engine.test_hub import make_lith
 
     lith, _ = make_lith(tmp_path)
     async with lith.lifespan():
+        lith.hub.end_streams()  # what the hub does when uvicorn is told to stop
         response = await lith.open_stream(stream_request("views=board/1&tab=t1"), ZstdEncoder())
-        # The hub ended its streams a moment ago; this one was still being opened.
-        monkeypatch.setattr(shutdown, "_signalled", True)
         exchange = Exchange(response, "zstd")
         await asyncio.wait_for(exchange.task, 10)
         assert exchange.decoder.frames_ended == 1  # a clean end: the page reconnects elsewhere
         assert not lith.hub.streams
+    async with lith.lifespan():  # the next start serves streams again
+        response = await lith.open_stream(stream_request("views=board/1&tab=t1"), ZstdEncoder())
+        exchange = Exchange(response, "zstd")
+        await exchange.until('<p id="board-1">0</p>')
+        assert not exchange.task.done()
+        exchange.gone.set()
+        await asyncio.wait_for(exchange.task, 10)
 
 
 async def test_a_client_that_stops_reading_is_ended_after_the_send_timeout(tmp_path: Path) -> None:
