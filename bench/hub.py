@@ -203,7 +203,7 @@ async def run(sc: Scenario, folder: Path, warmup: float, seconds: float, rate: f
     edges: dict[str, Any] = {}
     async with lith.lifespan():
         hub, writer = lith.hub, lith.writer
-        metrics = lith.metrics  # made after the start: sampled at the window's edges only, no sampler
+        metrics = getattr(lith, "metrics", None)  # made after the start: sampled at the window's edges only, no sampler
         keepers = [Stream(f"keep-{i}") for i in range(sc.keepers)]
         stalled = [Stream(f"stall-{i}") for i in range(sc.stalled_same)]
         alone = [Stream(f"alone-{n}") for n in range(2, 2 + sc.alone)]

@@ -30,6 +30,8 @@ Per N it reports, all measured on the N streams:
     python -m bench.tabs --tabs 2000 --variants shared --storms 3   # each way 3 times, interleaved
     python -m bench.tabs --tabs 1000,2000 --variants shared
     python -m bench.tabs --quick                # 1,000 tabs, shared, shorter
+    python -m bench.tabs --tabs 10000 --variants shared --no-storm --profile 20   # where the broadcast goes
+    python -m bench.tabs --tabs 10000 --variants shared --listen bound --serving uvicorn,granian
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ from typing import Any
 
 from .lib import client, harness
 from .lib.proc import Usage, Window
-from .lib.server import Server
+from .lib.profile import Spy
+from .lib.server import SERVING, Server
 from .lib.stats import median, number, percentile
 from .lib.tabs import COUNTER, MINE, Herd, listen_limits, listen_overflows, raise_file_limit
 
@@ -58,6 +61,9 @@ PROBE_EVERY = 0.02  # seconds between the POSTs that read the server's responsiv
 # Seconds between the changes made while the storm comes back: a change costs a frame at every
 # tab already back (a render each in the per-tab variant), so more would measure the changes.
 STORM_CHANGE_EVERY = 1.0
+STORM_FIGURES = ("all_back", "stop_s", "start_s", "back_p50_s", "back_p95_s", "back_max_s", "reconnected_max_s",
+                 "fivexx", "refused_after", "listen_overflows", "failed", "refused_before", "peak_over_steady",
+                 "during_p95_ms", "during_n")
 
 
 async def probe(herd: Herd, until: asyncio.Event, answers: list[float]) -> None:
@@ -79,8 +85,9 @@ async def probe(herd: Herd, until: asyncio.Event, answers: list[float]) -> None:
         poster.close()
 
 
-async def broadcast(herd: Herd, rounds: int, pid: int) -> dict[str, Any]:
-    """`rounds` changes, one after another, each awaited at every tab."""
+async def broadcast(herd: Herd, rounds: int, pid: int, profile: float = 0.0) -> dict[str, Any]:
+    """`rounds` changes, one after another, each awaited at every tab; with `profile`, py-spy
+    over the server meanwhile, the changes going on until its window of that many seconds ends."""
     n = len(herd.tabs)
     stop, answers = asyncio.Event(), list[float]()
     prober = asyncio.create_task(probe(herd, stop, answers))
@@ -88,7 +95,11 @@ async def broadcast(herd: Herd, rounds: int, pid: int) -> dict[str, Any]:
     missed = 0
     window = Window.open(pid)
     frames_before = herd.frames
-    for _ in range(rounds):
+    spy = Spy(pid, profile) if profile else None
+    began = time.perf_counter()
+    done = 0
+    while done < rounds or time.perf_counter() - began < profile:
+        done += 1
         value = max(t.latest for t in herd.tabs) + 1
         herd.watch(value)
         status, answered = await herd.post("/add", {"n": 1})
@@ -100,6 +111,10 @@ async def broadcast(herd: Herd, rounds: int, pid: int) -> dict[str, Any]:
     frames = herd.frames - frames_before
     stop.set()
     await prober
+    if spy is not None:
+        summary = await asyncio.to_thread(spy.summary)
+        print(f"\nprofile of the server, {n} tabs, {done} changes ({spy.command}):\n{summary}\n",
+              file=sys.stderr, flush=True)
     return {"latencies": latencies, "missed": missed, "post_p95_ms": percentile(answers, 95) * 1000,
             "cpu_us_per_frame": cost.cores * cost.seconds / max(1, frames) * 1e6, "cores": cost.cores,
             "frames": frames}
@@ -172,10 +187,11 @@ async def storm(herd: Herd, server: Server) -> dict[str, Any]:
 
 
 async def run_size(variant: str, n: int, rounds: int, hibernate_after: float, workers: int,
-                   tmp: Path, listen: str) -> dict[str, float]:
-    db = tmp / f"{variant}-{n}-{listen}.db"
+                   tmp: Path, listen: str, profile: float, storms: bool, serving: str = "uvicorn") -> dict[str, float]:
+    db = tmp / f"{variant}-{n}-{listen}-{serving}.db"
     server = Server("bench.lib.tabsapp:app", env={"COUNTER_DB": str(db), "TABS_HIBERNATE_AFTER": str(hibernate_after)},
-                    workers=workers, access_log=False, held=listen == "held")
+                    workers=workers, access_log=False, held=listen == "held",
+                    serving=serving)
     await asyncio.to_thread(server.start)
     herd = Herd(server.port, VARIANTS[variant], COUNTER if variant == "shared" else MINE, encoding="zstd")
     try:
@@ -186,17 +202,17 @@ async def run_size(variant: str, n: int, rounds: int, hibernate_after: float, wo
         connected_s = time.perf_counter() - started
         first_frame_s = await opening
         awake = Usage.of(server.pid).rss
-        cast = await broadcast(herd, rounds, server.pid)
+        cast = await broadcast(herd, rounds, server.pid, profile)
         asleep = float("nan")
         if await herd.until(lambda h: h.asleep >= n, hibernate_after + 60):
             asleep = Usage.of(server.pid).rss
         woken = await broadcast(herd, 1, server.pid)
-        gone = await storm(herd, server)
+        gone = await storm(herd, server) if storms else {**dict.fromkeys(STORM_FIGURES, float("nan")), "failures": {}}
     finally:
         await herd.close()
         await asyncio.to_thread(server.close)
         db.unlink(missing_ok=True)
-    print(f"{variant}, {n} tabs, {listen}, the storm's other failed fetches: {gone['failures'] or 'none'}; "
+    print(f"{variant}, {n} tabs, {listen}, {serving}, the storm's other failed fetches: {gone['failures'] or 'none'}; "
           f"statuses other than 200: {herd.statuses() or 'none'}", file=sys.stderr, flush=True)
     lat = cast["latencies"]
     return {
@@ -216,11 +232,20 @@ def arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--hibernate-after", type=float, default=5.0, help="the server's hibernate_after, s")
     ap.add_argument("--workers", type=int, default=1, help="uvicorn --workers (RSS and CPU: the whole tree)")
     ap.add_argument("--listen", default="bound,held", help=f"of {', '.join(LISTEN)}, interleaved")
+    ap.add_argument("--serving", default="uvicorn",
+                    help=f"of {', '.join(SERVING)}, interleaved (granian binds its own port: bound only)")
     ap.add_argument("--storms", type=int, default=1, help="runs of each size and way, interleaved (medians shown)")
+    ap.add_argument("--no-storm", action="store_true", help="open and broadcast only: no restart")
+    ap.add_argument("--profile", type=float, default=0.0, metavar="SECONDS",
+                    help="py-spy over the server for this long during the broadcasts (changes go on meanwhile)")
 
 
 def measure(args: argparse.Namespace) -> harness.Result:
     listens, storms = args.listen.split(","), args.storms
+    if args.no_storm:  # the two ways differ only in the storm
+        listens = listens[:1]
+    ways = [(listen, serving) for listen in listens for serving in args.serving.split(",")
+            if not (listen == "held" and serving == "granian")]
     if args.smoke:
         sizes, variants, rounds, hibernate = [50], ["shared"], 2, 1.0
     elif args.quick:
@@ -236,11 +261,13 @@ def measure(args: argparse.Namespace) -> harness.Result:
         for variant in variants:
             for n in sizes:
                 for _ in range(storms):
-                    for listen in listens:  # interleaved: a busy spell on the machine costs both ways
+                    for listen, serving in ways:  # interleaved: a busy spell on the machine costs each way
                         began = time.perf_counter()
-                        row = client.run(run_size(variant, n, rounds, hibernate, args.workers, Path(tmp), listen))
-                        runs.setdefault(f"{variant}_{n}_{listen}", []).append(row)
-                        print(f"{variant}, {n} tabs, {listen}: {time.perf_counter() - began:.0f} s; storm back p95 "
+                        row = client.run(run_size(variant, n, rounds, hibernate, args.workers, Path(tmp), listen,
+                                                          args.profile, not args.no_storm, serving))
+                        way = listen if serving == "uvicorn" else f"{listen}_{serving}"
+                        runs.setdefault(f"{variant}_{n}_{way}", []).append(row)
+                        print(f"{variant}, {n} tabs, {way}: {time.perf_counter() - began:.0f} s; storm back p95 "
                               f"{row['storm_back_p95_s']:.2f} s, max {row['storm_back_max_s']:.2f} s, refused "
                               f"{row['storm_refused_before'] + row['storm_refused_after']:.0f}",
                               file=sys.stderr, flush=True)
@@ -264,6 +291,8 @@ def measure(args: argparse.Namespace) -> harness.Result:
             f"| {key} | {r['connected_s']:.2f} | {r['first_frame_s']:.2f} | {number(r['awake_kib'], 1)} "
             f"| {number(r['asleep_kib'], 1)} | {r['p50_ms']:.0f} | {r['p95_ms']:.0f} | {r['p99_ms']:.0f} "
             f"| {r['missed']:.0f} | {r['wake_p95_ms']:.0f} | {r['post_p95_ms']:.1f} | {r['cpu_us_per_frame']:.1f} |")
+    if args.no_storm:
+        return harness.Result(figures, "\n".join(text), {"rows": rows, "runs": runs})
     text += [
         "\nThe storm: SIGTERM with every tab open, start again; seconds after the new process's first answer. "
         "bound: uvicorn binds the port; held: the socket outlives the process (deploy/lith@.socket).\n",

@@ -181,12 +181,12 @@ async def window(writer: Writer, lith: Lith, producers: int, warmup: float, seco
         return writer.do(TabAdd(id=cid, n=1, tab=f"tab{k}", op=i + 1) if tab else Add(id=cid, n=1))
 
     def opened() -> None:
-        edges.update(threads=ThreadClocks(), start=Counts.of(lith.metrics))
+        edges.update(threads=ThreadClocks(), start=Counts.of(getattr(lith, "metrics", None)))
         if profile:
             edges["spy"] = Spy(os.getpid(), seconds)
 
     def closed() -> None:
-        edges.update(cores=edges["threads"].cores(), counts=Counts.of(lith.metrics) - edges["start"])
+        edges.update(cores=edges["threads"].cores(), counts=Counts.of(getattr(lith, "metrics", None)) - edges["start"])
 
     return await produce(send, producers, warmup=warmup, seconds=seconds, opened=opened, closed=closed), edges
 

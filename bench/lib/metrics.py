@@ -29,6 +29,9 @@ Key = tuple[str, frozenset[tuple[str, str]]]
 class Counts:
     values: dict[Key, float] = field(default_factory=dict)
     gauges: set[str] = field(default_factory=set)  # sample names whose values are levels, not totals
+    # An older library (`--against` a commit from before the metrics) counts nothing this way:
+    # every figure read from it is NaN, shown as "–", rather than a zero that looks measured.
+    absent: bool = False
 
     @classmethod
     def of_families(cls, families: Iterable[Any]) -> Counts:
@@ -44,7 +47,10 @@ class Counts:
 
     @classmethod
     def of(cls, metrics: Any) -> Counts:
-        """`lith.metrics` (a `fastapi_lith.Metrics`) brought up to date, then read."""
+        """`lith.metrics` (a `fastapi_lith.Metrics`) brought up to date, then read; None (a
+        library with no metrics) reads as absent."""
+        if metrics is None:
+            return cls(absent=True)
         metrics.sample()
         return cls.of_families(metrics.registry.collect())
 
@@ -56,15 +62,21 @@ class Counts:
         return cls.of_families(text_string_to_metric_families(text))
 
     def __sub__(self, before: Counts) -> Counts:
+        if self.absent or before.absent:
+            return Counts(absent=True)
         return Counts({key: value if key[0] in self.gauges else value - before.values.get(key, 0.0)
                        for key, value in self.values.items()}, set(self.gauges))
 
     def get(self, name: str, **labels: str) -> float:
         """One series' value; 0 when it has none (nothing counted yet)."""
+        if self.absent:
+            return math.nan
         return self.values.get((name, frozenset(labels.items())), 0.0)
 
     def total(self, name: str, **labels: str) -> float:
         """The sum of every series of `name` that has these labels (and any others)."""
+        if self.absent:
+            return math.nan
         want = set(labels.items())
         return sum(v for (n, ls), v in self.values.items() if n == name and want <= ls)
 

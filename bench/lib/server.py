@@ -10,6 +10,10 @@ per POST is CPU the figures would carry.
 `held=True` serves as the unit does under deploy/lith@.socket: this process holds the listening
 socket and each uvicorn it starts takes it as `--fd`, so a restart keeps the port listening and
 a connect meanwhile waits in its queue instead of being refused.
+
+`serving="granian"` serves the same app with granian (its ASGI interface, uvloop, the same
+backlog, and no cap on the requests it runs at once: a stream is a request), for comparing the
+serving stack; it takes no held socket (granian has no `--fd`).
 """
 
 from __future__ import annotations
@@ -46,6 +50,19 @@ def deploy_flags(workers: int = 1, *, access_log: bool = True, http: str = "http
     return flags
 
 
+def granian_flags(workers: int = 1, *, access_log: bool = True) -> list[str]:
+    """granian's nearest to the unit's flags. Its default backpressure (the requests one worker
+    runs at once) is the backlog: a tab's stream is a request that never ends, so it is lifted."""
+    flags = ["--interface", "asgi", "--http", "1", "--loop", "uvloop", "--backlog", str(BACKLOG),
+             "--backpressure", "1000000", "--workers", str(workers), "--no-ws"]
+    if access_log:
+        flags.append("--access-log")
+    return flags
+
+
+SERVING = ("uvicorn", "granian")
+
+
 def held_socket() -> socket.socket:
     """A listening socket on a free port of 127.0.0.1, as systemd opens one for a socket unit.
 
@@ -77,10 +94,16 @@ class Server:
     `held`, on a socket this process holds until `close()`."""
 
     def __init__(self, app: str, *, env: dict[str, str] | None = None, workers: int = 1, access_log: bool = True,
-                 http: str = "httptools", ready: str = "/", log: Path | None = None, held: bool = False) -> None:
-        self.app, self.workers, self.ready = app, workers, ready
+                 http: str = "httptools", ready: str = "/", log: Path | None = None, held: bool = False,
+                 serving: str = "uvicorn") -> None:
+        assert serving in SERVING, serving
+        assert not (held and serving == "granian"), "granian takes no --fd: it binds its own port"
+        self.app, self.workers, self.ready, self.serving = app, workers, ready, serving
         self.env = child_env(LIBRARY, **(env or {}))
-        self.flags = deploy_flags(workers, access_log=access_log, http=http)
+        if serving == "granian":
+            self.flags = granian_flags(workers, access_log=access_log)
+        else:
+            self.flags = deploy_flags(workers, access_log=access_log, http=http)
         self.socket = held_socket() if held else None
         self.port = free_port() if self.socket is None else int(self.socket.getsockname()[1])
         self.log = log or Path(tempfile.mkstemp(prefix="lith-bench-server-", suffix=".log")[1])
@@ -93,7 +116,7 @@ class Server:
             listen = ["--fd", str(self.socket.fileno())]
         else:
             listen = ["--host", "127.0.0.1", "--port", str(self.port)]
-        return [sys.executable, "-m", "uvicorn", self.app, *listen, *self.flags]
+        return [sys.executable, "-m", self.serving, self.app, *listen, *self.flags]
 
     @property
     def pid(self) -> int:
@@ -108,10 +131,11 @@ class Server:
                                          pass_fds=fds)
         while not answers(self.port, self.ready):
             if self.proc.poll() is not None:
-                raise RuntimeError(f"uvicorn exited with {self.proc.returncode}:\n{self.tail()}")
+                raise RuntimeError(f"{self.serving} exited with {self.proc.returncode}:\n{self.tail()}")
             if time.monotonic() - began > STARTUP_SECONDS:
                 self.stop()
-                raise RuntimeError(f"uvicorn did not answer {self.ready} in {STARTUP_SECONDS:.0f} s:\n{self.tail()}")
+                raise RuntimeError(f"{self.serving} did not answer {self.ready} in {STARTUP_SECONDS:.0f} s:\n"
+                                   f"{self.tail()}")
             time.sleep(0.05)  # polling a port that is not yet open: nothing else to wait on
         self.started_in = time.monotonic() - began
         return self
