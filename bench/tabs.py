@@ -187,7 +187,7 @@ async def storm(herd: Herd, server: Server) -> dict[str, Any]:
 
 
 async def run_size(variant: str, n: int, rounds: int, hibernate_after: float, workers: int,
-                   tmp: Path, listen: str, profile: float, storms: bool, serving: str = "uvicorn") -> dict[str, float]:
+                   tmp: Path, listen: str, profile: float, restart: bool, serving: str = "uvicorn") -> dict[str, float]:
     db = tmp / f"{variant}-{n}-{listen}-{serving}.db"
     server = Server("bench.lib.tabsapp:app", env={"COUNTER_DB": str(db), "TABS_HIBERNATE_AFTER": str(hibernate_after)},
                     workers=workers, access_log=False, held=listen == "held",
@@ -207,7 +207,7 @@ async def run_size(variant: str, n: int, rounds: int, hibernate_after: float, wo
         if await herd.until(lambda h: h.asleep >= n, hibernate_after + 60):
             asleep = Usage.of(server.pid).rss
         woken = await broadcast(herd, 1, server.pid)
-        gone = await storm(herd, server) if storms else {**dict.fromkeys(STORM_FIGURES, float("nan")), "failures": {}}
+        gone = await storm(herd, server) if restart else {**dict.fromkeys(STORM_FIGURES, float("nan")), "failures": {}}
     finally:
         await herd.close()
         await asyncio.to_thread(server.close)
