@@ -18,6 +18,7 @@ from statistics import quantiles
 from typing import Any, Protocol
 
 from ..exceptions import AccessDenied
+from . import collector
 from .db import Db
 from .feed import Feed, LocalFeed
 from .frames import Frame
@@ -130,6 +131,7 @@ class Hub:
         at the server's stop signal, not at its next look (see shutdown.py)."""
         self._task = asyncio.create_task(self._run(), name="lith-hub")
         end_on_exit_signal(self, self.end_streams)
+        collector.space_full_collections()
 
     def end_streams(self) -> None:
         """Make every stream finish its body: the pages reconnect, to the next process. One that
