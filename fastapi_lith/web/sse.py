@@ -37,7 +37,8 @@ class StreamResponse(EventSourceResponse):
     """
 
     def __init__(
-        self, content: AsyncIterator[bytes], *, stream: Stream | None, send_timeout: float, headers: dict[str, str]
+        self, content: AsyncIterator[bytes], *, stream: Stream | None, send_timeout: float, headers: dict[str, str],
+        on_close: Callable[[], object] | None = None,
     ) -> None:
         # sse-starlette's own ping is off: a raw ping would corrupt a compressed body, so
         # keep-alives go through the encoder.
@@ -47,14 +48,22 @@ class StreamResponse(EventSourceResponse):
         raw = tuple(self.raw_headers)
         self.raw_headers = list(_HEADERS.setdefault(raw, raw))
         self.stream = stream
+        self.on_close = on_close  # once the response is done, however it ended (a subscription's close)
         self._sending_since: float | None = None  # loop time the send in progress began
         self._watchdog: asyncio.TimerHandle | None = None
         self._timed_out = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] == "HEAD":
-            await super().__call__(scope, receive, send)  # headers only: no body starts
-            return
+        try:
+            if scope["type"] != "http" or scope["method"] == "HEAD":
+                await super().__call__(scope, receive, send)  # headers only: no body starts
+            else:
+                await self._stream(receive, send)
+        finally:
+            if self.on_close is not None:
+                self.on_close()
+
+    async def _stream(self, receive: Receive, send: Send) -> None:
         disconnect = asyncio.ensure_future(self._until_disconnect(receive))
         body = self.body_iterator
         loop = asyncio.get_running_loop()
@@ -153,25 +162,11 @@ async def stream_response(
     headers = {"Vary": "Accept-Encoding"}
     if encoder.name:
         headers["Content-Encoding"] = encoder.name
-    return StreamResponse(
-        tab_body(
-            subscription, encoder, keepalive=keepalive, hibernate_after=hibernate_after,
-            retry=round(1000 * random.uniform(1.0, reconnect_within)),
-        ),
-        stream=subscription.stream,
-        send_timeout=send_timeout,
-        headers=headers,
+    stream = subscription.stream
+    # The stream ends cleanly at server shutdown (the hub ends it), so the page's
+    # `retry: 'always'` reconnects to the next process; then its subscription closes.
+    body = stream.body(
+        encoder, keepalive=keepalive, hibernate_after=hibernate_after,
+        retry=round(1000 * random.uniform(1.0, reconnect_within)),
     )
-
-
-async def tab_body(
-    subscription: Subscription, encoder: Encoder, *, keepalive: float, hibernate_after: float, retry: int | None = None
-) -> AsyncIterator[bytes]:
-    """`stream.body`, then the subscription closed. The stream ends cleanly at server shutdown
-    (the hub ends it) so the page's `retry: 'always'` reconnects to the next process."""
-    try:
-        body = subscription.stream.body(encoder, keepalive=keepalive, hibernate_after=hibernate_after, retry=retry)
-        async for chunk in body:
-            yield chunk
-    finally:
-        subscription.close()
+    return StreamResponse(body, stream=stream, send_timeout=send_timeout, headers=headers, on_close=subscription.close)
