@@ -10,7 +10,7 @@ Layers, each adding one thing to the one above:
   starlette     Starlette's StreamingResponse over an async generator
   sse           sse-starlette's EventSourceResponse, no ping, no send timeout
   sse+timeout   the same with a send timeout and a shutdown event (an AnyIO cancel scope per send)
-  lith-timeout  the library's `StreamResponse` instead: the request's own task, one asyncio timeout per send
+  lith-timeout  the library's `StreamResponse` instead: the request's own task, one watchdog timer for its sends
   lith          the library's stream body: frames offered to a `Stream`, encoded (identity) by
                 the fan-out, written by the tab's body inside `StreamResponse`; a frame is
                 offered as soon as the previous one is taken

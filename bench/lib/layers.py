@@ -17,13 +17,13 @@ from typing import Any
 from fastapi_lith import Frame, IdentityEncoder, Stream
 from fastapi_lith.engine.frames import sse_event
 from fastapi_lith.engine.streams import Subscription
-from fastapi_lith.web.sse import StreamResponse, tab_body
+from fastapi_lith.web.sse import StreamResponse
 
 SEND_TIMEOUT = 10.0  # the library's default (Lith(send_timeout=))
 
 
 def timed_response(body: Any) -> Any:
-    """Any async body inside the library's `StreamResponse`: one asyncio timeout per send."""
+    """Any async body inside the library's `StreamResponse`: its sends watched for the send timeout."""
     return StreamResponse(body, stream=None, send_timeout=SEND_TIMEOUT, headers={})
 
 
@@ -52,5 +52,5 @@ def tab_response(n: int, size: int) -> Any:
     subscription = Subscription(Feeder(stream, n, frame), stream, ("k",))
     stream.watch(subscription)
     stream.offer(frame)
-    return StreamResponse(tab_body(subscription, IdentityEncoder(), keepalive=15.0, hibernate_after=30.0),
-                          stream=stream, send_timeout=SEND_TIMEOUT, headers={})
+    return StreamResponse(stream.body(IdentityEncoder(), keepalive=15.0, hibernate_after=30.0),
+                          stream=stream, send_timeout=SEND_TIMEOUT, headers={}, on_close=subscription.close)

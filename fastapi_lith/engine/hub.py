@@ -21,6 +21,7 @@ from ..exceptions import AccessDenied
 from . import collector
 from .db import Db
 from .feed import Feed, LocalFeed
+from .flag import Flag
 from .frames import Frame
 from .readers import Readers
 from .shutdown import end_on_exit_signal, forget
@@ -46,7 +47,7 @@ class Instance:
     watchers: set[Stream] = field(default_factory=set)
     frame: Frame | None = None
     rendering: bool = False  # one render at a time, so an older result never lands last
-    rendered: asyncio.Event = field(default_factory=asyncio.Event)  # a first render was tried
+    rendered: Flag = field(default_factory=Flag)  # a first render was tried
 
     def render(self, db: Db, timings: deque[tuple[str, float]]) -> Frame | Exception:
         """Render on a reader thread, once for all watchers; its duration goes to `timings`."""

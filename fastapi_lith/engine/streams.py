@@ -22,6 +22,7 @@ from typing import Protocol
 
 from . import fanout as _fanout
 from .encoders import Encoder
+from .flag import Flag
 from .frames import Frame, sse_event, sse_fields
 
 
@@ -96,7 +97,7 @@ class Stream:
         self.send_timeouts = 0  # set by the response when the client stopped reading
         self.encoding = False  # the encoder is in a worker's hands
         self._pending: dict[str, Frame] = {}
-        self._ready = asyncio.Event()
+        self._ready = Flag()
         self._subscription: Subscription | None = None  # set by `watch`, from the hub's `open`
         # Set by `body`: the fan-out encodes pending frames, the body writes the bytes.
         self._encoder: Encoder | None = None

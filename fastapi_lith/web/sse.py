@@ -10,7 +10,7 @@ from sse_starlette import EventSourceResponse
 from sse_starlette.sse import SendTimeoutError
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from ..engine.commands import TAB_ID
 from ..engine.encoders import Encoder
@@ -30,12 +30,15 @@ class StreamResponse(EventSourceResponse):
     hub ends every stream at the server's stop signal (engine/shutdown.py), and uvicorn's `send`
     returns quietly once the client is gone, so a waiter on `receive()` is the one way to learn
     of a disconnect; it ends `stream`, the tab's stream the body writes, and the body finishes.
-    Each send keeps `send_timeout` on one asyncio timeout: a client that stops reading is ended
-    after it, and its stream counts it (the metrics' `lith_stream_send_timeouts_total`).
+    A send that takes `send_timeout` (a client that stops reading, its socket's buffer full) is
+    ended, and its stream counts it (the metrics' `lith_stream_send_timeouts_total`). One timer
+    per response watches the sends, armed again only when it fires: nearly every send returns
+    at once, and a timer armed and cancelled around each would cost the loop more than the send.
     """
 
     def __init__(
-        self, content: AsyncIterator[bytes], *, stream: Stream | None, send_timeout: float, headers: dict[str, str]
+        self, content: AsyncIterator[bytes], *, stream: Stream | None, send_timeout: float, headers: dict[str, str],
+        on_close: Callable[[], object] | None = None,
     ) -> None:
         # sse-starlette's own ping is off: a raw ping would corrupt a compressed body, so
         # keep-alives go through the encoder.
@@ -45,27 +48,55 @@ class StreamResponse(EventSourceResponse):
         raw = tuple(self.raw_headers)
         self.raw_headers = list(_HEADERS.setdefault(raw, raw))
         self.stream = stream
+        self.on_close = on_close  # once the response is done, however it ended (a subscription's close)
+        self._sending_since: float | None = None  # loop time the send in progress began
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._timed_out = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] == "HEAD":
-            await super().__call__(scope, receive, send)  # headers only: no body starts
-            return
+        try:
+            if scope["type"] != "http" or scope["method"] == "HEAD":
+                await super().__call__(scope, receive, send)  # headers only: no body starts
+            else:
+                await self._stream(receive, send)
+        finally:
+            if self.on_close is not None:
+                self.on_close()
+
+    async def _stream(self, receive: Receive, send: Send) -> None:
         disconnect = asyncio.ensure_future(self._until_disconnect(receive))
         body = self.body_iterator
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        timeout = self.send_timeout
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             async for chunk in body:
-                await self._send_with_timeout(send, {"type": "http.response.body", "body": chunk, "more_body": True})
+                if timeout is not None:
+                    self._sending_since = now = loop.time()
+                    if self._watchdog is None:
+                        self._watchdog = loop.call_at(now + timeout, self._watch, loop, task, timeout)
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                self._sending_since = None
             await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except BaseException:
+        except BaseException as exc:
+            # Counted before the body closes: its stream's counts then go to the hub's totals.
+            timed_out = self._timed_out and isinstance(exc, asyncio.CancelledError)
+            timed_out = timed_out and task is not None and task.uncancel() == 0  # the watchdog's cancel alone
+            if timed_out and self.stream is not None:
+                self.stream.send_timeouts += 1
             # The body waits at a `yield`: closing it runs its cleanup (the subscription closes)
             # before the error goes on.
             aclose = getattr(body, "aclose", None)
             if aclose is not None:
                 await aclose()
+            if timed_out:
+                raise SendTimeoutError() from None
             raise
         finally:
             disconnect.cancel()
+            if self._watchdog is not None:
+                self._watchdog.cancel()
 
     async def _until_disconnect(self, receive: Receive) -> None:
         while (await receive())["type"] != "http.disconnect":
@@ -76,17 +107,19 @@ class StreamResponse(EventSourceResponse):
         if self.stream is not None:
             self.stream.end()
 
-    async def _send_with_timeout(self, send: Send, message: Message) -> None:
-        if self.send_timeout is None:
-            await send(message)
+    def _watch(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[object] | None, timeout: float) -> None:
+        """The watchdog's turn: end a send begun `timeout` ago; else look again when the one in
+        progress would be late, or at the next send if none is."""
+        self._watchdog = None
+        since = self._sending_since
+        if since is None:
             return
-        try:
-            async with asyncio.timeout(self.send_timeout):
-                await send(message)
-        except TimeoutError:
-            if self.stream is not None:
-                self.stream.send_timeouts += 1
-            raise SendTimeoutError() from None
+        if loop.time() >= since + timeout:
+            if task is not None and not self._timed_out:
+                self._timed_out = True
+                task.cancel()
+            return
+        self._watchdog = loop.call_at(since + timeout, self._watch, loop, task, timeout)
 
 
 async def stream_response(
@@ -129,25 +162,11 @@ async def stream_response(
     headers = {"Vary": "Accept-Encoding"}
     if encoder.name:
         headers["Content-Encoding"] = encoder.name
-    return StreamResponse(
-        tab_body(
-            subscription, encoder, keepalive=keepalive, hibernate_after=hibernate_after,
-            retry=round(1000 * random.uniform(1.0, reconnect_within)),
-        ),
-        stream=subscription.stream,
-        send_timeout=send_timeout,
-        headers=headers,
+    stream = subscription.stream
+    # The stream ends cleanly at server shutdown (the hub ends it), so the page's
+    # `retry: 'always'` reconnects to the next process; then its subscription closes.
+    body = stream.body(
+        encoder, keepalive=keepalive, hibernate_after=hibernate_after,
+        retry=round(1000 * random.uniform(1.0, reconnect_within)),
     )
-
-
-async def tab_body(
-    subscription: Subscription, encoder: Encoder, *, keepalive: float, hibernate_after: float, retry: int | None = None
-) -> AsyncIterator[bytes]:
-    """`stream.body`, then the subscription closed. The stream ends cleanly at server shutdown
-    (the hub ends it) so the page's `retry: 'always'` reconnects to the next process."""
-    try:
-        body = subscription.stream.body(encoder, keepalive=keepalive, hibernate_after=hibernate_after, retry=retry)
-        async for chunk in body:
-            yield chunk
-    finally:
-        subscription.close()
+    return StreamResponse(body, stream=stream, send_timeout=send_timeout, headers=headers, on_close=subscription.close)

@@ -744,6 +744,50 @@ async def test_a_client_that_stops_reading_is_ended_after_the_send_timeout(tmp_p
         assert not lith.hub.streams
 
 
+async def test_a_head_of_the_stream_answers_its_headers_and_leaves_nothing_watching(tmp_path: Path) -> None:
+    from fastapi_lith.engine.encoders import ZstdEncoder
+    from tests.engine.test_hub import make_lith
+
+    lith, _ = make_lith(tmp_path)
+    async with lith.lifespan():
+        response = await lith.open_stream(stream_request("views=board/1&tab=t1"), ZstdEncoder())
+        assert len(lith.hub.streams) == 1  # opened for the request, as for a GET
+        sent: list[dict] = []
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        async def receive() -> dict:
+            return {"type": "http.disconnect"}
+
+        await asyncio.wait_for(response({"type": "http", "method": "HEAD", "path": "/stream", "headers": []}, receive, send), 10)
+        assert sent[0]["status"] == 200 and (b"content-encoding", b"zstd") in sent[0]["headers"]
+        assert b"".join(m.get("body", b"") for m in sent[1:]) == b""
+        assert not lith.hub.streams and not lith.hub.instances  # nothing left watching the board
+
+
+async def test_a_stream_idle_past_the_send_timeout_is_not_ended(tmp_path: Path) -> None:
+    """The send timeout is for a send that cannot finish: a stream with nothing to send for
+    longer than it, between frames, stays open and sends the next."""
+    from fastapi_lith.engine.encoders import IdentityEncoder
+    from tests.engine.test_hub import Add, make_lith
+
+    lith, _ = make_lith(tmp_path)
+    lith.send_timeout = 0.2
+    lith.keepalive = 1.0  # the first thing sent after several send timeouts' worth of quiet
+    async with lith.lifespan():
+        response = await lith.open_stream(stream_request("views=board/1&tab=t1"), IdentityEncoder())
+        exchange = Exchange(response, "identity")
+        await exchange.until('<p id="board-1">0</p>')
+        await exchange.until(": keep-alive")
+        await lith.writer.do(Add())
+        await exchange.until('<p id="board-1">1</p>')
+        assert not exchange.task.done()
+        assert [s.send_timeouts for s in lith.hub.streams] == [0]
+        exchange.gone.set()
+        await asyncio.wait_for(exchange.task, 10)
+
+
 async def test_next_returns_nothing_once_its_timeout_passes() -> None:
     from fastapi_lith.engine.streams import Stream
 
