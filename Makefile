@@ -13,8 +13,10 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# The deploy unit's settings (fastapi_lith/serving.py); `make run SERVER=granian` serves with granian.
+SERVER ?= uvicorn
 run: $(STAMP)
-	KANBAN_DB=$${KANBAN_DB:-kanban.db} KANBAN_OPERATOR_PASSWORD=$${KANBAN_OPERATOR_PASSWORD:-dev} $(BIN)/uvicorn examples.kanban.app:app --host 127.0.0.1 --port 8000 --loop uvloop --http httptools --backlog 16384 --log-config deploy/logging.json
+	KANBAN_DB=$${KANBAN_DB:-kanban.db} KANBAN_OPERATOR_PASSWORD=$${KANBAN_OPERATOR_PASSWORD:-dev} $(BIN)/python -m fastapi_lith serve examples.kanban.app:app --server $(SERVER) --log-config deploy/logging.json
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

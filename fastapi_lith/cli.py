@@ -7,7 +7,7 @@
     python -m fastapi_lith status  DB --migrations DIR
     python -m fastapi_lith new     DIR [--name NAME]
     python -m fastapi_lith check   APP                # module:attr imports, as uvicorn will
-    python -m fastapi_lith serve   APP [--workers N]  # uvicorn, one metrics scrape for every worker
+    python -m fastapi_lith serve   APP [--server granian] [--fd N] [--workers N]  # as the deploy unit does
     python -m fastapi_lith replica status|restore|verify DB REPLICA
     python -m fastapi_lith accounts list|backup|verify|restore|migrate ...   # one file per account
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sqlite3
 import sys
@@ -34,10 +33,10 @@ from .engine.db import find_migrations
 from .exceptions import LithError, MigrationError, ReplicaError
 from .ops import InUse, backup, files, holders, litestream, restore, verify
 from .ops.files import open_ro
-from .ops.metrics import ENV as METRICS_FOLDER
 from .ops.replica import Replica
 from .ops.replica_check import check_replica, last_check
 from .scaffold import new_project, package_name
+from .serving import BACKLOG, GRACEFUL_SECONDS, SERVERS, Serving, serve
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -119,11 +118,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("app", metavar="APP", help="module:attribute, e.g. myapp.app:app")
     p.set_defaults(func=cmd_check)
 
-    p = sub.add_parser("serve", help="run APP with uvicorn; several workers share their metrics")
+    p = sub.add_parser("serve", help="run APP as the deploy unit does, with uvicorn or granian")
     p.add_argument("app", metavar="APP", help="module:attribute, e.g. myapp.app:app")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--server", choices=SERVERS, default="uvicorn",
+                   help="uvicorn (default) or granian (pip install 'fastapi-lith[granian]')")  # fmt: skip
+    p.add_argument("--host", help="default 127.0.0.1")
+    p.add_argument("--port", type=int, help="default 8000")
+    p.add_argument("--fd", type=int, help="serve on this listening socket (systemd's: 3) instead of a port")
+    p.add_argument("--workers", type=int, default=1, help="processes; several share their metrics")
+    p.add_argument("--backlog", type=int, default=BACKLOG, help=f"the listen queue (default {BACKLOG})")
+    p.add_argument("--timeout-graceful-shutdown", type=int, default=GRACEFUL_SECONDS, metavar="SECONDS",
+                   help=f"the bound on a stop after SIGTERM (default {GRACEFUL_SECONDS})")  # fmt: skip
+    p.add_argument("--forwarded-allow-ips", default="127.0.0.1", metavar="IPS",
+                   help="whose X-Forwarded-Proto and -For to believe ('*': a unix socket only a proxy reaches)")  # noqa: E501 # fmt: skip
+    p.add_argument("--log-config", type=Path, metavar="FILE", help="a dictConfig JSON file (deploy/logging.json)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("new", help="write a new project")
@@ -286,24 +294,21 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """uvicorn APP. With several workers and no PROMETHEUS_MULTIPROC_DIR, a fresh folder for this
-    run, removed after it: every worker writes its metrics there, so one scrape sees them all,
-    and values of an earlier run (other pids) never mix in."""
-    import shutil
-    import tempfile
-
-    import uvicorn
-
-    fresh = None
-    if args.workers > 1 and not os.environ.get(METRICS_FOLDER):
-        fresh = os.environ[METRICS_FOLDER] = tempfile.mkdtemp(prefix="lith-metrics-")
-        print(f"the {args.workers} workers share their metrics in {fresh}", file=sys.stderr, flush=True)
-    try:
-        uvicorn.run(args.app, host=args.host, port=args.port, workers=args.workers)
-    finally:
-        if fresh is not None:
-            shutil.rmtree(fresh, ignore_errors=True)
+    if args.fd is not None and (args.host is not None or args.port is not None):
+        print("error: --fd serves on a socket given to this process: no --host or --port with it", file=sys.stderr)
+        return 2
+    serve(serving_of(args))
     return 0
+
+
+def serving_of(args: argparse.Namespace) -> Serving:
+    """What `serve`'s command line asks for."""
+    where = {name: value for name, value in (("host", args.host), ("port", args.port)) if value is not None}
+    return Serving(
+        args.app, server=args.server, fd=args.fd, workers=args.workers, backlog=args.backlog,
+        graceful=args.timeout_graceful_shutdown, forwarded_allow_ips=args.forwarded_allow_ips,
+        log_config=args.log_config, **where,
+    )  # fmt: skip
 
 
 def cmd_new(args: argparse.Namespace) -> int:

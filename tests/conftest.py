@@ -11,6 +11,7 @@ Browser harness (helpers in tests/support/browser.py; see tests/support/test_bro
   non-loopback requests are aborted. ``page`` is ``new_page()``.
 * ``server_factory(app, *, cwd, env=None, **kwargs)`` (function) -- a started
   ``browser.Server`` (uvicorn subprocess on a free port), stopped at teardown.
+* ``granian`` (session) -- granian is installed: skipped without it, failed on CI.
 * ``artifacts_dir`` (session) -- ``test-artifacts/`` at the repo root (ignored).
 
 Tests that use ``browser``/``page``/``new_page``/``chromium_path`` are marked
@@ -262,6 +263,19 @@ def server_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[C
         server.close()
         if failed:
             print(f"--- output of {server.app} at {server.url} ---\n{server.output}")
+
+
+@pytest.fixture(scope="session")
+def granian() -> None:
+    """granian can serve here (`Server(..., server="granian")`): skipped without it, failed on
+    CI, where it is installed as a dev dependency."""
+    import importlib.util
+
+    if importlib.util.find_spec("granian") is None:
+        hint = "granian is not installed: pip install -e '.[dev]'"
+        if _bh.is_ci():
+            pytest.fail(f"{hint} (CI=true: the granian tests must run)", pytrace=False)
+        pytest.skip(hint)
 
 
 # --------------------------------------------------------------------------- PostgreSQL

@@ -1,5 +1,6 @@
-"""deploy/: the deploy script against a local install folder and real uvicorn processes, and the
-unit file and Caddyfile checked by systemd's and Caddy's own tools where they are installed."""
+"""deploy/: the deploy script against a local install folder and real uvicorn processes, the
+unit's command line run with each server it can name, and the unit file and Caddyfile checked
+by systemd's and Caddy's own tools where they are installed."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import expect
 
 from fastapi_lith.ops import verify
-from tests.support import REPO
+from tests.support import REPO, line_with, to_the_end
 from tests.support.browser import Server, alive, free_port, port_answers, route_datastar, wait_for_datastar
 
 DEPLOY = REPO / "deploy"
@@ -294,7 +295,7 @@ def test_usage() -> None:
     assert done.returncode == 64 and "--name is required" in done.stderr
 
 
-def test_the_unit_runs_uvicorn_workers_on_one_database_and_restarts_on_failure(tmp_path: Path) -> None:
+def test_the_unit_runs_workers_on_one_database_and_restarts_on_failure(tmp_path: Path) -> None:
     unit = (DEPLOY / "lith@.service").read_text()
     assert "--timeout-graceful-shutdown" in unit and "Restart=on-failure" in unit
     exec_start = unit.split("ExecStart=")[1].split("\nKillSignal")[0]
@@ -302,6 +303,10 @@ def test_the_unit_runs_uvicorn_workers_on_one_database_and_restarts_on_failure(t
     # the env file may set WORKERS, the unit's own default applies otherwise.
     assert "--workers ${WORKERS}" in exec_start
     assert unit.index("Environment=WORKERS=") < unit.index("EnvironmentFile=")
+    # uvicorn unless the env file says SERVER=granian (the design card names uvicorn).
+    assert "--server ${SERVER} " in exec_start
+    assert unit.index("Environment=SERVER=uvicorn\n") < unit.index("EnvironmentFile=")
+    assert "\n#SERVER=granian\n" in (DEPLOY / "env.example").read_text()
     if shutil.which("systemd-analyze") is None:
         pytest.skip("systemd-analyze is not installed")
     # Point the unit at a folder that exists here, so the check can find the executable.
@@ -326,7 +331,7 @@ def test_the_unit_runs_uvicorn_workers_on_one_database_and_restarts_on_failure(t
 
 def test_the_service_serves_on_the_socket_systemd_holds_for_it() -> None:
     """A restart keeps the socket (lith@.socket), so the tabs that reconnect meanwhile wait in
-    its queue instead of being refused; uvicorn takes it as fd 3, with the socket's backlog."""
+    its queue instead of being refused; the server takes it as fd 3, with the socket's backlog."""
     unit = (DEPLOY / "lith@.service").read_text()
     sock = (DEPLOY / "lith@.socket").read_text()
     exec_start = unit.split("ExecStart=")[1].split("\nKillSignal")[0]
@@ -334,21 +339,36 @@ def test_the_service_serves_on_the_socket_systemd_holds_for_it() -> None:
     assert "\nRequires=lith@%i.socket\n" in unit and "lith@%i.socket" in unit.split("\nAfter=")[1].split("\n")[0]
     assert "\nListenStream=/run/lith/%i.sock\n" in sock
     backlog = re.search(r"^Backlog=(\d+)$", sock, re.M)
-    assert backlog and f"--backlog {backlog.group(1)} " in exec_start  # uvicorn listens again with its own
-    # No client address on a unix socket: only then does uvicorn take Caddy's X-Forwarded-Proto.
+    assert backlog and f"--backlog {backlog.group(1)} " in exec_start  # the server listens again with its own
+    # No client address on a unix socket: only then is Caddy's X-Forwarded-Proto believed.
     assert "--forwarded-allow-ips * " in exec_start
     caddyfile = (DEPLOY / "Caddyfile").read_text()
     assert "reverse_proxy unix/{$LITH_SOCKET} {" in caddyfile
     assert "PORT=" not in (DEPLOY / "env.example").read_text()
 
 
-def unit_command(key: str, release: Path, app: str) -> list[str]:
-    """The unit's `key=` command line as systemd would run it for `release` serving `app`."""
+def test_the_docs_quote_the_unit_line_for_line() -> None:
+    page = (REPO / "docs" / "deploying.md").read_text()
+    quoted = page.split("\n## The unit\n")[1].split("```ini\n")[1].split("```")[0]
+    unit = (DEPLOY / "lith@.service").read_text().splitlines()
+    assert [line for line in quoted.splitlines() if line not in unit] == []
+
+
+def unit_command(key: str, release: Path, app: str, **env: str) -> list[str]:
+    """The unit's `key=` command line as systemd would run it for `release` serving `app`: its
+    lines joined, `${NAME}` from `env` or else the unit's own `Environment=NAME=`, and the files
+    beside the env file (logging.json) from deploy/."""
     unit = (DEPLOY / "lith@.service").read_text()
     assert f"\n{key}=" in unit, key
-    line = unit.split(f"\n{key}=")[1].split("\n")[0]
+    line = unit.split(f"\n{key}=")[1].replace("\\\n", " ").split("\n")[0]
     line = line.replace("/srv/lith/%i/current/.venv/bin/python", sys.executable)
-    return line.replace("${APP}", app).split()
+    line = line.replace("/srv/lith/%i/logging.json", str(DEPLOY / "logging.json"))
+    defaults = dict(re.findall(r"^Environment=(\w+)=(\S*)$", unit, re.M))
+    words = line.replace("${APP}", app).split()
+    for name in re.findall(r"\$\{(\w+)\}", line):
+        words = [w.replace(f"${{{name}}}", env.get(name, defaults.get(name, f"${{{name}}}"))) for w in words]
+    assert not [w for w in words if "${" in w or "%i" in w], words
+    return words
 
 
 def test_a_release_that_cannot_import_fails_before_uvicorn_starts_its_workers(tmp_path: Path) -> None:
@@ -372,11 +392,109 @@ def test_a_release_that_cannot_import_fails_before_uvicorn_starts_its_workers(tm
     assert done.returncode == 1 and 'Attribute "nope" not found' in done.stderr
 
 
+# Puts the socket it is given (argv[1]) at fd 3, as systemd hands lith@.socket's to the service,
+# and becomes the command after it: the same process, so SIGTERM reaches the server itself.
+ON_FD_3 = "import os, sys; fd = int(sys.argv[1]); fd == 3 or (os.dup2(fd, 3), os.close(fd)); os.execv(sys.argv[2], sys.argv[2:])"
+# A command as Caddy passes it on: over HTTPS to the browser, plain HTTP on the unix socket.
+THROUGH_CADDY = {"Host": "app.example.com", "Origin": "https://app.example.com", "Datastar-Request": "true",
+                 "X-Forwarded-Proto": "https", "X-Forwarded-For": "203.0.113.9"}
+
+
+@pytest.mark.parametrize("server", ["uvicorn", "granian"])
+def test_the_unit_serves_with_the_server_its_env_file_names_on_the_socket_it_holds(
+    server: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The unit's own ExecStart with SERVER=uvicorn (its default) or SERVER=granian, two workers,
+    on a unix socket passed as fd 3: a stream's frames, a command Caddy passed on (the scheme
+    from its X-Forwarded-Proto), logging.json's lines; SIGTERM ends the stream and the process,
+    and a connect while none runs waits in the socket's queue for the next one."""
+    if server == "granian":
+        request.getfixturevalue("granian")
+    path = tmp_path / "app.sock"
+    held = socket.socket(socket.AF_UNIX)
+    held.bind(str(path))
+    held.listen(64)
+    command = unit_command("ExecStart", REPO, "examples.counter.app:app", SERVER=server)
+    log = tmp_path / "app.log"
+    starts = 0
+
+    def start() -> subprocess.Popen[bytes]:
+        nonlocal starts
+        starts += 1
+        metrics = tmp_path / f"metrics-{starts}"  # the unit's RuntimeDirectory: empty at each start
+        metrics.mkdir()
+        env = {**os.environ, "PYTHONPATH": str(REPO), "COUNTER_DB": str(tmp_path / "c.db"),
+               "PROMETHEUS_MULTIPROC_DIR": str(metrics)}  # fmt: skip
+        with log.open("ab") as out:
+            return subprocess.Popen([sys.executable, "-c", ON_FD_3, str(held.fileno()), *command], cwd=REPO,
+                                    env=env, stdout=out, stderr=subprocess.STDOUT, pass_fds=(held.fileno(),))  # fmt: skip
+
+    def all_started(proc: subprocess.Popen[bytes]) -> None:
+        """Both workers serve: a granian worker still starting does not see a SIGTERM, and serves
+        on until the graceful bound kills it (docs/deploying.md)."""
+        ready = "Application startup complete." if server == "uvicorn" else "Started worker-"
+        deadline = time.monotonic() + 60
+        while log.read_text().count(ready) < 2 * starts:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+
+    def exited_cleanly(proc: subprocess.Popen[bytes]) -> None:
+        assert proc.wait(60) in (0, -signal.SIGTERM), log.read_text()
+        assert "refused to gracefully stop" not in log.read_text()  # no worker killed at the bound
+
+    stream = "/lith/stream?views=counter&tab=t1"
+    headers = {"Accept-Encoding": "identity", "Sec-Fetch-Site": "same-origin"}
+    transport = httpx.HTTPTransport(uds=str(path))
+    with held, httpx.Client(transport=transport, base_url="http://app.example.com", timeout=60) as client:
+        proc = start()
+        try:
+            with client.stream("GET", stream, headers=headers) as body:
+                assert body.status_code == 200, body.read()
+                lines = body.iter_lines()
+                assert line_with(lines, 'class="count">0</p>')
+                add = client.post("/add", json={"n": 1, "tab": "t2", "op": 1}, headers=THROUGH_CADDY)
+                assert add.status_code == 204, add.text
+                assert line_with(lines, 'class="count">1</p>')
+                plain = {k: v for k, v in THROUGH_CADDY.items() if k != "X-Forwarded-Proto"}
+                assert client.post("/add", json={"n": 1, "tab": "t2", "op": 2}, headers=plain).status_code == 403
+                all_started(proc)
+                proc.send_signal(signal.SIGTERM)
+                to_the_end(lines)  # the stream ends at the signal
+            exited_cleanly(proc)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        output = log.read_text()
+        access = "uvicorn.access" if server == "uvicorn" else "granian.access"
+        assert re.search(r"^\S+ \S+ INFO fastapi_lith\.writer: c\.db: migrated from version 0 to \d+$", output, re.M)
+        assert re.search(rf"^\S+ \S+ INFO {re.escape(access)}: .*POST /add HTTP/1\.1\"? 204", output, re.M), output
+
+        # No process serves: the socket still takes a connect, and the next process answers it.
+        assert path.exists()
+        waiting = socket.socket(socket.AF_UNIX)
+        waiting.connect(str(path))
+        waiting.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        proc = start()
+        try:
+            waiting.settimeout(60)
+            with waiting:
+                answer = b"".join(iter(lambda: waiting.recv(65536), b""))
+            assert answer.startswith(b"HTTP/1.1 200") and b'class="count">1</p>' in answer, answer
+            all_started(proc)
+            proc.send_signal(signal.SIGTERM)
+            exited_cleanly(proc)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    with closing(sqlite3.connect(tmp_path / "c.db")) as conn:  # the acknowledged command, committed
+        assert conn.execute("SELECT count FROM counter").fetchone() == (1,)
+
+
 def test_the_library_logs_reach_the_output_with_time_level_and_logger(
     server_factory: Callable[..., Server], tmp_path: Path
 ) -> None:
     """Without a logging config the library's loggers have no handler: its INFO lines (a
-    migration, a backup) vanish. Every way we start uvicorn passes deploy/logging.json."""
+    migration, a backup) vanish. Every way we start a server passes deploy/logging.json."""
     template = REPO / "fastapi_lith" / "template"
     for path in (REPO / "Makefile", template / "Makefile.tmpl"):
         run = path.read_text().split("\nrun:")[1].split("\n\n")[0]
@@ -529,12 +647,15 @@ def served_behind_caddy(browser: Any, datastar_js: Path, url: str) -> None:
         expect(page.locator("#counter")).to_have_text("2", timeout=10_000)
     tls.close()
 def test_make_run_the_template_and_the_units_serve_with_httptools_and_uvloop() -> None:
-    """The fast HTTP parser and loop are dependencies, and every way we start uvicorn names them,
-    so a missing one fails at start instead of silently falling back to h11 and asyncio."""
+    """The fast HTTP parser and loop are dependencies, and every way we start a server names
+    them, so a missing one fails at start instead of silently falling back to h11 and asyncio:
+    each goes through `python -m fastapi_lith serve`, which passes uvicorn both."""
     import importlib.metadata
 
     import httptools  # noqa: F401
     import uvloop  # noqa: F401
+
+    from fastapi_lith.serving import Serving, uvicorn_args
 
     requires = importlib.metadata.requires("fastapi-lith") or []
     assert any(r.startswith("uvicorn[standard]") for r in requires), requires
@@ -542,7 +663,9 @@ def test_make_run_the_template_and_the_units_serve_with_httptools_and_uvloop() -
     template = root / "fastapi_lith" / "template"
     for path in (root / "Makefile", template / "Makefile.tmpl"):
         run = path.read_text().split("\nrun:")[1].split("\n\n")[0]
-        assert "--loop uvloop --http httptools" in run, path
+        assert "/python -m fastapi_lith serve " in run and "--server $(SERVER)" in run, path
+        assert "\nSERVER ?= uvicorn\n" in path.read_text(), path
     for path in (DEPLOY / "lith@.service", template / "deploy" / "lith@.service.tmpl"):
         exec_start = path.read_text().split("ExecStart=")[1].split("\nKillSignal")[0]
-        assert "--loop uvloop --http httptools" in exec_start, path
+        assert "/python -m fastapi_lith serve ${APP} " in exec_start and "--server ${SERVER} " in exec_start, path
+    assert " --loop uvloop --http httptools " in " ".join(uvicorn_args(Serving("app:app")))

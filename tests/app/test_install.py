@@ -135,3 +135,25 @@ def test_new_from_an_installed_fastapi_lith_repacks_its_wheel(bare_python: Path,
 
     unpacked, original = package(target), package(site)
     assert "template/Makefile.tmpl" in unpacked and unpacked == original
+
+
+class VenvServe(VenvServer):
+    """`python -m fastapi_lith serve`, the deploy unit's command, run by another venv's Python."""
+
+    def command(self) -> list[str]:
+        return [str(self.python), "-m", "fastapi_lith", "serve", self.app, "--host", self.host,
+                "--port", str(self.port), *self.args]  # fmt: skip
+
+
+def test_a_bare_install_serves_as_the_unit_does_and_names_the_extra_granian_needs(
+    bare_python: Path, examples: Path, tmp_path: Path
+) -> None:
+    env = {"COUNTER_DB": str(tmp_path / "c.db"), "PYTHONPATH": None}
+    with VenvServe(bare_python, "examples.counter.app:app", cwd=examples, env=env, log_path=tmp_path / "serve.log",
+                   startup_timeout=60) as server:  # fmt: skip
+        assert httpx.get(server.url + "/").status_code == 200
+        assert "Uvicorn running on http://127.0.0.1:" in server.output
+    done = subprocess.run([bare_python, "-m", "fastapi_lith", "serve", "examples.counter.app:app", "--server",
+                           "granian"], cwd=examples, env=BARE_ENV, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "error: serving with granian needs it: pip install 'fastapi-lith[granian]'" in done.stderr

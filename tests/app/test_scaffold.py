@@ -106,7 +106,10 @@ def test_the_project_installs_and_its_tests_pass(project: Path, tmp_path: Path) 
     assert not (project / "app.db").exists()  # the tests keep their databases elsewhere
 
     dry = subprocess.run(["make", "-n", "run", f"VENV={venv}"], cwd=project, capture_output=True, text=True)
-    assert "uvicorn guestbook.app:app" in dry.stdout
+    assert "-m fastapi_lith serve guestbook.app:app --server uvicorn " in dry.stdout  # as the unit serves
+    dry = subprocess.run(["make", "-n", "run", f"VENV={venv}", "SERVER=granian"], cwd=project, capture_output=True,
+                         text=True)  # fmt: skip
+    assert "-m fastapi_lith serve guestbook.app:app --server granian " in dry.stdout
     assert subprocess.run(["bash", "-n", str(project / ".ci" / "run")]).returncode == 0
 
 

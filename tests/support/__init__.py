@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,3 +28,21 @@ async def until(check: Callable[[], Awaitable[Any]], timeout: float = 30.0) -> A
             return got
         assert time.monotonic() < deadline, "the condition never held"
         await asyncio.sleep(0.05)
+
+
+def line_with(lines: Iterator[str], text: str, timeout: float = 60.0) -> str:
+    """The next line of a stream's body that holds `text`; each wait is bounded by the stream's
+    keep-alives (and the client's read timeout), the whole by `timeout`."""
+    deadline = time.monotonic() + timeout
+    for line in lines:
+        if text in line:
+            return line
+        assert time.monotonic() < deadline, f"no line with {text!r}"
+    raise AssertionError(f"the stream ended before a line with {text!r}")
+
+
+def to_the_end(lines: Iterator[str], timeout: float = 60.0) -> None:
+    """Read a stream's body until the server ends it."""
+    deadline = time.monotonic() + timeout
+    for _ in lines:
+        assert time.monotonic() < deadline, "the stream did not end"

@@ -13,7 +13,8 @@ no pytest fixtures so that scripts (benchmarks, manual checks) can use it too.
 * :func:`find_chromium` / :data:`CHROMIUM_ARGS` -- Debian's Chromium.
 * :class:`Server` -- ``python -m uvicorn module:app`` as a subprocess on a free
   port: start, wait until the port answers, stop (SIGTERM, then SIGKILL),
-  restart on the same port, captured output.
+  restart on the same port, captured output; ``server="granian"`` serves it with
+  granian instead, as the deploy unit's ``SERVER=granian`` does.
 * :func:`alive` -- whether a process still runs (a zombie or a reaped one does not).
 """
 
@@ -257,7 +258,9 @@ class ServerError(RuntimeError):
 
 
 class Server:
-    """``python -m uvicorn APP --host HOST --port PORT`` as a subprocess.
+    """``python -m uvicorn APP --host HOST --port PORT`` as a subprocess, or with
+    ``server="granian"``, ``python -m fastapi_lith serve APP --server granian --host HOST
+    --port PORT``: granian with the deploy unit's settings.
 
     >>> server = Server("app:app", cwd=tmp_path, env={"LITH_DB": str(tmp_path / "t.db")})
     >>> server.start()            # returns once the port answers (bounded time)
@@ -267,8 +270,8 @@ class Server:
     >>> server.output             # stdout+stderr of every run so far
 
     ``env`` is added to this process's environment (a value of None removes the
-    variable). ``args`` go to uvicorn as they are (e.g. ``["--timeout-graceful-shutdown",
-    "1"]``). The port is chosen once and kept across restarts. Output goes to
+    variable). ``args`` go to uvicorn (or to ``serve``) as they are (e.g.
+    ``["--timeout-graceful-shutdown", "1"]``). The port is chosen once and kept across restarts. Output goes to
     ``log_path`` (a temp file by default), each run headed by a ``=== start #N`` line.
     A server that the test process leaves behind by dying gets SIGTERM (Linux
     PR_SET_PDEATHSIG, when started from the main thread); an atexit hook stops the rest.
@@ -288,8 +291,11 @@ class Server:
         startup_timeout: float = 60.0,
         stop_timeout: float = 30.0,
         log_path: str | os.PathLike[str] | None = None,
+        server: str = "uvicorn",
     ) -> None:
+        assert server in ("uvicorn", "granian"), server
         self.app = app
+        self.server = server
         self.cwd = Path(cwd) if cwd is not None else Path.cwd()
         self.env: dict[str, str | None] = dict(env or {})
         self.host = host
@@ -336,7 +342,8 @@ class Server:
     @property
     def stopped_cleanly(self) -> bool:
         """The last run ended on SIGTERM without a SIGKILL. uvicorn re-raises the
-        signal after its graceful shutdown, so a clean stop exits with -SIGTERM."""
+        signal after its graceful shutdown, so a clean stop exits with -SIGTERM;
+        granian exits 0."""
         return self.returncode in (0, -signal.SIGTERM) and not self.killed
 
     @property
@@ -348,6 +355,11 @@ class Server:
             return ""
 
     def command(self) -> list[str]:
+        if self.server == "granian":
+            return [
+                sys.executable, "-m", "fastapi_lith", "serve", self.app, "--server", "granian",
+                "--host", self.host, "--port", str(self.port), *self.args,
+            ]  # fmt: skip
         return [
             sys.executable, "-m", "uvicorn", self.app,
             "--host", self.host, "--port", str(self.port), *self.args,
@@ -412,7 +424,7 @@ class Server:
             if code is not None:
                 self.returncode = code
                 raise ServerError(
-                    f"uvicorn {self.app} exited with {code} before its port answered; its output:\n"
+                    f"{self.server} {self.app} exited with {code} before its port answered; its output:\n"
                     f"{self._last_run_output()}"
                 )
             if port_answers(self.host, self.port):
@@ -420,7 +432,7 @@ class Server:
             if time.monotonic() > deadline:
                 self.stop()
                 raise ServerError(
-                    f"uvicorn {self.app} did not answer on {self.url} within {self.startup_timeout} s;"
+                    f"{self.server} {self.app} did not answer on {self.url} within {self.startup_timeout} s;"
                     f" its output:\n{self._last_run_output()}"
                 )
             time.sleep(0.05)
@@ -484,7 +496,7 @@ class Server:
 
     def __repr__(self) -> str:
         state = f"pid {self.pid}" if self.running else "stopped"
-        return f"<Server {self.app} {self.url} {state}>"
+        return f"<Server {self.server} {self.app} {self.url} {state}>"
 
 
 @contextlib.contextmanager
