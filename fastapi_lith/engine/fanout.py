@@ -8,11 +8,14 @@ hop, and the results come back in one: the loop pays two thread hops per batch, 
 A stream is encoded for only once its previous bytes are written: one that stalls keeps just
 the newest frame of each view and costs no encode work until it drains. A small write (a
 tab's own outcome, an error) is encoded on the loop at once: a thread hop costs more than it.
+Many small writes at once (a shared view's change for thousands of tabs) are encoded a few
+dozen a pass, so the loop reads requests and sends the first bytes between them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
 import queue
 import threading
@@ -28,6 +31,10 @@ _PER_WORKER = 16
 # Writes smaller than this are encoded on the loop: a round trip to a worker costs more loop
 # CPU than compressing a few kilobytes (bench/send.py).
 INLINE_BELOW = 4096
+# Small writes encoded on the loop in one pass; the rest wait for the next. On worker threads
+# they cost more (each one's encode is too short to be worth giving up the GIL), and all in one
+# pass keep a POST waiting until every tab's encode is done.
+INLINE_PER_PASS = 64
 
 
 class Encodable(Protocol):
@@ -55,7 +62,7 @@ class Fanout:
         self.inline = 0  # of which small enough to encode on the loop
         self._queue: queue.SimpleQueue[tuple[asyncio.AbstractEventLoop, list[_Job]] | None]
         self._queue = queue.SimpleQueue()
-        self._waiting: dict[asyncio.AbstractEventLoop, list[Encodable]] = {}
+        self._waiting: dict[asyncio.AbstractEventLoop, collections.deque[Encodable]] = {}
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
 
@@ -64,14 +71,16 @@ class Fanout:
         loop = asyncio.get_running_loop()
         waiting = self._waiting.get(loop)
         if waiting is None:
-            waiting = self._waiting[loop] = []
+            waiting = self._waiting[loop] = collections.deque()
             loop.call_soon(self._flush, loop)
         waiting.append(stream)
 
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        waiting = self._waiting[loop]
         jobs: list[_Job] = []
-        for stream in self._waiting.pop(loop, ()):
-            job = stream.start_encode()
+        inline = 0
+        while waiting and inline < INLINE_PER_PASS:
+            job = waiting.popleft().start_encode()
             if job is None:
                 continue
             if sum(len(f.html) for f in job[2]) >= INLINE_BELOW:
@@ -81,9 +90,14 @@ class Fanout:
                 out: bytes | BaseException = job[1].encode(*map(sse_event, job[2]))
             except BaseException as exc:  # noqa: BLE001 - raised in that stream's body
                 out = exc
-            self.encodes += 1
-            self.inline += 1
-            stream.encoded(out)
+            inline += 1
+            job[0].encoded(out)
+        self.encodes += inline
+        self.inline += inline
+        if waiting:  # the rest after what this pass let wait: requests read, the first sends
+            loop.call_soon(self._flush, loop)
+        else:
+            del self._waiting[loop]
         if not jobs:
             return
         if not self._threads:

@@ -19,7 +19,7 @@ import zstandard
 
 from fastapi_lith import Command, Db, Lith, Tx
 from fastapi_lith.engine.encoders import BrotliEncoder, Encoder, GzipEncoder, ZstdEncoder
-from fastapi_lith.engine.fanout import INLINE_BELOW, Fanout
+from fastapi_lith.engine.fanout import INLINE_BELOW, INLINE_PER_PASS, Fanout
 from fastapi_lith.engine.frames import Frame
 from fastapi_lith.engine.streams import Stream
 from fastapi_lith.testing import Tabs
@@ -296,3 +296,30 @@ async def test_one_pass_encodes_every_stream_it_was_asked_for_and_counts_each() 
         fanout.close()
     assert (fanout.inline, fanout.encodes, fanout.hops) == (2, 4, 1)
     assert empty.out == [] and all(len(o.out) == 1 for o in (*small, *large))
+
+
+async def test_many_small_writes_are_encoded_a_pass_at_a_time_with_the_loop_s_other_work_between() -> None:
+    """A shared view's change for thousands of tabs: the loop's other callbacks (a POST's next
+    step, the first streams' sends) run between passes, not after every tab's encode; and every
+    stream is still encoded once, in the order asked, none on a worker."""
+    fanout = Fanout(1)
+    outlets = [Outlet([Frame("k", f"small {i}")]) for i in range(2 * INLINE_PER_PASS + 5)]
+    done_at_each_turn: list[int] = []
+
+    def turn() -> None:
+        done_at_each_turn.append(sum(1 for o in outlets if o.out))
+        if len(done_at_each_turn) < 4:
+            asyncio.get_running_loop().call_soon(turn)
+
+    order: list[int] = []
+    for i, outlet in enumerate(outlets):
+        outlet.encoded = lambda out, i=i, o=outlet: (order.append(i), Outlet.encoded(o, out))  # type: ignore[method-assign]
+        fanout.request(outlet)
+    asyncio.get_running_loop().call_soon(turn)
+    try:
+        await asyncio.wait_for(asyncio.gather(*(o.done.wait() for o in outlets)), 10)
+    finally:
+        fanout.close()
+    assert done_at_each_turn[:3] == [INLINE_PER_PASS, 2 * INLINE_PER_PASS, len(outlets)]
+    assert order == list(range(len(outlets)))
+    assert (fanout.inline, fanout.encodes, fanout.hops) == (len(outlets), len(outlets), 0)
