@@ -771,3 +771,13 @@ async def test_opening_streams_hold_one_reader_at_most_so_a_tick_still_renders(t
             release.set()
         opened = await asyncio.wait_for(asyncio.gather(first, *later), 10)
         assert all(tab.html("slow/{tab}".replace("{tab}", tab.id)) for tab in opened)
+
+
+async def test_revoke_ends_every_stream_of_its_principal_and_no_other(tmp_path: Path) -> None:
+    lith, _ = make_lith(tmp_path)
+    async with Tabs(lith) as tabs:
+        alice = [await tabs.open("board/1", principal="alice") for _ in range(2)]
+        bob, nobody = await tabs.open("board/1", principal="bob"), await tabs.open("board/1")
+        assert await lith.hub.revoke("alice") == 2
+        assert all(tab.stream.ended and tab.stream.revoked for tab in alice)
+        assert not bob.stream.ended and not nobody.stream.ended and not bob.stream.revoked
