@@ -771,3 +771,138 @@ async def test_opening_streams_hold_one_reader_at_most_so_a_tick_still_renders(t
             release.set()
         opened = await asyncio.wait_for(asyncio.gather(first, *later), 10)
         assert all(tab.html("slow/{tab}".replace("{tab}", tab.id)) for tab in opened)
+
+
+async def test_revoke_ends_every_stream_of_its_principal_and_no_other(tmp_path: Path) -> None:
+    lith, _ = make_lith(tmp_path)
+    async with Tabs(lith) as tabs:
+        alice = [await tabs.open("board/1", principal="alice") for _ in range(2)]
+        bob, nobody = await tabs.open("board/1", principal="bob"), await tabs.open("board/1")
+        assert await lith.hub.revoke("alice") == 2
+        assert all(tab.stream.ended and tab.stream.revoked for tab in alice)
+        assert not bob.stream.ended and not nobody.stream.ended and not bob.stream.revoked
+
+
+async def test_an_access_rule_is_asked_with_the_principal_and_parameters_before_anything_opens(tmp_path: Path) -> None:
+    from fastapi_lith import AccessDenied
+
+    lith, _ = make_lith(tmp_path)
+    asked: list[tuple[object, int]] = []
+
+    def mine(db: Db, principal: object, doc_id: int) -> bool:
+        asked.append((principal, doc_id))
+        return db.scalar("SELECT 1") == 1 and principal == "alice" and doc_id == 1
+
+    @lith.view("doc/{doc_id}", topics={"doc"}, access=mine)
+    def doc(db: Db, doc_id: int) -> h.Element:
+        return h.p(id=f"doc-{doc_id}")[doc_id]
+
+    @lith.view("tasks/{principal}", topics={"tasks"})
+    def tasks(db: Db, principal: str) -> h.Element:
+        return h.p(id="tasks")[principal]
+
+    async with Tabs(lith) as tabs:
+        alice = await tabs.open("board/1", "doc/1", "tasks/{principal}", principal="alice")
+        assert alice.html("doc/1") == '<p id="doc-1">1</p>' and alice.html("tasks/{principal}") == '<p id="tasks">alice</p>'
+        assert asked == [("alice", 1)]  # asked for the view with a rule only
+        for principal, keys in (("bob", ("board/1", "doc/1")), ("alice", ("doc/2", "board/1"))):
+            with pytest.raises(AccessDenied, match=f"^view '{keys[0] if principal == 'alice' else keys[1]}' is not"):
+                await tabs.open(*keys, principal=principal)
+        assert asked[1:] == [("bob", 1), ("alice", 2)]
+        assert lith.hub.streams == {alice.stream}  # a refused stream is not kept
+
+
+async def test_a_revoke_while_the_access_rules_run_refuses_the_open(tmp_path: Path) -> None:
+    from fastapi_lith import AccessDenied
+    from tests.support import until
+
+    lith, _ = make_lith(tmp_path)
+    entered, release = threading.Event(), threading.Event()
+
+    def slow(db: Db, principal: object) -> bool:
+        entered.set()
+        return release.wait(10)
+
+    @lith.view("secret", topics={"secret"}, access=slow)
+    def secret(db: Db) -> h.Element:
+        return h.p(id="secret")["s"]
+
+    async with Tabs(lith) as tabs:
+        opening = asyncio.create_task(tabs.open("secret", principal="alice"))
+
+        async def asking() -> bool:
+            return entered.is_set()
+
+        await until(asking, timeout=10)
+        assert await lith.hub.revoke("alice") == 1  # the opening stream, while its rule runs
+        release.set()
+        with pytest.raises(AccessDenied, match="revoked"):
+            await opening
+
+
+async def test_renders_and_render_errors_are_counted_by_view(tmp_path: Path) -> None:
+    lith, _ = make_lith(tmp_path)
+    broken = {"on": False}
+
+    @lith.view("flaky/{n}", topics={"flaky"})
+    def flaky(db: Db, n: int) -> h.Element:
+        if broken["on"]:
+            raise RuntimeError("flaky")
+        return h.p(id=f"flaky-{n}")[n]
+
+    async with Tabs(lith) as tabs:
+        await tabs.open("board/1", "board/2", "flaky/1", "flaky/2")
+        broken["on"] = True
+        lith.hub.touched({"flaky"})
+        await tabs.tick()
+        counters = lith.hub.counters
+        assert counters.renders_by_view == {"board/{board_id}": 2, "flaky/{n}": 4}
+        assert counters.errors_by_view == {"flaky/{n}": 2}
+        assert [pattern for pattern, _ in counters.observed_renders] == ["board/{board_id}"] * 2 + ["flaky/{n}"] * 4
+        assert all(0 <= seconds < 60 for _, seconds in counters.observed_renders)
+        assert len(counters.observed_ticks) == 1 and counters.observed_ticks[0] >= 0
+
+
+class Tracer:
+    """A frame tracer that keeps what it is told."""
+
+    def __init__(self) -> None:
+        self.rendered_: list[tuple[str, int, bool]] = []
+        self.taken_: list[list[str]] = []
+
+    def rendered(self, instance: object, started: int, changed: bool) -> None:
+        self.rendered_.append((instance.key, started, changed))  # type: ignore[attr-defined]
+
+    def taken(self, keys: object) -> None:
+        self.taken_.append(list(keys))  # type: ignore[call-overload]
+
+
+async def test_a_frame_tracer_is_told_of_each_render_and_each_take(tmp_path: Path) -> None:
+    import time
+
+    lith, _ = make_lith(tmp_path)
+    async with Tabs(lith) as tabs:
+        tracer = lith.hub.trace = Tracer()
+        before = time.time_ns()
+        tab = await tabs.open("board/1")
+        await tabs.do(Add())
+        await tabs.tick()
+        tab.read()
+        lith.hub.touched({"board:1"})  # renders again, the same HTML
+        await tabs.tick()
+        assert [(key, changed) for key, _, changed in tracer.rendered_] == [("board/1", True)] * 2 + [("board/1", False)]
+        assert all(before <= started <= time.time_ns() for _, started, _ in tracer.rendered_)
+        tab.read()
+        assert ["board/1"] in tracer.taken_
+
+
+async def test_more_opens_at_once_than_one_batch_all_get_their_first_frames(tmp_path: Path) -> None:
+    from fastapi_lith.engine.hub import OPEN_BATCH
+
+    lith, renders = make_lith(tmp_path)
+    async with Tabs(lith) as tabs:
+        tabs_ = await asyncio.wait_for(
+            asyncio.gather(*(tabs.open(f"board/{n}") for n in range(1, OPEN_BATCH + 40))), 30
+        )
+        assert all(tab.html(f"board/{n}").startswith(f'<p id="board-{n}">') for n, tab in enumerate(tabs_, 1))
+        assert len(renders) == OPEN_BATCH + 39

@@ -489,6 +489,47 @@ async def test_frames_waiting_together_go_out_in_one_write() -> None:
     assert chunks == [sse_event(one) + sse_event(two), b""]
 
 
+async def test_a_stream_counts_what_it_took_and_every_byte_its_body_wrote() -> None:
+    import asyncio
+
+    from fastapi_lith.engine.encoders import ZstdEncoder
+    from fastapi_lith.engine.frames import Frame
+    from fastapi_lith.engine.streams import KEEPALIVE, Stream, StreamCounts
+
+    stream = Stream("t1")
+    stream.offer(Frame("v", "<p id='v'>old</p>"))
+    first = Frame("v", "<p id='v'>one</p>")
+    stream.offer(first)  # supersedes the old one
+    assert stream.skipped == 1
+    second = Frame("v", "<p id='v'>second</p>")
+    decoder = Decoder("zstd")
+    text = b""
+    asleep_at: int | None = None
+
+    def progress(chunks: list[bytes]) -> bool:
+        # A frame, keep-alives, a hibernation, a keep-alive while asleep, a frame, the end:
+        # every kind of write the body makes, each after others.
+        nonlocal text, asleep_at
+        text += decoder.feed(chunks[-1])
+        if decoder.frames_ended == 1 and asleep_at is None:
+            asleep_at = text.count(KEEPALIVE)
+        if asleep_at is not None and text.count(KEEPALIVE) > asleep_at and sse_event(second) not in text:
+            asyncio.get_running_loop().call_soon(stream.offer, second)
+        return sse_event(second) in text
+
+    chunks = await collect(stream, ZstdEncoder(), progress, keepalive=0.02, hibernate_after=0.05)
+    assert text.startswith(sse_event(first)) and text.endswith(sse_event(second))
+    assert stream.sent_bytes == sum(map(len, chunks)) and len(chunks) >= 5
+    assert (stream.taken, stream.html_bytes) == (2, len(first.html) + len(second.html))
+    stream.offer(Frame("w", "<p id='w'>taken by hand</p>"))
+    assert len(stream.take()) == 1 and stream.html_bytes == len(first.html) + len(second.html) + 27
+    counts = StreamCounts()
+    counts.add(stream)
+    counts.add(stream)  # what two ended streams did, added up
+    assert (counts.frames, counts.superseded, counts.html_bytes, counts.sent_bytes) == (
+        6, 2, 2 * stream.html_bytes, 2 * stream.sent_bytes)
+
+
 async def test_the_retry_field_opens_the_first_event_once_through_the_encoder() -> None:
     from fastapi_lith.engine.encoders import IdentityEncoder, ZstdEncoder
     from fastapi_lith.engine.frames import Frame

@@ -524,6 +524,24 @@ async def test_old_outcomes_are_pruned_at_start(tmp_path: Path, migrations: Path
     assert rows(path, "SELECT count(*) FROM lith_outcome") == [(2,)]
 
 
+async def test_a_running_writer_forgets_outcomes_past_the_window(tmp_path: Path, migrations: Path) -> None:
+    from tests.support import until
+
+    writer = Writer(tmp_path / "app.db", migrations=migrations, repeat_window=0.2)  # prunes every 0.05 s
+    await writer.start()
+    try:
+        await writer.do(Keyed(tab="t1", op=1, value="a"))
+        assert rows(writer.path, "SELECT count(*) FROM lith_outcome") == [(1,)]
+
+        async def forgotten() -> bool:
+            await writer.do(Add())  # a later batch, unkeyed, does the forgetting
+            return rows(writer.path, "SELECT count(*) FROM lith_outcome") == [(0,)]
+
+        await until(forgotten, timeout=10)
+    finally:
+        await writer.close()
+
+
 async def test_a_result_not_json_of_its_type_is_applied_once_and_its_repeat_says_so(writer: Writer) -> None:
     from fastapi_lith import OutcomeLost
 
@@ -871,6 +889,75 @@ async def test_counters_add_up_across_batches(fk_writer: Writer) -> None:
     assert all(isinstance(o, sqlite3.IntegrityError) for o in outcomes)
     assert (w.commands, w.batches, w.failed) == (3, 3, 3)  # a batch that failed at COMMIT is not counted
     assert len(w.commit_seconds) == 3 and all(0 <= s < 60 for s in w.commit_seconds)
+
+
+async def test_the_metrics_counters_count_failed_batches_lost_commands_and_busy_time(fk_writer: Writer) -> None:
+    w = fk_writer
+    for _ in range(3):
+        await w.do(Add())
+    assert list(w.observed) == [(1, seconds) for seconds in w.commit_seconds]  # (batch size, seconds)
+    assert w.busy_seconds == pytest.approx(sum(w.commit_seconds)) and w.busy_seconds > 0
+    with pytest.raises(sqlite3.IntegrityError):
+        await w.do(Orphan())
+    assert (w.failed_batches, w.lost) == (1, 1)
+    outcomes = await asyncio.gather(w.do(Add()), w.do(Orphan()), return_exceptions=True)
+    assert all(isinstance(o, sqlite3.IntegrityError) for o in outcomes)  # one batch, one failed COMMIT
+    assert (w.failed_batches, w.lost, w.batches) == (2, 3, 3)
+    assert w.busy_seconds > sum(w.commit_seconds)  # a failed batch's time counts too
+
+
+async def test_repeats_answered_with_an_error_are_counted_apart(writer: Writer) -> None:
+    with pytest.raises(ValueError, match="^boom$"):
+        await writer.do(Boom(), key="e")
+    assert await writer.do(Add(), key="ok") == 1
+    assert await writer.do(Add(), key="ok") == 1
+    assert (writer.repeats, writer.repeated_errors) == (1, 0)
+    with pytest.raises(FirstAttemptFailed):
+        await writer.do(Boom(), key="e")
+    assert (writer.repeats, writer.repeated_errors) == (2, 1)
+    both = await asyncio.gather(writer.do(Boom(), key="e"), writer.do(Boom(), key="e"), return_exceptions=True)
+    assert all(isinstance(o, FirstAttemptFailed) for o in both)  # two repeats in one batch
+    assert (writer.repeats, writer.repeated_errors) == (4, 3)
+
+
+async def test_probe_says_why_the_file_takes_no_write(writer: Writer) -> None:
+    assert await writer.probe() is None
+    with sqlite3.connect(writer.path) as conn:  # a write the file refuses, as a full disk would
+        conn.execute("CREATE TRIGGER no_room BEFORE INSERT ON lith_tab BEGIN SELECT RAISE(ABORT, 'no room'); END")
+    assert await writer.probe() == "no room"
+    with sqlite3.connect(writer.path) as conn:  # an error without a message: its type says it
+        conn.execute("DROP TRIGGER no_room")
+        conn.execute("CREATE TRIGGER no_room BEFORE INSERT ON lith_tab BEGIN SELECT RAISE(ABORT, ''); END")
+    assert await writer.probe() == "IntegrityError"
+    assert rows(writer.path, "SELECT count(*) FROM lith_tab") == [(0,)]
+
+
+async def test_a_tracer_sees_each_batch_and_a_broken_one_is_logged(
+    writer: Writer, caplog: pytest.LogCaptureFixture
+) -> None:
+    from fastapi_lith.engine.store import Batch
+    from fastapi_lith.engine.writer import TracedBatch
+
+    seen: list[TracedBatch] = []
+    writer.trace = seen.append
+    before = time.time_ns()
+    assert await writer.do(Add(), key="k") == 1
+    [traced] = seen
+    assert traced.cmds == [Add()] and traced.keys == ["k"]
+    [origin] = traced.origins
+    assert origin is not None and before <= origin[0] <= traced.taken <= traced.committed <= time.time_ns()
+    assert isinstance(traced.outcome, Batch) and traced.outcome.results == [1]
+
+    def broken(batch: TracedBatch) -> None:
+        raise RuntimeError("tracer bug")
+
+    writer.trace = broken
+    with caplog.at_level("ERROR", logger="fastapi_lith.writer"):
+        assert await writer.do(Add()) == 2  # the writer goes on
+    [record] = [r for r in caplog.records if r.exc_info]
+    assert record.getMessage() == f"batch tracer {broken!r} failed" and "tracer bug" in str(record.exc_info[1])
+    writer.trace = None
+    assert await writer.do(Add()) == 3
 
 
 async def test_migrating_is_logged_once(tmp_path: Path, migrations: Path, caplog: pytest.LogCaptureFixture) -> None:
