@@ -124,6 +124,8 @@ async def test_a_hub_behind_the_pruned_feed_renders_everything_once(
     b = make_lith(tmp_path)
     async with Tabs(a) as tabs_a, Tabs(b) as tabs_b:
         there = await tabs_b.open("counter", "note/{tab}", tab="there")
+        # A revocation may be among the missed entries: a principal's stream must reconnect.
+        alice = await tabs_b.open("counter", principal="alice")
         for i in range(10):  # ten batches: b's hub polls none of them
             await tabs_a.do(Note(tab="someone-else", text=str(i)))
         with sqlite3.connect(tmp_path / "app.db") as conn:
@@ -132,6 +134,8 @@ async def test_a_hub_behind_the_pruned_feed_renders_everything_once(
         assert await tabs_b.tick() == 2  # a gap: both views render, though no topic of theirs
         assert isinstance(b.feed, SqliteFeed) and (b.feed.gaps, b.feed.reads) == (1, 4)
         assert "feed: 6 entries missed, every view renders again" in caplog.messages
+        assert b.hub.counters.gaps == 1
+        assert alice.stream.ended and not there.stream.ended
         assert await tabs_b.tick() == 0
         await tabs_a.do(Add())
         assert await tabs_b.tick() == 1  # caught up: topics again
@@ -140,7 +144,7 @@ async def test_a_hub_behind_the_pruned_feed_renders_everything_once(
         for i in range(6):  # behind again: entry 12 pruned
             await tabs_a.do(Note(tab="someone-else", text=str(i)))
         assert await tabs_b.tick() == 2
-        assert (b.feed.gaps, b.feed.reads) == (2, 10)
+        assert (b.feed.gaps, b.feed.reads) == (2, 10) and b.hub.counters.gaps == 2
         assert "feed: 1 entries missed, every view renders again" in caplog.messages
 
 

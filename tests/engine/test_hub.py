@@ -836,7 +836,7 @@ async def test_a_revoke_while_the_access_rules_run_refuses_the_open(tmp_path: Pa
         await until(asking, timeout=10)
         assert await lith.hub.revoke("alice") == 1  # the opening stream, while its rule runs
         release.set()
-        with pytest.raises(AccessDenied, match="revoked"):
+        with pytest.raises(AccessDenied, match="^this principal's streams were revoked$"):
             await opening
 
 
@@ -906,3 +906,20 @@ async def test_more_opens_at_once_than_one_batch_all_get_their_first_frames(tmp_
         )
         assert all(tab.html(f"board/{n}").startswith(f'<p id="board-{n}">') for n, tab in enumerate(tabs_, 1))
         assert len(renders) == OPEN_BATCH + 39
+
+
+async def test_a_first_render_whose_read_fails_fails_every_open_of_its_batch(tmp_path: Path) -> None:
+    """A read transaction that cannot start (a fault of the database, not of a view) reaches each
+    opening stream as its error: none waits forever for a frame; the next open renders again."""
+    import sqlite3
+
+    lith, _ = make_lith(tmp_path)
+    async with Tabs(lith) as tabs:
+        lith.hub.readers.BEGIN = "BEGIN NONSENSE"  # type: ignore[misc]
+        opened = await asyncio.wait_for(
+            asyncio.gather(tabs.open("board/1"), tabs.open("board/2"), return_exceptions=True), 10
+        )
+        assert [type(result) for result in opened] == [sqlite3.OperationalError] * 2
+        del lith.hub.readers.BEGIN
+        tab = await asyncio.wait_for(tabs.open("board/1"), 10)
+        assert tab.html("board/1") == '<p id="board-1">0</p>'
