@@ -523,11 +523,13 @@ async def test_a_stream_counts_what_it_took_and_every_byte_its_body_wrote() -> N
     assert (stream.taken, stream.html_bytes) == (2, len(first.html) + len(second.html))
     stream.offer(Frame("w", "<p id='w'>taken by hand</p>"))
     assert len(stream.take()) == 1 and stream.html_bytes == len(first.html) + len(second.html) + 27
+    assert stream.send_timeouts == 0
+    stream.send_timeouts = 1  # as the response marks a client that stopped reading
     counts = StreamCounts()
     counts.add(stream)
     counts.add(stream)  # what two ended streams did, added up
-    assert (counts.frames, counts.superseded, counts.html_bytes, counts.sent_bytes) == (
-        6, 2, 2 * stream.html_bytes, 2 * stream.sent_bytes)
+    assert (counts.frames, counts.superseded, counts.html_bytes, counts.sent_bytes, counts.send_timeouts) == (
+        6, 2, 2 * stream.html_bytes, 2 * stream.sent_bytes, 2)
 
 
 async def test_the_retry_field_opens_the_first_event_once_through_the_encoder() -> None:
