@@ -923,3 +923,14 @@ async def test_a_first_render_whose_read_fails_fails_every_open_of_its_batch(tmp
         del lith.hub.readers.BEGIN
         tab = await asyncio.wait_for(tabs.open("board/1"), 10)
         assert tab.html("board/1") == '<p id="board-1">0</p>'
+
+
+async def test_a_hub_stopped_and_started_again_serves_its_streams_again(tmp_path: Path) -> None:
+    """Stopping ends every stream and refuses those opening meanwhile; the next start serves."""
+    lith, _ = make_lith(tmp_path)
+    async with Tabs(lith) as tabs:
+        first = await tabs.open("board/1")
+    assert first.stream.ended
+    async with Tabs(lith) as tabs:
+        again = await tabs.open("board/1")
+        assert not again.stream.ended and again.html("board/1") == '<p id="board-1">0</p>'
