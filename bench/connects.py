@@ -92,7 +92,7 @@ def run_app(kind: str, total: int, clients: int, tmp: Path) -> dict[str, float]:
         if kind == "signed":  # a library from before identities: no todos example to serve
             return {"connects_s": float("nan"), "cpu_ms": float("nan")}
         raise
-    with server:
+    try:
         if kind == "public":
             cookie, path = "", "/lith/stream?views=counter,outcome/bench&tab=bench"
         else:
@@ -101,6 +101,8 @@ def run_app(kind: str, total: int, clients: int, tmp: Path) -> dict[str, float]:
         before, began = Usage.of(server.pid), time.perf_counter()
         done = client.run(connects(server.port, path, cookie, total, clients))
         seconds, after = time.perf_counter() - began, Usage.of(server.pid)
+    finally:
+        server.close()
     return {"connects_s": done / seconds, "cpu_ms": (after.cpu - before.cpu) / done * 1000}
 
 

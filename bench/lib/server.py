@@ -124,6 +124,10 @@ class Server:
         return self.proc.pid
 
     def start(self) -> Server:
+        if self.proc is not None and self.proc.poll() is None:
+            # A second process would find the port taken and exit, while the readiness check below
+            # heard the first: that one would outlive `close()`, which stops only the newest.
+            raise RuntimeError(f"{self.serving} {self.app} is already running (pid {self.proc.pid})")
         began = time.monotonic()
         with self.log.open("ab") as out:
             fds = () if self.socket is None else (self.socket.fileno(),)
