@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import html
 import json
+import logging
 import os
 import re
 import sqlite3
@@ -23,8 +24,11 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
+import sqlalchemy as sa
 
+from fastapi_lith import Command, StorageError, Tx, Writer
 from fastapi_lith.cli import main
+from fastapi_lith.engine.storage import StorageState, storage_cause
 from tests.app.test_scaffold import TEST_SECRET, signed_up
 from tests.support import REPO
 from tests.support.browser import Server
@@ -163,4 +167,90 @@ def run_out_of_disk(
     with closing(sqlite3.connect(db)) as conn:
         names = [row[0] for row in conn.execute("SELECT note FROM entry ORDER BY id")]
     # What answered 204 is there, what answered 503 is not, and nothing is lost.
-    assert names == [f"note {op}" for op in [1, *[op for op, c in zip(range(2, 12), codes, strict=True) if c == 204], 12]]
+    assert names == [
+        f"note {op}" for op in [1, *[op for op, c in zip(range(2, 12), codes, strict=True) if c == 204], 12]
+    ]
+
+
+# ----------------------------------------------------------------------------- in process
+# The same full disk with the writer in the test's own process, so that each refusal's path
+# (the cause read off SQLite's error, the one log line per cause, the probe) is one a mutation
+# test can see (tests/MUTATION.md).
+
+BLOBS = "CREATE TABLE blob (id INTEGER PRIMARY KEY, data BLOB NOT NULL);"
+
+
+class Put(Command):
+    size: int
+
+    def apply(self, tx: Tx) -> None:
+        tx.execute(PUT, {"data": os.urandom(self.size)})
+        tx.touch("blob")
+
+
+PUT = sa.text("INSERT INTO blob (data) VALUES (:data)")
+
+
+async def test_a_full_disk_refuses_each_batch_with_its_cause_logs_it_once_and_a_write_ends_it(
+    small_disk: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    migrations = tmp_path / "migrations"
+    migrations.mkdir()
+    (migrations / "0001_blob.sql").write_text(BLOBS)
+    writer = Writer(small_disk / "app.db", migrations=migrations)
+    await writer.start()
+    try:
+        await writer.do(Put(size=1000))
+        assert await writer.probe() is None
+        filler = fill(small_disk)
+        caplog.set_level(logging.INFO, logger="fastapi_lith.writer")
+        for _ in range(3):
+            with pytest.raises(StorageError) as refused:
+                await writer.do(Put(size=200_000))
+            assert str(refused.value).startswith("the database cannot be written: SQLITE_FULL: "), refused.value
+            assert isinstance(refused.value.__cause__, sqlite3.Error)
+        why = await writer.probe()
+        assert why is not None and "SQLITE_FULL" in why, why
+        failing = [r for r in caplog.records if r.levelno == logging.ERROR]
+        assert len(failing) == 1, [r.getMessage() for r in failing]  # once per cause, not per command
+        assert failing[0].getMessage().startswith("writes fail: SQLITE_FULL: ")
+        assert failing[0].exc_info is not None and isinstance(failing[0].exc_info[1], sqlite3.Error)
+
+        filler.unlink()
+        await writer.do(Put(size=1000))
+        assert await writer.probe() is None
+        back = [
+            r.getMessage() for r in caplog.records if r.levelno == logging.INFO and "succeed again" in r.getMessage()
+        ]
+        assert len(back) == 1 and "SQLITE_FULL" in back[0], back
+    finally:
+        await writer.close()
+
+
+@pytest.mark.parametrize(
+    ("error", "cause"),
+    [
+        (sqlite3.OperationalError("disk I/O error"), None),  # no code: not known to be the storage's
+        (ValueError("the command's own"), None),
+    ],
+)
+def test_only_sqlite_errors_with_a_storage_code_are_the_storage_s(error: BaseException, cause: str | None) -> None:
+    assert storage_cause(error) == cause
+    assert StorageState().refusal(error) is error
+
+
+def test_an_extended_code_counts_by_its_primary_code_and_is_named_by_sqlite(tmp_path: Path) -> None:
+    """SQLITE_READONLY_DBMOVED and the like are SQLITE_READONLY (code & 0xFF)."""
+    path = tmp_path / "ro.db"
+    with closing(sqlite3.connect(path)) as db:
+        db.execute("CREATE TABLE t (x)")
+        db.commit()
+    with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db, pytest.raises(sqlite3.Error) as caught:
+        db.execute("INSERT INTO t VALUES (1)")
+    exc = caught.value
+    assert exc.sqlite_errorcode & 0xFF == 8  # type: ignore[attr-defined]
+    assert storage_cause(exc) == f"{exc.sqlite_errorname}: {exc}"  # type: ignore[attr-defined]
+    extended = sqlite3.OperationalError("attempt to write a readonly database")
+    extended.sqlite_errorcode = 8 | (4 << 8)  # type: ignore[attr-defined]  # SQLITE_READONLY_DBMOVED
+    extended.sqlite_errorname = None  # type: ignore[attr-defined]  # a build that names none: the table's name
+    assert storage_cause(extended) == "SQLITE_READONLY: attempt to write a readonly database"

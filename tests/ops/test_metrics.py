@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from fastapi_lith import Accounts, Command, Db, Lith, Rejected, SettingError, TabCommand, Tx
 from fastapi_lith.backends.sqlite.feed import SqliteFeed
 from fastapi_lith.testing import Tabs
-from tests.support import REPO, SUPPORT, until
+from tests.support import CHILD_HANG_LIMIT, REPO, SUPPORT, until
 from tests.support.browser import Server
 
 APP = "metricsapp:app"
@@ -39,7 +39,9 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 def serve(server_factory: Callable[..., Server], db: Path, *, args: tuple[str, ...] = (), **env: str) -> Server:
-    return server_factory(APP, cwd=SUPPORT, env={"METRICS_DB": str(db), "PYTHONPATH": str(REPO), **env}, args=list(args))
+    return server_factory(
+        APP, cwd=SUPPORT, env={"METRICS_DB": str(db), "PYTHONPATH": str(REPO), **env}, args=list(args)
+    )
 
 
 class Scrape:
@@ -190,7 +192,9 @@ async def test_a_scrape_under_load_counts_what_the_writer_and_the_streams_did(
     assert last.get("lith_writer_retries_total") == 0
     # The hub rendered the counter, and every stream is open, awake, in its own encoding.
     assert last.get("lith_hub_renders_total", view="counter") >= 1
-    assert last.get("lith_hub_render_seconds_count", view="counter") == last.get("lith_hub_renders_total", view="counter")
+    assert last.get("lith_hub_render_seconds_count", view="counter") == last.get(
+        "lith_hub_renders_total", view="counter"
+    )
     assert last.get("lith_hub_ticks_total") == last.get("lith_hub_tick_seconds_count") >= 1
     for encoding in ("zstd", "gzip", "br", "identity"):
         assert last.get("lith_streams_open", state="awake", encoding=encoding) == 1
@@ -308,6 +312,7 @@ class Served(Server):
                 "--host", self.host, "--port", str(self.port), *self.args]  # fmt: skip
 
 
+@pytest.mark.timeout(CHILD_HANG_LIMIT)  # its uvicorn workers import the package
 async def test_serve_gives_its_workers_a_fresh_metrics_folder_and_removes_it(
     tmp_path: Path, client: httpx.AsyncClient
 ) -> None:
@@ -342,7 +347,9 @@ async def test_the_docs_app_serves_its_metrics_to_the_token_only(
     server = server_factory("metrics_app:app", cwd=REPO / "docs" / "src", env=env)
     token = {"Authorization": "Bearer s3cret-for-prometheus"}
     assert (await client.get(f"{server.url}/lith/metrics")).status_code == 403
-    assert (await client.get(f"{server.url}/lith/metrics", headers={"Authorization": "Bearer guess"})).status_code == 403
+    assert (
+        await client.get(f"{server.url}/lith/metrics", headers={"Authorization": "Bearer guess"})
+    ).status_code == 403
     scraped = await client.get(f"{server.url}/lith/metrics", headers=token)
     assert scraped.status_code == 200
     assert Scrape(scraped.text).get("lith_writer_commands_total", result="committed") == 0
