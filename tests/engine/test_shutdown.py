@@ -1,0 +1,68 @@
+"""The exit-signal relay in front of a real uvicorn `Server`'s handler, in this process.
+
+A real signal goes to this process; uvicorn's `handle_exit` is installed as a server installs it,
+but the server is never run, so the signal only sets its flags.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Iterator
+
+import pytest
+import uvicorn
+
+from fastapi_lith.engine import shutdown
+
+
+@pytest.fixture
+def handlers() -> Iterator[None]:
+    """Put back this process's own SIGTERM and SIGINT handlers, and the owners it had."""
+    kept = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    owners = dict(shutdown._ends)
+    yield
+    for sig, handler in kept.items():
+        signal.signal(sig, handler)
+    shutdown._ends.clear()
+    shutdown._ends.update(owners)
+
+
+async def until(condition: object, timeout: float = 5) -> None:
+    async with asyncio.timeout(timeout):
+        while not condition():  # type: ignore[operator]
+            await asyncio.sleep(0)
+
+
+async def test_every_owner_ends_at_a_signal_and_the_server_hears_which_one(handlers: None) -> None:
+    server = uvicorn.Server(uvicorn.Config("unused:app"))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, server.handle_exit)
+    ended: list[str] = []
+    first, second = object(), object()
+    shutdown.end_on_exit_signal(first, lambda: ended.append("first"))
+    shutdown.end_on_exit_signal(second, lambda: ended.append("second"))
+
+    signal.raise_signal(signal.SIGTERM)
+    await until(lambda: len(ended) == 2)
+    assert sorted(ended) == ["first", "second"]  # two owners in one process: both end
+    assert server._captured_signals == [signal.SIGTERM] and server.should_exit
+
+    shutdown.forget(first)
+    ended.clear()
+    signal.raise_signal(signal.SIGINT)
+    await until(lambda: ended == ["second"])
+    assert server._captured_signals == [signal.SIGTERM, signal.SIGINT]  # the server's own handler, with its signal
+    assert server.force_exit  # uvicorn's second signal: a SIGINT after a SIGTERM
+
+
+async def test_each_signal_with_a_servers_handler_is_relayed_whatever_the_other_has(handlers: None) -> None:
+    server = uvicorn.Server(uvicorn.Config("unused:app"))
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # no server's handler: left alone
+    signal.signal(signal.SIGINT, server.handle_exit)
+    ended: list[str] = []
+    shutdown.end_on_exit_signal(object(), lambda: ended.append("ended"))
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    signal.raise_signal(signal.SIGINT)
+    await until(lambda: ended == ["ended"])
+    assert server._captured_signals == [signal.SIGINT]
