@@ -30,7 +30,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from fastapi_lith import Command, Tx
 from fastapi_lith.ops.tracing import traced
 from fastapi_lith.testing import Tabs
-from tests.support import CHILD_HANG_LIMIT, REPO, SUPPORT
+from tests.support import CHILD_HANG_LIMIT, REPO, SUPPORT, child_env
 from tests.support.browser import Server
 from tests.web.test_input import JSON, TabStream
 
@@ -183,7 +183,7 @@ print(json.dumps({
 
 def test_without_a_provider_nothing_is_imported_and_the_command_lands(tmp_path: Path) -> None:
     counter = REPO / "docs" / "src" / "counter" / "app.py"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = child_env({**os.environ, "PYTHONPATH": str(REPO)})
     for name in [n for n in env if n.startswith("OTEL_")]:
         del env[name]  # no provider set from the environment either
     run = subprocess.run(

@@ -19,6 +19,17 @@ copy every module carries all its mutants, and that import alone can pass `make 
 limit for a hang (tests/MUTATION.md)."""
 
 
+def child_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` for a child process that imports the package.
+
+    mutmut's stats run records the functions each test calls in its own process only: a child
+    that inherited `MUTANT_UNDER_TEST=stats` would look for mutmut's settings in its working
+    directory, and fail. Any other value (a mutant's name) is kept, so the child runs it too."""
+    if env.get("MUTANT_UNDER_TEST") == "stats":
+        return {k: v for k, v in env.items() if k != "MUTANT_UNDER_TEST"}
+    return env
+
+
 async def until(check: Callable[[], Awaitable[Any]], timeout: float = 30.0) -> Any:
     """Ask `check` (a coroutine function) until it gives something true; that, or a failure."""
     deadline = time.monotonic() + timeout

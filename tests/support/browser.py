@@ -39,7 +39,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.support import REPO
+from tests.support import REPO, child_env
 
 ARTIFACTS_DIR = REPO / "test-artifacts"
 
@@ -396,10 +396,7 @@ class Server:
             # The package of this checkout (in mutmut's copy, the mutated one), whatever the working
             # directory: not the checkout the virtualenv's editable install points at.
             env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(REPO)) if p)
-        if env.get("MUTANT_UNDER_TEST") == "stats":
-            # mutmut's stats run records the functions each test calls in its own process only; a
-            # child would look for mutmut's settings in its working directory, and fail.
-            del env["MUTANT_UNDER_TEST"]
+        env = child_env(env)
         self.starts += 1
         cmd = self.command()
         with open(self.log_path, "ab") as log:
