@@ -6,14 +6,14 @@ but the server is never run, so the signal only sets its flags.
 
 from __future__ import annotations
 
-import asyncio
 import signal
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
 import uvicorn
 
 from fastapi_lith.engine import shutdown
+from tests.support import until
 
 
 @pytest.fixture
@@ -28,10 +28,13 @@ def handlers() -> Iterator[None]:
     shutdown._ends.update(owners)
 
 
-async def until(condition: object, timeout: float = 5) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():  # type: ignore[operator]
-            await asyncio.sleep(0)
+def holds(condition: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
+    """`condition` as `until` asks it: the ends run on the loop, between its polls."""
+
+    async def check() -> bool:
+        return condition()
+
+    return check
 
 
 async def test_every_owner_ends_at_a_signal_and_the_server_hears_which_one(handlers: None) -> None:
@@ -44,14 +47,14 @@ async def test_every_owner_ends_at_a_signal_and_the_server_hears_which_one(handl
     shutdown.end_on_exit_signal(second, lambda: ended.append("second"))
 
     signal.raise_signal(signal.SIGTERM)
-    await until(lambda: len(ended) == 2)
+    await until(holds(lambda: len(ended) == 2))
     assert sorted(ended) == ["first", "second"]  # two owners in one process: both end
     assert server._captured_signals == [signal.SIGTERM] and server.should_exit
 
     shutdown.forget(first)
     ended.clear()
     signal.raise_signal(signal.SIGINT)
-    await until(lambda: ended == ["second"])
+    await until(holds(lambda: ended == ["second"]))
     assert server._captured_signals == [signal.SIGTERM, signal.SIGINT]  # the server's own handler, with its signal
     assert server.force_exit  # uvicorn's second signal: a SIGINT after a SIGTERM
 
@@ -64,5 +67,5 @@ async def test_each_signal_with_a_servers_handler_is_relayed_whatever_the_other_
     shutdown.end_on_exit_signal(object(), lambda: ended.append("ended"))
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     signal.raise_signal(signal.SIGINT)
-    await until(lambda: ended == ["ended"])
+    await until(holds(lambda: ended == ["ended"]))
     assert server._captured_signals == [signal.SIGINT]

@@ -39,9 +39,7 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 def serve(server_factory: Callable[..., Server], db: Path, *, args: tuple[str, ...] = (), **env: str) -> Server:
-    return server_factory(
-        APP, cwd=SUPPORT, env={"METRICS_DB": str(db), "PYTHONPATH": str(REPO), **env}, args=list(args)
-    )
+    return server_factory(APP, cwd=SUPPORT, env={"METRICS_DB": str(db), "PYTHONPATH": str(REPO), **env}, args=list(args))
 
 
 class Scrape:
@@ -192,9 +190,7 @@ async def test_a_scrape_under_load_counts_what_the_writer_and_the_streams_did(
     assert last.get("lith_writer_retries_total") == 0
     # The hub rendered the counter, and every stream is open, awake, in its own encoding.
     assert last.get("lith_hub_renders_total", view="counter") >= 1
-    assert last.get("lith_hub_render_seconds_count", view="counter") == last.get(
-        "lith_hub_renders_total", view="counter"
-    )
+    assert last.get("lith_hub_render_seconds_count", view="counter") == last.get("lith_hub_renders_total", view="counter")
     assert last.get("lith_hub_ticks_total") == last.get("lith_hub_tick_seconds_count") >= 1
     for encoding in ("zstd", "gzip", "br", "identity"):
         assert last.get("lith_streams_open", state="awake", encoding=encoding) == 1
@@ -347,9 +343,7 @@ async def test_the_docs_app_serves_its_metrics_to_the_token_only(
     server = server_factory("metrics_app:app", cwd=REPO / "docs" / "src", env=env)
     token = {"Authorization": "Bearer s3cret-for-prometheus"}
     assert (await client.get(f"{server.url}/lith/metrics")).status_code == 403
-    assert (
-        await client.get(f"{server.url}/lith/metrics", headers={"Authorization": "Bearer guess"})
-    ).status_code == 403
+    assert (await client.get(f"{server.url}/lith/metrics", headers={"Authorization": "Bearer guess"})).status_code == 403
     scraped = await client.get(f"{server.url}/lith/metrics", headers=token)
     assert scraped.status_code == 200
     assert Scrape(scraped.text).get("lith_writer_commands_total", result="committed") == 0
