@@ -11,6 +11,9 @@ Browser harness (helpers in tests/support/browser.py; see tests/support/test_bro
   non-loopback requests are aborted. ``page`` is ``new_page()``.
 * ``server_factory(app, *, cwd, env=None, **kwargs)`` (function) -- a started
   ``browser.Server`` (uvicorn subprocess on a free port), stopped at teardown.
+* ``app_server(app, *, env=None, **kwargs)`` (function) -- a started ``inprocess.InProcessServer``
+  (uvicorn on a thread of the test's process, where mutmut sees the requests), stopped at
+  teardown.
 * ``granian`` (session) -- granian is installed: skipped without it, failed on CI.
 * ``artifacts_dir`` (session) -- ``test-artifacts/`` at the repo root (ignored).
 
@@ -33,6 +36,7 @@ import pytest
 
 from tests.support import CHILD_HANG_LIMIT
 from tests.support import browser as _bh
+from tests.support.inprocess import InProcessServer
 
 # --------------------------------------------------------------------------- browser harness
 
@@ -263,6 +267,27 @@ def server_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[C
         server.close()
         if failed:
             print(f"--- output of {server.app} at {server.url} ---\n{server.output}")
+
+
+@pytest.fixture
+def app_server(request: pytest.FixtureRequest) -> Iterator[Callable[..., InProcessServer]]:
+    """``app_server(app, env=None) -> InProcessServer``, already started: the app on a real
+    uvicorn on a thread of this process (tests/support/inprocess.py says why), stopped at
+    teardown, its log printed if the test fails."""
+    servers: list[InProcessServer] = []
+
+    def make(app: str, *, env: dict[str, str | None] | None = None, **kwargs: Any) -> InProcessServer:
+        server = InProcessServer(app, env=env, **kwargs)
+        servers.append(server)
+        return server.start()
+
+    yield make
+
+    failed = _failed(request)
+    for server in servers:
+        server.close()
+        if failed:
+            print(f"--- log of {server.app} at {server.url} ---\n{server.output}")
 
 
 @pytest.fixture(scope="session")

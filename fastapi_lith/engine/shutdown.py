@@ -40,11 +40,18 @@ def forget(owner: object) -> None:
     _ends.pop(id(owner), None)
 
 
+def end_all(loop: asyncio.AbstractEventLoop | None = None) -> None:
+    """Call every registered `end()` (those of `loop` only, when given) on its own loop, from any
+    thread: what an exit signal does. A server run off the main thread (a test's, on a thread)
+    gets no signal, so whoever stops it calls this first."""
+    for owner_loop, end in list(_ends.values()):
+        if not owner_loop.is_closed() and loop in (None, owner_loop):
+            owner_loop.call_soon_threadsafe(end)  # the handler may run between any two bytecodes
+
+
 def _relay(previous: Callable[[int, Any], None]) -> Callable[..., None]:
     def relay(_server: object, sig: int, frame: Any) -> None:
-        for loop, end in list(_ends.values()):
-            if not loop.is_closed():
-                loop.call_soon_threadsafe(end)  # the handler may run between any two bytecodes
+        end_all()
         previous(sig, frame)
 
     relay.lith_relay = True  # type: ignore[attr-defined]

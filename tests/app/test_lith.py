@@ -19,17 +19,16 @@ import pytest
 
 from tests.support import REPO, SUPPORT
 from tests.support.browser import Server
+from tests.support.inprocess import InProcessServer, Served
 
 SAME_ORIGIN = {"Datastar-Request": "true", "Sec-Fetch-Site": "same-origin"}
 
 
 @pytest.fixture(scope="module")
-def counter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path]]:
+def counter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[InProcessServer, Path]]:
     db = tmp_path_factory.mktemp("counter") / "counter.db"
-    server = Server("examples.counter.app:app", cwd=REPO, env={"COUNTER_DB": str(db)})
-    server.start()
-    yield server, db
-    server.close()
+    with InProcessServer("examples.counter.app:app", env={"COUNTER_DB": str(db)}) as server:
+        yield server, db
 
 
 def count(db: Path) -> int:
@@ -84,7 +83,7 @@ def test_body_size_limit(counter: tuple[Any, Path]) -> None:
     assert count(db) == before
 
 
-def post_part_of(server: Server, path: str, headers: dict[str, str], *, total: int, chunked: bool) -> tuple[int, str, int]:
+def post_part_of(server: Served, path: str, headers: dict[str, str], *, total: int, chunked: bool) -> tuple[int, str, int]:
     """POST a body of `total` bytes but send at most 2 MB of it, then wait for the answer.
 
     A server that waits for the whole body never answers (the deadline fails the test); one
@@ -118,7 +117,7 @@ def post_part_of(server: Server, path: str, headers: dict[str, str], *, total: i
 
 
 @pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "content-length"])
-def test_a_large_body_is_refused_while_it_is_read(counter: tuple[Server, Path], chunked: bool) -> None:
+def test_a_large_body_is_refused_while_it_is_read(counter: tuple[InProcessServer, Path], chunked: bool) -> None:
     server, db = counter
     before = count(db)
     status, body, sent = post_part_of(server, "/add", SAME_ORIGIN, total=10_000_000, chunked=chunked)
@@ -170,7 +169,7 @@ async def test_lith_keeps_the_newest_timed_backups(tmp_path: Path) -> None:
     assert all(verify(c).ok for c in copies)
 
 
-def test_out_of_range_integers_are_a_422_with_the_fragment(counter: tuple[Server, Path]) -> None:
+def test_out_of_range_integers_are_a_422_with_the_fragment(counter: tuple[InProcessServer, Path]) -> None:
     server, db = counter
     before = count(db)
     for field in ("op", "n"):
@@ -209,7 +208,7 @@ def test_the_readmes_app_refuses_integers_sqlite_cannot_store(tmp_path: Path) ->
 class StreamReader:
     """A tab's identity-encoded stream, read on a thread, for the tests to wait on."""
 
-    def __init__(self, server: Server, tab: str) -> None:
+    def __init__(self, server: Served, tab: str) -> None:
         self.data = b""
         self._client = httpx.Client(timeout=None)
         url = f"{server.url}/lith/stream?views=counter,outcome/{tab}&tab={tab}"
@@ -245,7 +244,7 @@ class StreamReader:
     ],
 )
 def test_refused_commands_reach_the_acting_tab_as_html(
-    counter: tuple[Server, Path], status: int, headers: dict[str, str], body: str | None, says: str
+    counter: tuple[InProcessServer, Path], status: int, headers: dict[str, str], body: str | None, says: str
 ) -> None:
     server, db = counter
     before = count(db)
@@ -270,7 +269,7 @@ def test_refused_commands_reach_the_acting_tab_as_html(
     assert count(db) == before
 
 
-def test_an_idempotency_key_applies_a_command_once(counter: tuple[Server, Path]) -> None:
+def test_an_idempotency_key_applies_a_command_once(counter: tuple[InProcessServer, Path]) -> None:
     server, db = counter
     before = count(db)
     headers = {**SAME_ORIGIN, "Idempotency-Key": "order-1"}
@@ -286,18 +285,16 @@ def test_an_idempotency_key_applies_a_command_once(counter: tuple[Server, Path])
 
 
 @pytest.fixture(scope="module")
-def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path]]:
+def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[InProcessServer, Path]]:
     folder = tmp_path_factory.mktemp("host")
     (folder / "migrations").mkdir()
     (folder / "migrations" / "0001_init.sql").write_text("CREATE TABLE note (id INTEGER PRIMARY KEY, text TEXT);")
-    env = {"HOST_DB": str(folder / "host.db"), "HOST_MIGRATIONS": str(folder / "migrations"), "PYTHONPATH": str(SUPPORT)}
-    server = Server("hostapp:app", cwd=REPO, env=env)
-    server.start()
-    yield server, folder / "host.db"
-    server.close()
+    env = {"HOST_DB": str(folder / "host.db"), "HOST_MIGRATIONS": str(folder / "migrations")}
+    with InProcessServer("hostapp:app", env=env) as server:
+        yield server, folder / "host.db"
 
 
-def test_install_leaves_the_host_app_alone(host: tuple[Server, Path]) -> None:
+def test_install_leaves_the_host_app_alone(host: tuple[InProcessServer, Path]) -> None:
     server, _ = host
     for _ in range(3):
         assert httpx.post(f"{server.url}/echo", json={"text": "hi"}).json() == 2
@@ -307,7 +304,7 @@ def test_install_leaves_the_host_app_alone(host: tuple[Server, Path]) -> None:
     assert httpx.post(f"{server.url}/echo", json={"text": "x" * 5000}).json() == 5000  # no bound here
 
 
-def test_install_guards_a_command_route_behind_a_nested_dependency(host: tuple[Server, Path]) -> None:
+def test_install_guards_a_command_route_behind_a_nested_dependency(host: tuple[InProcessServer, Path]) -> None:
     server, db = host
     assert httpx.post(f"{server.url}/api/notes", json={"text": "kept"}).status_code == 204
     too_big = httpx.post(f"{server.url}/api/notes", json={"text": "x" * 2000})
@@ -322,7 +319,7 @@ def test_install_guards_a_command_route_behind_a_nested_dependency(host: tuple[S
 
 
 @pytest.fixture(scope="module", params=["router", "lifespan", "install"])
-def card_app(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path]]:
+def card_app(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[InProcessServer, Path]]:
     """tests/support/routerapp.py served three ways: include_router alone, with the lifespan, install."""
     folder = tmp_path_factory.mktemp(f"card-{request.param}")
     (folder / "migrations").mkdir()
@@ -331,18 +328,16 @@ def card_app(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     )
     env = {
         "ROUTER_APP_DB": str(folder / "card.db"), "ROUTER_APP_MIGRATIONS": str(folder / "migrations"),
-        "ROUTER_APP_WAY": request.param, "PYTHONPATH": str(SUPPORT),
+        "ROUTER_APP_WAY": request.param,
     }
-    server = Server("routerapp:app", cwd=REPO, env=env)
-    server.start()
-    yield server, folder / "card.db"
-    server.close()
+    with InProcessServer("routerapp:app", env=env) as server:
+        yield server, folder / "card.db"
 
 
 ROUTES = ["/add", "/early/add", "/late/add"]
 
 
-def test_the_design_cards_app_starts_its_engine_once(card_app: tuple[Server, Path]) -> None:
+def test_the_design_cards_app_starts_its_engine_once(card_app: tuple[InProcessServer, Path]) -> None:
     server, db = card_app
     before = count(db)
     for n, path in enumerate(ROUTES, 1):
@@ -352,7 +347,7 @@ def test_the_design_cards_app_starts_its_engine_once(card_app: tuple[Server, Pat
     assert httpx.get(f"{server.url}/starts").json() == 1  # the app's lifespan and the router's: one start
 
 
-def test_a_page_render_refuses_a_parameter_sqlite_cannot_hold_with_400(card_app: tuple[Server, Path]) -> None:
+def test_a_page_render_refuses_a_parameter_sqlite_cannot_hold_with_400(card_app: tuple[InProcessServer, Path]) -> None:
     server, _ = card_app
     assert httpx.get(f"{server.url}/boards/3").text == '<p id="board">3</p>'
     refused = httpx.get(f"{server.url}/boards/9223372036854775808")
@@ -362,7 +357,7 @@ def test_a_page_render_refuses_a_parameter_sqlite_cannot_hold_with_400(card_app:
 
 
 @pytest.mark.parametrize("path", ROUTES)
-def test_the_design_cards_command_routes_are_guarded(card_app: tuple[Server, Path], path: str) -> None:
+def test_the_design_cards_command_routes_are_guarded(card_app: tuple[InProcessServer, Path], path: str) -> None:
     server, db = card_app
     before = count(db)
     tab = "guard" + path.replace("/", "-")
@@ -552,17 +547,11 @@ def test_a_rejected_command_reaches_its_tab_with_the_done_signal(counter: tuple[
 def test_a_command_route_answers_bad_input_with_html_without_the_datastar_header(tmp_path: Path) -> None:
     # A route that takes the writer is a command route, whoever calls it: a non-browser
     # client (same_origin_only=False) gets the same HTML error as the page.
-    from tests.support.browser import Server
-
-    server = Server("streamapp:app", cwd=SUPPORT, env={"STREAM_DB": str(tmp_path / "b.db")})
-    server.start()
-    try:
+    with InProcessServer("streamapp:app", env={"STREAM_DB": str(tmp_path / "b.db")}) as server:
         response = httpx.post(f"{server.url}/rename", json={"card": "seven", "title": "x"})
         assert response.status_code == 422
         assert response.headers["content-type"].startswith("text/html")
         assert '<div id="lith-error"' in response.text and "<strong>card</strong>" in response.text
-    finally:
-        server.close()
 
 
 # -- one start at a time ----------------------------------------------------------------------------

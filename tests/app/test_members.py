@@ -20,8 +20,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from fastapi_lith import Accounts, LithError, SettingError
-from tests.support import REPO, SUPPORT
-from tests.support.browser import Server
+from tests.support import REPO
+from tests.support.inprocess import InProcessServer
 
 SAME_ORIGIN = {"Sec-Fetch-Site": "same-origin", "Datastar-Request": "true"}
 PLAIN = {"Accept-Encoding": "identity"}
@@ -62,19 +62,17 @@ def read_stream_until(client: httpx.Client, url: str, text: str, headers: dict[s
 
 
 @pytest.fixture(params=["sync", "async"])
-def members(request: pytest.FixtureRequest, server_factory: Callable[..., Server], tmp_path: Path) -> Iterator[tuple[Server, Path, str]]:
+def members(request: pytest.FixtureRequest, app_server: Callable[..., InProcessServer], tmp_path: Path) -> Iterator[tuple[InProcessServer, Path, str]]:
     folder = tmp_path / "accounts"
     folder.mkdir()
     for name in ("acme", "globex"):
         (folder / f"{name}.db").touch()  # an empty file is an account not yet migrated: opening it writes it
-    server = server_factory(
-        "membersapp:app", cwd=SUPPORT, env={"MEMBERS_DIR": str(folder), "ADMITS": request.param}
-    )
+    server = app_server("membersapp:app", env={"MEMBERS_DIR": str(folder), "ADMITS": request.param})
     yield server, folder, request.param
 
 
 def test_a_user_of_one_account_gets_for_another_exactly_what_an_account_that_does_not_exist_answers(
-    members: tuple[Server, Path, str],
+    members: tuple[InProcessServer, Path, str],
 ) -> None:
     server, folder, kind = members
     with httpx.Client(base_url=server.url, timeout=30, headers={"X-User": "alice"}) as alice:
@@ -103,7 +101,7 @@ def test_a_user_of_one_account_gets_for_another_exactly_what_an_account_that_doe
 
 
 def test_nobody_signed_in_is_the_identitys_own_401_before_any_account_is_looked_at(
-    members: tuple[Server, Path, str],
+    members: tuple[InProcessServer, Path, str],
 ) -> None:
     server, folder, _ = members
     with httpx.Client(base_url=server.url, timeout=30) as anonymous:
@@ -122,7 +120,7 @@ def test_nobody_signed_in_is_the_identitys_own_401_before_any_account_is_looked_
 
 
 def test_the_identity_runs_once_per_request_however_many_parts_ask_for_the_principal(
-    members: tuple[Server, Path, str],
+    members: tuple[InProcessServer, Path, str],
 ) -> None:
     server, _, _ = members
     with httpx.Client(base_url=server.url, timeout=30, headers={"X-User": "alice"}) as alice:
@@ -153,12 +151,9 @@ def session_cookie(user: str, secret: str = SECRET) -> str:
 
 
 def test_the_members_recipe_keeps_each_team_to_its_members_and_a_member_adds_another(
-    server_factory: Callable[..., Server], tmp_path: Path
+    app_server: Callable[..., InProcessServer], tmp_path: Path
 ) -> None:
-    server = server_factory(
-        "members:app", cwd=tmp_path, args=["--app-dir", str(REPO / "docs" / "src" / "accounts")],
-        env={"SESSION_SECRET": SECRET},
-    )  # fmt: skip
+    server = app_server("members:app", app_dir=REPO / "docs" / "src" / "accounts", env={"SESSION_SECRET": SECRET})
 
     def user(name: str, secret: str = SECRET) -> httpx.Client:
         return httpx.Client(base_url=server.url, timeout=30, cookies={"session": session_cookie(name, secret)})

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from fastapi_lith import Lith, SettingError
 from fastapi_lith.engine.streams import Stream
 from tests.support import REPO, until
-from tests.support.browser import Server
+from tests.support.inprocess import InProcessServer
 
 PASSWORD = "a password for this test only"
 OPERATOR = {"Authorization": "Basic " + base64.b64encode(f"operator:{PASSWORD}".encode()).decode()}
@@ -30,12 +30,9 @@ VIEWS = "lith-dashboard/numbers,lith-dashboard/plots"
 DOCS_APP = REPO / "docs" / "src" / "dashboard"
 
 
-def serve(server_factory: Callable[..., Server], db: Path) -> Server:
+def serve(app_server: Callable[..., InProcessServer], db: Path) -> InProcessServer:
     """docs/src/dashboard/app.py: the clicks, its dashboard and its metrics for the operator."""
-    return server_factory(
-        "app:app", cwd=db.parent, args=["--app-dir", str(DOCS_APP)],
-        env={"DASHBOARD_DB": str(db), "OPERATOR_PASSWORD": PASSWORD, "PYTHONPATH": str(REPO)},
-    )
+    return app_server("app:app", app_dir=DOCS_APP, env={"DASHBOARD_DB": str(db), "OPERATOR_PASSWORD": PASSWORD})
 
 
 async def renders(client: httpx.AsyncClient, base: str) -> dict[str, float]:
@@ -105,9 +102,9 @@ async def add(client: httpx.AsyncClient, base: str, count: int) -> None:
 
 
 async def test_the_apps_guard_refuses_the_page_and_the_stream(
-    server_factory: Callable[..., Server], tmp_path: Path, client: httpx.AsyncClient
+    app_server: Callable[..., InProcessServer], tmp_path: Path, client: httpx.AsyncClient
 ) -> None:
-    server = serve(server_factory, tmp_path / "app.db")
+    server = serve(app_server, tmp_path / "app.db")
     for url in ("/lith/dashboard", f"/lith/dashboard/stream?views={VIEWS}&tab=t1"):
         anonymous = await client.get(server.url + url)
         assert anonymous.status_code == 401 and "lith-dashboard" not in anonymous.text
@@ -120,9 +117,9 @@ async def test_the_apps_guard_refuses_the_page_and_the_stream(
 
 
 async def test_the_apps_stream_refuses_the_dashboards_views(
-    server_factory: Callable[..., Server], tmp_path: Path, client: httpx.AsyncClient
+    app_server: Callable[..., InProcessServer], tmp_path: Path, client: httpx.AsyncClient
 ) -> None:
-    server = serve(server_factory, tmp_path / "app.db")
+    server = serve(app_server, tmp_path / "app.db")
     for key in VIEWS.split(","):
         refused = await client.get(f"{server.url}/lith/stream?views={key}&tab=t1", headers=OPERATOR)
         assert refused.status_code == 400, refused.text
@@ -133,9 +130,9 @@ async def test_the_apps_stream_refuses_the_dashboards_views(
 
 
 async def test_nobody_watching_renders_nothing_and_a_watcher_sees_the_numbers_change(
-    server_factory: Callable[..., Server], tmp_path: Path, client: httpx.AsyncClient
+    app_server: Callable[..., InProcessServer], tmp_path: Path, client: httpx.AsyncClient
 ) -> None:
-    server = serve(server_factory, tmp_path / "app.db")
+    server = serve(app_server, tmp_path / "app.db")
     tab = Reading(f"{server.url}/lith/stream?views=clicks,outcome/t1&tab=t1")
     assert await tab.open(client) == 200
     # A page load of the dashboard paints it once, outside the hub, and watches nothing.

@@ -14,16 +14,17 @@ from playwright.sync_api import Page, expect
 
 from tests.dashboard.test_dashboard import PASSWORD, SAME_SITE, serve
 from tests.support import REPO
-from tests.support.browser import Server, wait_for_datastar
+from tests.support.browser import wait_for_datastar
+from tests.support.inprocess import InProcessServer
 
 SHOTS = REPO / "docs" / "img"
 POINTS = 12  # seconds of plots before the screenshot: enough for a line to read as one
 
 
 @pytest.fixture
-def clicking(server_factory: Callable[..., Server], tmp_path: Path) -> Iterator[Server]:
+def clicking(app_server: Callable[..., InProcessServer], tmp_path: Path) -> Iterator[InProcessServer]:
     """The docs' app under a steady load of clicks from a thread, until the test ends."""
-    server = serve(server_factory, tmp_path / "app.db")
+    server = serve(app_server, tmp_path / "app.db")
     done = threading.Event()
 
     def click() -> None:
@@ -46,7 +47,7 @@ def clicking(server_factory: Callable[..., Server], tmp_path: Path) -> Iterator[
 
 @pytest.mark.parametrize(("width", "height"), [(1440, 900), (390, 844)])
 def test_the_dashboard_is_live_and_reads_well(
-    new_page: Callable[..., Page], clicking: Server, width: int, height: int
+    new_page: Callable[..., Page], clicking: InProcessServer, width: int, height: int
 ) -> None:
     page = new_page(
         viewport={"width": width, "height": height}, http_credentials={"username": "operator", "password": PASSWORD}

@@ -271,8 +271,8 @@ async def test_touch_later_re_renders_through_the_writer(tmp_path: Path) -> None
 
 
 @pytest.fixture
-def server(server_factory: Callable[..., object], tmp_path: Path) -> object:
-    return server_factory("commandsapp:app", cwd=HERE, env={"COMMANDS_DB": str(tmp_path / "c.db")})
+def server(app_server: Callable[..., object], tmp_path: Path) -> object:
+    return app_server("commandsapp:app", env={"COMMANDS_DB": str(tmp_path / "c.db")})
 
 
 def test_one_line_routes_answer_204_and_stay_out_of_openapi(server: object, tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ from fastapi_lith.backends.sqlite.feed import SqliteFeed
 from fastapi_lith.testing import Tabs
 from tests.support import CHILD_HANG_LIMIT, REPO, SUPPORT, until
 from tests.support.browser import Server
+from tests.support.inprocess import InProcessServer
 
 APP = "metricsapp:app"
 OPERATOR = {"X-Operator": "yes"}
@@ -38,8 +39,8 @@ _tabs = itertools.count(1)
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
-def serve(server_factory: Callable[..., Server], db: Path, *, args: tuple[str, ...] = (), **env: str) -> Server:
-    return server_factory(APP, cwd=SUPPORT, env={"METRICS_DB": str(db), "PYTHONPATH": str(REPO), **env}, args=list(args))
+def settings(db: Path, **env: str) -> dict[str, str | None]:
+    return {"METRICS_DB": str(db), **env}
 
 
 class Scrape:
@@ -154,9 +155,9 @@ async def client() -> Any:
 
 
 async def test_a_scrape_under_load_counts_what_the_writer_and_the_streams_did(
-    server_factory: Callable[..., Server], tmp_path: Path, client: httpx.AsyncClient
+    app_server: Callable[..., InProcessServer], tmp_path: Path, client: httpx.AsyncClient
 ) -> None:
-    server = serve(server_factory, tmp_path / "app.db")
+    server = app_server(APP, env=settings(tmp_path / "app.db"))
     tabs = [await Tab(server.url, encoding).open(client) for encoding in ("zstd", "gzip", "br", "identity")]
     sent = 600
     before: Scrape | None = None
@@ -205,9 +206,9 @@ async def test_a_scrape_under_load_counts_what_the_writer_and_the_streams_did(
 
 
 async def test_the_route_answers_only_the_apps_operator(
-    server_factory: Callable[..., Server], tmp_path: Path, client: httpx.AsyncClient
+    app_server: Callable[..., InProcessServer], tmp_path: Path, client: httpx.AsyncClient
 ) -> None:
-    server = serve(server_factory, tmp_path / "app.db")
+    server = app_server(APP, env=settings(tmp_path / "app.db"))
     refused = await client.get(f"{server.url}/lith/metrics")
     assert refused.status_code == 403
     assert "lith_" not in refused.text
@@ -237,7 +238,8 @@ async def test_two_workers_one_scrape_sums_both_processes(
 ) -> None:
     shared = tmp_path / "prometheus"
     shared.mkdir()
-    server = serve(server_factory, tmp_path / "app.db", args=("--workers", "2"), PROMETHEUS_MULTIPROC_DIR=str(shared))
+    env = {**settings(tmp_path / "app.db", PROMETHEUS_MULTIPROC_DIR=str(shared)), "PYTHONPATH": str(REPO)}
+    server = server_factory(APP, cwd=SUPPORT, env=env, args=["--workers", "2"])
     tabs = await tabs_on_both(server, client)
     pids = {t.pid for t in tabs}
     served: set[str] = set()
@@ -339,6 +341,7 @@ async def test_serve_gives_its_workers_a_fresh_metrics_folder_and_removes_it(
 async def test_the_docs_app_serves_its_metrics_to_the_token_only(
     server_factory: Callable[..., Server], tmp_path: Path, client: httpx.AsyncClient
 ) -> None:
+    # A child process: the app reads its token from the environment on every request.
     env = {"APP_DB": str(tmp_path / "app.db"), "METRICS_TOKEN": "s3cret-for-prometheus", "PYTHONPATH": str(REPO)}
     server = server_factory("metrics_app:app", cwd=REPO / "docs" / "src", env=env)
     token = {"Authorization": "Bearer s3cret-for-prometheus"}
@@ -425,11 +428,10 @@ async def test_the_feed_between_two_processes_counts_its_lag_and_its_gaps(tmp_pa
 
 
 async def test_a_replica_shows_its_restarts_its_lag_and_its_last_check(
-    server_factory: Callable[..., Server], tmp_path: Path, client: httpx.AsyncClient
+    app_server: Callable[..., InProcessServer], tmp_path: Path, client: httpx.AsyncClient
 ) -> None:
-    env = {"APP_DB": str(tmp_path / "app.db"), "APP_REPLICA": f"file://{tmp_path / 'replica'}",
-           "APP_CHECK_EVERY": "1", "PYTHONPATH": str(REPO)}  # fmt: skip
-    server = server_factory("replicaapp:app", cwd=SUPPORT, env=env, startup_timeout=60)
+    env = {"APP_DB": str(tmp_path / "app.db"), "APP_REPLICA": f"file://{tmp_path / 'replica'}", "APP_CHECK_EVERY": "1"}
+    server = app_server("replicaapp:app", env=env)
     for _ in range(5):
         assert (await client.post(f"{server.url}/append", json={})).status_code == 200
 

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.browser import Server
+from tests.support.inprocess import InProcessServer
 from tests.web.test_input import TabStream
 
 
 @pytest.fixture
-def stream(served: tuple[Server, Path], request: pytest.FixtureRequest) -> Iterator[TabStream]:
+def stream(served: tuple[InProcessServer, Path], request: pytest.FixtureRequest) -> Iterator[TabStream]:
     tab = re.sub(r"[^A-Za-z0-9_-]", "_", request.node.name)[-64:]
     tab_stream = TabStream(served[0], tab)
     tab_stream.tab = tab  # type: ignore[attr-defined]

@@ -20,25 +20,25 @@ from fastapi_lith import AccessDenied
 from fastapi_lith.web.access import StreamTokens
 from tests.support import REPO, SUPPORT
 from tests.support.browser import Server
+from tests.support.inprocess import InProcessServer, Served
 
 APP = "accessapp:app"
 OLD, NEW = "the key of the last deploy", "the key of this deploy!!"
 DATASTAR = {"Datastar-Request": "true"}
 
 
-def serve(server_factory: Callable[..., Server], db: Path, secret: str | None = f"{OLD},{NEW}") -> Server:
-    env = {"ACCESS_DB": str(db), "ACCESS_SECRET": secret, "PYTHONPATH": str(REPO)}
-    return server_factory(APP, cwd=SUPPORT, env=env)
+def settings(db: Path, secret: str | None = f"{OLD},{NEW}") -> dict[str, str | None]:
+    return {"ACCESS_DB": str(db), "ACCESS_SECRET": secret}
 
 
-def sign_in(server: Server, user: str) -> str:
+def sign_in(server: Served, user: str) -> str:
     session = f"s-{user}"
     response = httpx.post(f"{server.url}/signin", json={"session": session, "user": user})
     assert response.status_code == 204, response.text
     return session
 
 
-def page_url(server: Server, session: str | None, keys: str, tab: str = "t1") -> str:
+def page_url(server: Served, session: str | None, keys: str, tab: str = "t1") -> str:
     """The stream URL the page rendered for `session` opens, as Datastar would request it."""
     headers = {"X-Session": session} if session else {}
     response = httpx.get(f"{server.url}/connect", params={"keys": keys, "tab": tab}, headers=headers)
@@ -94,15 +94,14 @@ def first_event(response: httpx.Response) -> str:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessServer]:
     """One server for the tests that leave every session as they found it."""
     db = tmp_path_factory.mktemp("access") / "access.db"
-    env = {"ACCESS_DB": str(db), "ACCESS_SECRET": f"{OLD},{NEW}", "PYTHONPATH": str(REPO)}
-    with Server(APP, cwd=SUPPORT, env=env) as server:
+    with InProcessServer(APP, env=settings(db)) as server:
         yield server
 
 
-def test_a_signed_stream_opens_and_every_edit_of_it_is_refused(server: Server) -> None:
+def test_a_signed_stream_opens_and_every_edit_of_it_is_refused(server: Served) -> None:
     alice, bob = sign_in(server, "alice"), sign_in(server, "bob")
     url = page_url(server, alice, "board,tasks/{principal},outcome/{tab}")
     assert "views=board,tasks/alice,outcome/t1&tab=t1&token=" in url
@@ -128,7 +127,7 @@ def test_a_signed_stream_opens_and_every_edit_of_it_is_refused(server: Server) -
     assert status(url, None) == 403  # alice signed out: the identity no longer admits her
 
 
-def test_an_expired_token_is_refused_and_a_young_one_opens(server: Server) -> None:
+def test_an_expired_token_is_refused_and_a_young_one_opens(server: Served) -> None:
     alice = sign_in(server, "alice")
     day = 24 * 3600
     keys = ["board", "outcome/t1"]
@@ -139,17 +138,17 @@ def test_an_expired_token_is_refused_and_a_young_one_opens(server: Server) -> No
 
 
 def test_a_rotated_key_keeps_old_tokens_until_it_is_dropped(
-    server_factory: Callable[..., Server], tmp_path: Path
+    app_server: Callable[..., InProcessServer], tmp_path: Path
 ) -> None:
     db = tmp_path / "access.db"
-    rotating = serve(server_factory, db, secret=f"{OLD},{NEW}")
+    rotating = app_server(APP, env=settings(db, secret=f"{OLD},{NEW}"))
     alice = sign_in(rotating, "alice")
     signed = {key: StreamTokens(key, 3600).sign("/lith/stream", "t1", ["board"], "alice") for key in (OLD, NEW)}
     url = f"{rotating.url}/lith/stream?views=board&tab=t1&token="
     assert status(url + signed[OLD], alice) == 200  # a page from before the new key
     assert status(url + signed[NEW], alice) == 200
     rotating.close()
-    rotated = serve(server_factory, db, secret=NEW)
+    rotated = app_server(APP, env=settings(db, secret=NEW))
     url = f"{rotated.url}/lith/stream?views=board&tab=t1&token="
     assert status(url + signed[OLD], alice) == 403  # the old key dropped from the list
     assert status(url + signed[NEW], alice) == 200
@@ -174,9 +173,9 @@ def test_a_token_binds_the_stream_path_tab_keys_and_principal_and_no_more() -> N
 
 
 def test_another_principals_view_is_refused_with_or_without_a_secret(
-    server_factory: Callable[..., Server], tmp_path: Path
+    app_server: Callable[..., InProcessServer], tmp_path: Path
 ) -> None:
-    server = serve(server_factory, tmp_path / "access.db", secret=None)
+    server = app_server(APP, env=settings(tmp_path / "access.db", secret=None))
     alice = sign_in(server, "alice")
     base = f"{server.url}/lith/stream?tab=t1&views="
     assert status(base + "board", None) == 200  # no secret, no rule: public as its page is
@@ -189,7 +188,7 @@ def test_another_principals_view_is_refused_with_or_without_a_secret(
     assert response.status_code == 500
 
 
-def test_a_views_access_rule_is_asked_on_every_open(server: Server) -> None:
+def test_a_views_access_rule_is_asked_on_every_open(server: Served) -> None:
     alice = sign_in(server, "alice")
     url = page_url(server, alice, "board,team/1")  # the page may render it: the stream asks the rule
     assert status(url, alice) == 403
@@ -202,7 +201,7 @@ def test_a_views_access_rule_is_asked_on_every_open(server: Server) -> None:
     assert status(url, alice) == 403
 
 
-def test_refusals_stop_datastar_and_tell_other_clients_the_status(server: Server) -> None:
+def test_refusals_stop_datastar_and_tell_other_clients_the_status(server: Served) -> None:
     alice = sign_in(server, "alice")
     url = page_url(server, alice, "board")
     for session in (None, "expired"):  # the stream's own refusal, and the identity's 401
@@ -223,7 +222,7 @@ def test_refusals_stop_datastar_and_tell_other_clients_the_status(server: Server
         assert response.read().decode() == "the session expired: sign in again"
 
 
-def test_revoke_ends_the_principals_live_streams_at_once_and_their_reconnect_is_refused(server: Server) -> None:
+def test_revoke_ends_the_principals_live_streams_at_once_and_their_reconnect_is_refused(server: Served) -> None:
     alice, bob = sign_in(server, "alice"), sign_in(server, "bob")
     alice_url = page_url(server, alice, "board,tasks/{principal}")
     bob_url = page_url(server, bob, "board,tasks/{principal}", tab="t2")
@@ -243,7 +242,8 @@ def test_revoke_in_one_process_ends_the_stream_another_process_serves(
     server_factory: Callable[..., Server], tmp_path: Path
 ) -> None:
     db = tmp_path / "access.db"
-    a, b = serve(server_factory, db), serve(server_factory, db)
+    env = {**settings(db), "PYTHONPATH": str(REPO)}
+    a, b = server_factory(APP, cwd=SUPPORT, env=env), server_factory(APP, cwd=SUPPORT, env=env)
     alice = sign_in(a, "alice")
     url = page_url(b, alice, "board,tasks/{principal}")
     with stream(url, alice) as response:
@@ -257,10 +257,9 @@ def test_revoke_in_one_process_ends_the_stream_another_process_serves(
 
 
 def test_under_accounts_a_token_opens_its_own_accounts_stream_only_and_revoke_reaches_every_account(
-    server_factory: Callable[..., Server], tmp_path: Path
+    app_server: Callable[..., InProcessServer], tmp_path: Path
 ) -> None:
-    env = {"ACCESS_ACCOUNTS": str(tmp_path / "accounts"), "PYTHONPATH": str(REPO)}
-    server = server_factory("accessaccountsapp:app", cwd=SUPPORT, env=env)
+    server = app_server("accessaccountsapp:app", env={"ACCESS_ACCOUNTS": str(tmp_path / "accounts")})
     for name in ("acme", "other"):
         assert httpx.post(f"{server.url}/accounts/{name}").status_code == 204
     alice = {"X-User": "alice", "Accept-Encoding": "identity"}

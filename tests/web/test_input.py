@@ -18,6 +18,7 @@ import pytest
 
 from tests.support import REPO, SUPPORT
 from tests.support.browser import Server
+from tests.support.inprocess import InProcessServer
 
 SAME_ORIGIN = {"Datastar-Request": "true", "Sec-Fetch-Site": "same-origin"}
 JSON = {**SAME_ORIGIN, "Content-Type": "application/json"}
@@ -25,12 +26,10 @@ ERROR = '<div id="lith-error" role="alert" class="lith-error"><ul><li>'
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path]]:
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[InProcessServer, Path]]:
     db = tmp_path_factory.mktemp("input") / "input.db"
-    server = Server("inputapp:app", cwd=REPO, env={"INPUT_DB": str(db), "PYTHONPATH": str(SUPPORT)})
-    server.start()
-    yield server, db
-    server.close()
+    with InProcessServer("inputapp:app", env={"INPUT_DB": str(db)}) as server:
+        yield server, db
 
 
 def rows(db: Path) -> tuple[int, int]:
@@ -42,7 +41,7 @@ def rows(db: Path) -> tuple[int, int]:
 class TabStream:
     """A tab's identity-encoded stream, read on a thread, for the tests to wait on."""
 
-    def __init__(self, server: Server, tab: str, views: str = "outcome/{tab}") -> None:
+    def __init__(self, server: Server | InProcessServer, tab: str, views: str = "outcome/{tab}") -> None:
         self.data = b""
         self._client = httpx.Client(timeout=None)
         url = f"{server.url}/lith/stream?views={views.format(tab=tab)}&tab={tab}"
@@ -88,7 +87,7 @@ DEEP = 1000  # past Python's recursion limit: `json.loads` raises RecursionError
     ids=["list", "object", "a-field"],
 )
 def test_json_nested_past_the_recursion_limit_is_a_4xx_and_the_connection_stays(
-    served: tuple[Server, Path], stream: TabStream, body: bytes
+    served: tuple[InProcessServer, Path], stream: TabStream, body: bytes
 ) -> None:
     server, db = served
     before = rows(db)
@@ -105,7 +104,7 @@ def test_json_nested_past_the_recursion_limit_is_a_4xx_and_the_connection_stays(
 
 
 def test_a_hand_written_route_answers_rejected_as_lith_command_does(
-    served: tuple[Server, Path], stream: TabStream
+    served: tuple[InProcessServer, Path], stream: TabStream
 ) -> None:
     server, db = served
     before = rows(db)
@@ -125,7 +124,7 @@ def test_a_hand_written_route_answers_rejected_as_lith_command_does(
 
 
 def test_a_route_has_its_own_body_limit_and_the_others_keep_the_apps(
-    served: tuple[Server, Path], stream: TabStream
+    served: tuple[InProcessServer, Path], stream: TabStream
 ) -> None:
     server, db = served
     before = rows(db)
@@ -142,7 +141,7 @@ def test_a_route_has_its_own_body_limit_and_the_others_keep_the_apps(
 
 
 @pytest.mark.parametrize("encoding", ["urlencoded", "multipart"])
-def test_a_forms_refusals_reach_its_tab(served: tuple[Server, Path], stream: TabStream, encoding: str) -> None:
+def test_a_forms_refusals_reach_its_tab(served: tuple[InProcessServer, Path], stream: TabStream, encoding: str) -> None:
     server, db = served
     before = rows(db)
     tab = stream.tab  # type: ignore[attr-defined]
@@ -165,14 +164,14 @@ def test_a_forms_refusals_reach_its_tab(served: tuple[Server, Path], stream: Tab
     assert "Traceback" not in server.output
 
 
-def upload(server: Server, tab: str, op: int, title: str, size: int) -> httpx.Response:
+def upload(server: InProcessServer, tab: str, op: int, title: str, size: int) -> httpx.Response:
     fields = {"tab": tab, "op": str(op), "title": title}  # httpx sends the fields before the file
     files = {"file": ("photo.jpg", b"\xff" * size, "image/jpeg")}
     return httpx.post(f"{server.url}/upload", data=fields, files=files, headers=SAME_ORIGIN)
 
 
 def test_an_upload_over_its_own_limit_or_with_a_bad_field_tells_its_tab(
-    served: tuple[Server, Path], stream: TabStream
+    served: tuple[InProcessServer, Path], stream: TabStream
 ) -> None:
     server, db = served
     before = rows(db)
@@ -189,7 +188,7 @@ def test_an_upload_over_its_own_limit_or_with_a_bad_field_tells_its_tab(
     assert "Traceback" not in server.output
 
 
-def test_a_declared_length_over_the_limit_is_refused_before_the_body(served: tuple[Server, Path]) -> None:
+def test_a_declared_length_over_the_limit_is_refused_before_the_body(served: tuple[InProcessServer, Path]) -> None:
     """Without Datastar there is no tab to tell: 413 before a byte of the body is read."""
     server, _ = served
     headers = {"Sec-Fetch-Site": "same-origin", "Content-Type": "application/json", "Content-Length": "100000"}

@@ -24,8 +24,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from tests.support import REPO, SUPPORT
-from tests.support.browser import Server
+from tests.support.inprocess import InProcessServer
 
 MAX_BODY = 64 * 1024  # the counter's `max_body`, Lith's default
 FUZZ = settings(max_examples=200, deadline=None, database=None,
@@ -33,12 +32,10 @@ FUZZ = settings(max_examples=200, deadline=None, database=None,
 
 
 @pytest.fixture(scope="module")
-def counter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path]]:
+def counter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[InProcessServer, Path]]:
     db = tmp_path_factory.mktemp("fuzz") / "counter.db"
-    server = Server("examples.counter.app:app", cwd=REPO, env={"COUNTER_DB": str(db)})
-    server.start()
-    yield server, db
-    server.close()
+    with InProcessServer("examples.counter.app:app", env={"COUNTER_DB": str(db)}) as server:
+        yield server, db
 
 
 @pytest.fixture(scope="module")
@@ -223,7 +220,7 @@ def expected_valid(add: type, headers: list[tuple[bytes, bytes]], body: bytes, p
        query=queries, chunked=st.booleans(), sent_by_a_page=st.booleans(), signals=valid_signals,
        page_key=st.one_of(st.none(), token))
 def test_any_request_to_a_command_route(
-    counter: tuple[Server, Path], add_command: type, body: bytes, content_type: bytes | None,
+    counter: tuple[InProcessServer, Path], add_command: type, body: bytes, content_type: bytes | None,
     origin: list[tuple[bytes, bytes]], key: Any, extra: list[tuple[bytes, bytes]], query: str, chunked: bool,
     sent_by_a_page: bool, signals: bytes, page_key: str | None,
 ) -> None:
@@ -270,7 +267,7 @@ views = st.one_of(
 @given(views=views, tab=tabs, accept=st.one_of(st.none(), header_values), extra=extra_headers,
        more=st.text(max_size=30), raw=st.booleans(), opened_by_a_page=st.booleans())
 def test_any_request_to_the_stream_route(
-    counter: tuple[Server, Path], views: str, tab: str, accept: bytes | None, extra: list[tuple[bytes, bytes]],
+    counter: tuple[InProcessServer, Path], views: str, tab: str, accept: bytes | None, extra: list[tuple[bytes, bytes]],
     more: str, raw: bool, opened_by_a_page: bool,
 ) -> None:
     server, _ = counter
@@ -287,12 +284,10 @@ def test_any_request_to_the_stream_route(
 
 
 @pytest.fixture(scope="module")
-def forms(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path]]:
+def forms(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[InProcessServer, Path]]:
     db = tmp_path_factory.mktemp("fuzz-forms") / "input.db"
-    server = Server("inputapp:app", cwd=REPO, env={"INPUT_DB": str(db), "PYTHONPATH": str(SUPPORT)})
-    server.start()
-    yield server, db
-    server.close()
+    with InProcessServer("inputapp:app", env={"INPUT_DB": str(db)}) as server:
+        yield server, db
 
 
 def written(db: Path) -> int:
@@ -327,7 +322,7 @@ def form_bodies(draw: st.DrawFn) -> tuple[bytes, bytes]:
 
 @FUZZ
 @given(path=st.sampled_from([b"/notes/form", b"/upload", b"/notes"]), sent=form_bodies(), chunked=st.booleans())
-def test_any_form_or_upload(forms: tuple[Server, Path], path: bytes, sent: tuple[bytes, bytes], chunked: bool) -> None:
+def test_any_form_or_upload(forms: tuple[InProcessServer, Path], path: bytes, sent: tuple[bytes, bytes], chunked: bool) -> None:
     """Forms have no oracle as exact as the counter's: a write is answered 204, a refusal writes nothing."""
     server, db = forms
     body, content_type = sent
@@ -340,7 +335,7 @@ def test_any_form_or_upload(forms: tuple[Server, Path], path: bytes, sent: tuple
         assert answer.headers.get(b"content-type", b"").startswith(b"text/html"), answer.body[:300]
 
 
-def test_the_server_still_serves_after_the_fuzz(counter: tuple[Server, Path]) -> None:
+def test_the_server_still_serves_after_the_fuzz(counter: tuple[InProcessServer, Path]) -> None:
     """Last in the module: a valid command still applies, and nothing was logged as a crash."""
     server, db = counter
     before = count(db)
@@ -351,7 +346,7 @@ def test_the_server_still_serves_after_the_fuzz(counter: tuple[Server, Path]) ->
     assert "Traceback" not in server.output and "Exception in ASGI" not in server.output, server.output[-3000:]
 
 
-def test_the_form_server_still_serves_after_the_fuzz(forms: tuple[Server, Path]) -> None:
+def test_the_form_server_still_serves_after_the_fuzz(forms: tuple[InProcessServer, Path]) -> None:
     server, _ = forms
     assert "Traceback" not in server.output and "Exception in ASGI" not in server.output, server.output[-3000:]
 

@@ -19,7 +19,7 @@ from fastapi import Depends, FastAPI
 
 from fastapi_lith import Command, CommandError, FromServer, Lith, LithError, TabCommand, Tx, Writer
 from tests.support import SUPPORT
-from tests.support.browser import Server
+from tests.support.inprocess import InProcessServer
 from tests.web.test_input import TabStream
 
 SAME_ORIGIN = {"Datastar-Request": "true", "Sec-Fetch-Site": "same-origin"}
@@ -28,12 +28,10 @@ SET_BY_SERVER = "The server sets this field: a request cannot send it"
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path]]:
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[InProcessServer, Path]]:
     db = tmp_path_factory.mktemp("owners") / "owners.db"
-    server = Server("ownersapp:app", cwd=SUPPORT, env={"OWNERS_DB": str(db), "OWNERS_ACCOUNTS": str(db.parent / "a")})
-    server.start()
-    yield server, db
-    server.close()
+    with InProcessServer("ownersapp:app", env={"OWNERS_DB": str(db), "OWNERS_ACCOUNTS": str(db.parent / "a")}) as server:
+        yield server, db
 
 
 def tasks(db: Path) -> list[tuple[str, str, str, str]]:
@@ -42,7 +40,7 @@ def tasks(db: Path) -> list[tuple[str, str, str, str]]:
 
 
 @contextmanager
-def signed_in(server: Server, user: str | None) -> Iterator[httpx.Client]:
+def signed_in(server: InProcessServer, user: str | None) -> Iterator[httpx.Client]:
     """A client whose session cookie names `user` (none: nobody signed in)."""
     with httpx.Client(base_url=server.url, headers=SAME_ORIGIN) as client:
         if user is not None:
@@ -51,7 +49,7 @@ def signed_in(server: Server, user: str | None) -> Iterator[httpx.Client]:
 
 
 def test_lith_command_stores_the_sessions_principal_and_refuses_a_body_naming_another(
-    served: tuple[Server, Path], stream: TabStream
+    served: tuple[InProcessServer, Path], stream: TabStream
 ) -> None:
     server, db = served
     tab = stream.tab  # type: ignore[attr-defined]
@@ -70,7 +68,7 @@ def test_lith_command_stores_the_sessions_principal_and_refuses_a_body_naming_an
     assert "Traceback" not in server.output
 
 
-def test_a_hand_written_route_takes_lith_body_and_the_identity_runs_once(served: tuple[Server, Path]) -> None:
+def test_a_hand_written_route_takes_lith_body_and_the_identity_runs_once(served: tuple[InProcessServer, Path]) -> None:
     server, db = served
     before = tasks(db)
     with signed_in(server, "bob") as bob:
@@ -86,7 +84,7 @@ def test_a_hand_written_route_takes_lith_body_and_the_identity_runs_once(served:
     assert tasks(db) == [*before, ("By hand", "bob", "blue", "x")]
 
 
-def test_one_idempotency_key_sent_by_two_people_applies_for_each(served: tuple[Server, Path]) -> None:
+def test_one_idempotency_key_sent_by_two_people_applies_for_each(served: tuple[InProcessServer, Path]) -> None:
     """A client picks its own keys: bob sending alice's neither gets her result nor is dropped."""
     server, db = served
     before = tasks(db)
@@ -99,7 +97,7 @@ def test_one_idempotency_key_sent_by_two_people_applies_for_each(served: tuple[S
     assert tasks(db) == [*before, ("Keyed alice", "alice", "red", ""), ("Keyed bob", "bob", "blue", "")]
 
 
-def test_every_server_field_sent_is_named(served: tuple[Server, Path]) -> None:
+def test_every_server_field_sent_is_named(served: tuple[InProcessServer, Path]) -> None:
     server, _ = served
     with signed_in(server, "bob") as bob:
         forged = bob.post("/tasks/by-hand", json={"tab": "t1", "op": 4, "title": "x", "team": "red", "owner": "a"})
@@ -108,7 +106,7 @@ def test_every_server_field_sent_is_named(served: tuple[Server, Path]) -> None:
 
 
 def test_an_identity_that_refuses_answers_401_as_html_and_nobody_signed_in_is_401(
-    served: tuple[Server, Path], stream: TabStream
+    served: tuple[InProcessServer, Path], stream: TabStream
 ) -> None:
     server, db = served
     tab = stream.tab  # type: ignore[attr-defined]
@@ -128,7 +126,7 @@ def test_an_identity_that_refuses_answers_401_as_html_and_nobody_signed_in_is_40
 
 
 @pytest.mark.parametrize("encoding", ["urlencoded", "multipart"])
-def test_a_form_post_is_the_same_body(served: tuple[Server, Path], stream: TabStream, encoding: str) -> None:
+def test_a_form_post_is_the_same_body(served: tuple[InProcessServer, Path], stream: TabStream, encoding: str) -> None:
     server, db = served
     tab = stream.tab  # type: ignore[attr-defined]
     before = tasks(db)
@@ -150,7 +148,7 @@ def test_a_form_post_is_the_same_body(served: tuple[Server, Path], stream: TabSt
     assert tasks(db) == [*before, ("From a form", "alice", "red", "a,b")]
 
 
-def test_a_server_value_the_field_refuses_is_the_apps_bug(served: tuple[Server, Path]) -> None:
+def test_a_server_value_the_field_refuses_is_the_apps_bug(served: tuple[InProcessServer, Path]) -> None:
     server, db = served
     with signed_in(server, "alice") as alice:
         assert alice.post("/stamps", json={}).status_code == 500
@@ -164,7 +162,7 @@ def test_a_server_value_the_field_refuses_is_the_apps_bug(served: tuple[Server, 
         assert conn.execute("SELECT count(*) FROM stamp").fetchone() == (0,)
 
 
-def test_openapi_shows_what_the_client_may_send(served: tuple[Server, Path]) -> None:
+def test_openapi_shows_what_the_client_may_send(served: tuple[InProcessServer, Path]) -> None:
     server, _ = served
     schema = httpx.get(server.url + "/openapi.json").json()
     assert "/tasks" not in schema["paths"]  # lith.command's routes stay out, as before
@@ -177,16 +175,12 @@ def test_openapi_shows_what_the_client_may_send(served: tuple[Server, Path]) -> 
 
 def test_an_accounts_command_fills_its_owner_and_its_account(tmp_path: Path) -> None:
     folder = tmp_path / "accounts"
-    server = Server("ownersapp:accounts_app", cwd=SUPPORT, env={"OWNERS_DB": str(tmp_path / "o.db"), "OWNERS_ACCOUNTS": str(folder)})
-    server.start()
-    try:
-        with signed_in(server, "alice") as alice:
-            assert alice.post("/accounts/acme").status_code == 204
-            assert alice.post("/a/acme/tasks", json={"tab": "t1", "op": 1, "title": "Plan"}).status_code == 204
-            forged = alice.post("/a/acme/tasks", json={"tab": "t1", "op": 2, "title": "Move", "team": "globex"})
-            assert forged.status_code == 422 and f"<strong>team</strong>: {SET_BY_SERVER}" in forged.text
-    finally:
-        server.close()
+    env = {"OWNERS_DB": str(tmp_path / "o.db"), "OWNERS_ACCOUNTS": str(folder)}
+    with InProcessServer("ownersapp:accounts_app", env=env) as server, signed_in(server, "alice") as alice:
+        assert alice.post("/accounts/acme").status_code == 204
+        assert alice.post("/a/acme/tasks", json={"tab": "t1", "op": 1, "title": "Plan"}).status_code == 204
+        forged = alice.post("/a/acme/tasks", json={"tab": "t1", "op": 2, "title": "Move", "team": "globex"})
+        assert forged.status_code == 422 and f"<strong>team</strong>: {SET_BY_SERVER}" in forged.text
     with sqlite3.connect(folder / "acme.db") as conn:
         assert conn.execute("SELECT title, owner, team FROM task").fetchall() == [("Plan", "alice", "acme")]
 
