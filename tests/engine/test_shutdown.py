@@ -6,7 +6,9 @@ but the server is never run, so the signal only sets its flags.
 
 from __future__ import annotations
 
+import asyncio
 import signal
+import threading
 from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
@@ -69,3 +71,26 @@ async def test_each_signal_with_a_servers_handler_is_relayed_whatever_the_other_
     signal.raise_signal(signal.SIGINT)
     await until(holds(lambda: ended == ["ended"]))
     assert server._captured_signals == [signal.SIGINT]
+
+
+async def test_end_all_of_one_loop_ends_that_loops_owners_only(handlers: None) -> None:
+    """A server run off the main thread hears no signal: whoever stops it ends its loop's
+    streams (tests/support/inprocess.py), and another loop's go on."""
+    ended: list[str] = []
+    shutdown.end_on_exit_signal(object(), lambda: ended.append("here"))
+    elsewhere = asyncio.new_event_loop()
+    thread = threading.Thread(target=elsewhere.run_forever, daemon=True)
+    thread.start()
+    try:
+        shutdown._ends[id(elsewhere)] = (elsewhere, lambda: ended.append("elsewhere"))
+        shutdown.end_all(asyncio.get_running_loop())
+        await until(holds(lambda: ended == ["here"]))
+        flushed = asyncio.run_coroutine_threadsafe(asyncio.sleep(0), elsewhere)
+        await asyncio.wrap_future(flushed)  # what was queued on the other loop has run by now
+        assert ended == ["here"]
+        shutdown.end_all()
+        await until(holds(lambda: sorted(ended) == ["elsewhere", "here", "here"]))
+    finally:
+        elsewhere.call_soon_threadsafe(elsewhere.stop)
+        thread.join()
+        elsewhere.close()
