@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 from asyncio import events as asyncio_events
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,7 @@ import pytest
 
 from tests.support import CHILD_HANG_LIMIT
 from tests.support import browser as _bh
-from tests.support.inprocess import InProcessServer
+from tests.support.inprocess import InProcessServer, Served
 
 # --------------------------------------------------------------------------- browser harness
 
@@ -261,12 +261,7 @@ def server_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[C
         return server
 
     yield make
-
-    failed = _failed(request)
-    for server in servers:
-        server.close()
-        if failed:
-            print(f"--- output of {server.app} at {server.url} ---\n{server.output}")
+    _close_all(servers, failed=_failed(request))
 
 
 @pytest.fixture
@@ -282,12 +277,15 @@ def app_server(request: pytest.FixtureRequest) -> Iterator[Callable[..., InProce
         return server.start()
 
     yield make
+    _close_all(servers, failed=_failed(request))
 
-    failed = _failed(request)
+
+def _close_all(servers: Sequence[Served], *, failed: bool) -> None:
+    """Stop each server; print what it wrote when the test failed."""
     for server in servers:
         server.close()
         if failed:
-            print(f"--- log of {server.app} at {server.url} ---\n{server.output}")
+            print(f"--- output of {server.app} at {server.url} ---\n{server.output}")
 
 
 @pytest.fixture(scope="session")
