@@ -32,6 +32,7 @@ from tests.support import SUPPORT
 from tests.support.browser import Server, ServerError, free_port
 
 _loaded = itertools.count()
+_LOGGERS = ("", "uvicorn")
 
 
 class InProcessServer:
@@ -78,7 +79,8 @@ class InProcessServer:
         if self._server is not None:
             raise ServerError(f"{self.app} was started already")
         name, _, attr = self.app.partition(":")
-        logging.getLogger().addHandler(self._log)
+        for logger in _LOGGERS:
+            logging.getLogger(logger).addHandler(self._log)
         with _environment(self.env):
             self.module = _load(name, self.app_dir)
             asgi = getattr(self.module, attr or "app")
@@ -124,7 +126,8 @@ class InProcessServer:
         self._unhook()
 
     def _unhook(self) -> None:
-        logging.getLogger().removeHandler(self._log)
+        for logger in _LOGGERS:
+            logging.getLogger(logger).removeHandler(self._log)
 
     def __enter__(self) -> InProcessServer:
         return self.start()
@@ -137,7 +140,9 @@ class InProcessServer:
 
 
 class _Collected(logging.Handler):
-    """Every record any logger passes up to the root while the server runs, formatted."""
+    """Every record any logger passes up to the root while the server runs, formatted, and
+    uvicorn's own: a `uvicorn.Config` built with uvicorn's logging settings (as a test may build
+    one) stops them at the `uvicorn` logger."""
 
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
@@ -145,7 +150,10 @@ class _Collected(logging.Handler):
         self._lines: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        self._lines.append(self.format(record))
+        seen = f"_collected_by_{id(self)}"  # a record can reach this handler on two loggers
+        if not getattr(record, seen, False):
+            setattr(record, seen, True)
+            self._lines.append(self.format(record))
 
     def text(self) -> str:
         return "\n".join(self._lines)
