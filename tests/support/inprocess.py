@@ -17,7 +17,6 @@ import contextlib
 import importlib.util
 import itertools
 import logging
-import os
 import sys
 import threading
 import time
@@ -25,6 +24,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
 
+import pytest
 import uvicorn
 
 from fastapi_lith.engine.shutdown import end_all
@@ -186,20 +186,13 @@ def _load(name: str, app_dir: Path) -> ModuleType:
 
 @contextlib.contextmanager
 def _environment(env: Mapping[str, str | None]) -> Iterator[None]:
-    saved = {key: os.environ.get(key) for key in env}
-    try:
+    with pytest.MonkeyPatch.context() as patch:
         for key, value in env.items():
             if value is None:
-                os.environ.pop(key, None)
+                patch.delenv(key, raising=False)
             else:
-                os.environ[key] = value
+                patch.setenv(key, value)
         yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 Served = InProcessServer | Server
