@@ -13,7 +13,7 @@ import httpx
 from playwright.sync_api import Page, expect
 
 from tests.support import REPO
-from tests.support.browser import Server, wait_for_datastar
+from tests.support.browser import RECONNECT_AND_RELOAD_MS, Server, wait_for_datastar
 
 SAME_ORIGIN = {"Sec-Fetch-Site": "same-origin"}
 COMMAND = {**SAME_ORIGIN, "Datastar-Request": "true"}
@@ -146,8 +146,9 @@ def test_signing_out_stops_every_tab_of_that_person(
     expect(alice.locator("#everyone")).to_have_text("bob: 1 open")
     other_tab.get_by_role("button", name="Sign out").click()
     expect(other_tab.get_by_role("button", name="Sign in")).to_be_visible()
-    # Alice's first tab: its stream ended at once, its reconnect was refused, so it reloads
-    # into the sign-in page instead of receiving bob's next change.
-    expect(alice.get_by_role("button", name="Sign in")).to_be_visible()
+    # Alice's first tab: its stream ended at once, its reconnect (within the stream's `retry:`,
+    # up to `reconnect_within` after the end) was refused, so it reloads into the sign-in page
+    # instead of receiving bob's next change.
+    expect(alice.get_by_role("button", name="Sign in")).to_be_visible(timeout=RECONNECT_AND_RELOAD_MS)
     add(bob, "jam")
     expect(alice.locator("#everyone")).to_have_count(0)

@@ -39,6 +39,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from fastapi_lith.web.layer import WebSettings
 from tests.support import REPO, child_env
 
 ARTIFACTS_DIR = REPO / "test-artifacts"
@@ -124,6 +125,11 @@ def _is_datastar(path: Path) -> bool:
 DATASTAR_READY_SCRIPT = (
     "document.addEventListener('datastar-ready', () => { window.__datastarReady = true }, {once: true})"
 )
+
+
+#: How long (ms) a page whose stream ended may take to reconnect, be refused and reload: its
+#: stream's `retry:` is drawn from 1 s to `reconnect_within`, then the reload itself.
+RECONNECT_AND_RELOAD_MS = 1000 * WebSettings.reconnect_within + 10_000
 
 
 def wait_for_datastar(page: Any, timeout: float = 10_000) -> None:

@@ -10,7 +10,7 @@ import httpx
 from playwright.sync_api import Page, expect
 
 from tests.support import REPO, SUPPORT
-from tests.support.browser import Server, wait_for_datastar
+from tests.support.browser import RECONNECT_AND_RELOAD_MS, Server, wait_for_datastar
 
 DOCS_APP = REPO / "docs" / "src" / "access"
 
@@ -47,10 +47,11 @@ def test_two_users_see_their_own_tasks_and_the_shared_notes_and_a_sign_out_stops
     alice.on("response", lambda r: refused.append(r) if "/lith/stream" in r.url and r.headers.get(
         "datastar-mode") == "append" else None)
     # Alice signs out in another tab of hers: this page's stream is revoked at once, its
-    # reconnect refused, and the page reloads into the sign-in form.
+    # reconnect (within the stream's `retry:`, up to `reconnect_within` after the end) refused,
+    # and the page reloads into the sign-in form.
     response = alice.context.request.post(server.url + "/signout", headers={"Sec-Fetch-Site": "same-origin"})
     assert response.ok
-    expect(alice.get_by_role("button", name="Sign in")).to_be_visible()
+    expect(alice.get_by_role("button", name="Sign in")).to_be_visible(timeout=RECONNECT_AND_RELOAD_MS)
     assert refused, "the reconnect was not refused"
     bob.get_by_label("Note").fill("after alice left")
     bob.get_by_role("button", name="Add note").click()
