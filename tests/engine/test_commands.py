@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import re
 import sqlite3
 import warnings
@@ -243,7 +244,7 @@ def test_delegate_reads_the_rows_attribute_and_refuses_what_is_not_one() -> None
         delegate("/x", "data-card-id", card_id="1")
 
 
-async def test_touch_later_re_renders_through_the_writer(tmp_path: Path) -> None:
+async def test_touch_later_re_renders_through_the_writer(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     lith = Lith(tmp_path / "a.db", migrations=MIGRATIONS)
     renders = []
 
@@ -265,6 +266,12 @@ async def test_touch_later_re_renders_through_the_writer(tmp_path: Path) -> None
         lith.touch_later(60, "clock")  # pending at shutdown: dropped, no error
     with pytest.raises(WriterClosed):
         await lith.writer.do(AddNote(tab="t", text="late"))
+    lith.touch_later(0, "clock")  # after the stop: dropped too
+    later = [t for t in asyncio.all_tasks() if t.get_coro().__qualname__.endswith("touch_later.<locals>.touch")]
+    assert len(later) == 1
+    await asyncio.gather(*later)  # no WriterClosed out of it
+    await asyncio.sleep(0)  # the task's done callbacks
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 
 # -- routes ---------------------------------------------------------------------------------------

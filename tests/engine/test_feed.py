@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import sqlite3
 from pathlib import Path
 
 import htpy as h
 import pytest
 
-from fastapi_lith import Command, Db, Frame, Lith, Tx
+from fastapi_lith import Command, Db, Frame, Lith, SettingError, Tx
 from fastapi_lith.backends.sqlite.feed import SqliteFeed
 from fastapi_lith.engine.feed import LocalFeed
 from fastapi_lith.engine.frames import sse_event
@@ -339,6 +340,10 @@ async def test_a_revocation_crosses_to_the_other_process_and_an_old_feed_table_g
         number = await tabs_b.open("counter", principal=7)
         assert await a.revoke("alice") == 0  # none of hers in process a
         assert await a.revoke("7") == 0  # the principal "7" is not the principal 7
+        for wrong in (None, 7.0, ["alice"]):  # nobody, a float, a list: no principal's id
+            said = rf"^revoke takes a principal's id \(a str or an int\), not {re.escape(repr(wrong))}$"
+            with pytest.raises(SettingError, match=said):
+                await a.revoke(wrong)  # type: ignore[arg-type]
         await tabs_b.tick()  # revoke returned once committed: b's next poll reads it
         assert hers.stream.ended and hers.stream.revoked
         assert not his.stream.ended and not number.stream.ended
