@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException
-from pydantic import Field
+from pydantic import AliasChoices, ConfigDict, Field
 from starlette.middleware.sessions import SessionMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
@@ -51,6 +51,25 @@ class AddTask(TabCommand):
         self.say(f"Added {self.title} for {self.owner}.")
 
 
+class AddAliasedTask(TabCommand):
+    """Fields a client sends under their aliases: the server's owner goes in under its alias
+    too, and a form's `label` list is read as a list whatever its validation alias is."""
+
+    title: str = Field(min_length=1, max_length=40, alias="name")
+    tags: list[str] = Field(default_factory=list, alias="label", validation_alias=AliasChoices("label", "labels"))
+    owner: Annotated[str, FromServer(), Field(validation_alias="by", serialization_alias="owner_id")]
+    team: Annotated[str, FromServer(team_of)]
+
+    def apply(self, tx: Tx) -> None:
+        AddTask.apply(self, tx)  # type: ignore[arg-type]
+
+
+class AddNamedTask(AddAliasedTask):
+    """The same fields validated by their names, not their aliases."""
+
+    model_config = ConfigDict(validate_by_alias=False, validate_by_name=True)
+
+
 def broken_clock() -> str:
     return "soon"
 
@@ -69,6 +88,8 @@ app.add_middleware(SessionMiddleware, secret_key="a test key, long enough to sig
 app.include_router(lith.router)
 lith.command(app, "/tasks", AddTask)
 lith.command(app, "/stamps", Stamp)
+lith.command(app, "/tasks/aliased", AddAliasedTask)
+lith.command(app, "/tasks/named", AddNamedTask)
 
 
 @app.post("/tasks/by-hand")
