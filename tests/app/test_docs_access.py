@@ -3,13 +3,16 @@ Chromium): views that know who is asking, an access rule, and a revoke."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
 
 from fastapi_lith import AccessDenied
 from fastapi_lith.testing import Tabs
 from tests.app.test_docs import SRC, load
+from tests.support.inprocess import InProcessServer
 
 
 async def test_the_access_pages_views_keep_to_their_principal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -29,3 +32,23 @@ async def test_the_access_pages_views_keep_to_their_principal(tmp_path: Path, mo
         assert bob.html("tasks/{principal}") == '<ul id="tasks"></ul>'
         assert await app.lith.revoke("alice") == 1
         assert alice.stream.ended and not bob.stream.ended
+    # A page may render another principal's instance by naming it; nobody's is not asked for.
+    async with Tabs(app.lith):
+        assert await app.lith.render("tasks/{principal}", principal="alice") == (
+            '<ul id="tasks"><li>Write the report</li></ul>'
+        )
+
+
+def test_the_access_page_renders_the_signed_in_users_own_tasks(
+    app_server: Callable[..., InProcessServer], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # the app's database is notes.db, beside the process
+    server = app_server("app:app", app_dir=SRC / "access", env={"APP_SECRET": "a secret for this test only"})
+    with httpx.Client(base_url=server.url, headers={"Sec-Fetch-Site": "same-origin", "Datastar-Request": "true"}) as client:
+        assert 'aria-label="Name"' in client.get("/").text  # nobody signed in: the sign-in form
+        assert client.post("/signin", data={"user": "alice"}).status_code == 303
+        assert client.post("/tasks", json={"tab": "t1", "op": 1, "title": "Mine"}).status_code == 204
+        page = client.get("/")
+        assert page.status_code == 200 and '<strong id="me">alice</strong>' in page.text
+        assert '<ul id="tasks"><li>Mine</li></ul>' in page.text  # her own instance, and its stream's
+        assert "views=notes,tasks/alice,outcome/" in page.text
