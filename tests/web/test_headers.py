@@ -1,6 +1,7 @@
-"""Security headers (fastapi_lith.web.headers) on the examples, and their pages working in Chromium
-under the Content-Security-Policy: Datastar binds, a click lands, the stream morphs it in, and
-the browser reports no violation."""
+"""Security headers (fastapi_lith.web.headers): the policy, every header on a page, its stream
+and a route with a header of its own (served in process), and the examples' pages working in
+Chromium under the Content-Security-Policy: Datastar binds, a click lands, the stream morphs it
+in, and the browser reports no violation."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from playwright.sync_api import expect
 from fastapi_lith import Lith, SettingError, content_security_policy
 from tests.support import REPO
 from tests.support.browser import Server, wait_for_datastar
+from tests.support.inprocess import InProcessServer
 
 # Every violation the page reports, also those of report-only checks, kept for the test.
 WATCH = ("window.__violations = [];"
@@ -57,11 +59,50 @@ def test_a_page_works_under_its_content_security_policy(
     assert page.evaluate("window.__injected === undefined")
 
 
-def test_a_custom_datastar_url_is_allowed_by_its_origin_and_inline_scripts_by_hash() -> None:
-    csp = content_security_policy("https://js.example.net/datastar.js", ["console.log(1)"])
-    assert "script-src 'self' https://js.example.net 'unsafe-eval'" in csp and "cdn.jsdelivr.net" not in csp
-    assert "'sha256-" in csp
-    assert "script-src 'self' 'unsafe-eval'" in content_security_policy("/static/datastar.js")
+NOTICE_HASH = "'sha256-dAWZmEqHzt46qWhje4KYlG7mG+RLqhHL8hXGRBvKsfQ='"  # of Lith.datastar()'s onerror
+POLICY = (
+    "default-src 'self'; script-src 'self' {origin}'unsafe-eval' 'unsafe-hashes' {hashes}; "
+    "style-src 'self' 'unsafe-inline'; img-src 'self' data:; connect-src 'self'; object-src 'none'; "
+    "base-uri 'self'; form-action 'self'; frame-ancestors 'none'"
+)
+
+
+def test_the_policy_has_every_directive_a_live_page_needs() -> None:
+    assert content_security_policy() == POLICY.format(origin="https://cdn.jsdelivr.net ", hashes=NOTICE_HASH)
+    assert content_security_policy("/static/datastar.js") == POLICY.format(origin="", hashes=NOTICE_HASH)
+
+
+def test_a_page_and_its_stream_get_every_header_and_a_routes_own_header_is_kept(
+    app_server: Callable[..., InProcessServer], tmp_path: Path
+) -> None:
+    server = app_server("headersapp:app", env={"HEADERS_DB": str(tmp_path / "app.db")})
+    policy = POLICY.format(
+        origin="https://js.example.net ", hashes=f"{NOTICE_HASH} 'sha256-CihokcEcBW4atb/CW/XWsvWwbTjqwQlE9nj9ii5ww5M='"
+    )
+    page = httpx.get(server.url + "/")
+    assert page.headers["content-security-policy"] == policy
+    assert page.headers["x-content-type-options"] == "nosniff" and page.headers["referrer-policy"] == "same-origin"
+    assert page.headers["x-frame-options"] == "DENY"
+    assert page.text == (
+        '<body><p id="no-datastar" role="alert" hidden>Datastar did not load: reload to try again.</p>'
+        '<script type="module" src="https://js.example.net/datastar.js" '
+        """onerror="document.getElementById(&#39;no-datastar&#39;).hidden = false"></script>"""
+        "<script>console.log(1)</script></body>"
+    )
+    with httpx.stream("GET", server.url + "/lith/stream?views=outcome/t1&tab=t1") as stream:
+        assert stream.status_code == 200 and stream.headers["content-security-policy"] == policy
+    own = httpx.get(server.url + "/embeddable")
+    assert own.headers.get_list("x-frame-options") == ["SAMEORIGIN"]  # the route's, not added to
+    assert own.headers["content-security-policy"] == policy and own.headers["x-content-type-options"] == "nosniff"
+
+
+def test_datastar_with_an_integrity_hash_asks_for_a_checked_cross_origin_load(tmp_path: Path) -> None:
+    lith = Lith(tmp_path / "a.db", datastar_url="https://js.example.net/d.js", datastar_integrity="sha384-abc=")
+    assert str(lith.datastar()).endswith(
+        '<script type="module" src="https://js.example.net/d.js" '
+        """onerror="document.getElementById(&#39;no-datastar&#39;).hidden = false" """
+        'integrity="sha384-abc=" crossorigin="anonymous"></script>'
+    )
 
 
 SRI_APP = """
