@@ -7,17 +7,21 @@ gives the stream URL a page rendered for the request's session would open.
 
 from __future__ import annotations
 
+import hashlib
+import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urlsplit
 
+import htpy as h
 import httpx
 import pytest
+from itsdangerous import TimestampSigner
 
-from fastapi_lith import AccessDenied
-from fastapi_lith.web.access import StreamTokens
+from fastapi_lith import AccessDenied, Lith, LithError, ViewError
+from fastapi_lith.web.access import CLOCK_SKEW, StreamTokens
 from tests.support import REPO, SUPPORT
 from tests.support.browser import Server
 from tests.support.inprocess import InProcessServer, Served
@@ -91,6 +95,15 @@ class Events:
 
 def first_event(response: httpx.Response) -> str:
     return Events(response).next()
+
+
+# What a refused Datastar stream appends to the page: reload, unless a reload in the last ten
+# seconds was refused too, which only says so.
+REFUSED_NOTICE = (
+    '<p id="lith-refused" role="alert" data-init="Date.now() - Number(sessionStorage.getItem(&#39;lith-refused&#39;)'
+    " || 0) &gt; 10000 &amp;&amp; (sessionStorage.setItem(&#39;lith-refused&#39;, Date.now()), location.reload())\">"
+    'This page is out of date: <a href="">reload</a></p>'
+)
 
 
 @pytest.fixture(scope="module")
@@ -172,6 +185,86 @@ def test_a_token_binds_the_stream_path_tab_keys_and_principal_and_no_more() -> N
         tokens.check(in_a_minute, "/s", "t1", ["board"], None)
 
 
+def test_a_mounted_apps_stream_opens_with_the_token_its_page_signed(
+    app_server: Callable[..., InProcessServer], tmp_path: Path
+) -> None:
+    mounted = app_server("mountedapp:app", env=settings(tmp_path / "access.db"))
+    assert httpx.post(f"{mounted.url}/app/signin", json={"session": "s-alice", "user": "alice"}).status_code == 204
+    path = httpx.get(f"{mounted.url}/app/connect", params={"keys": "tasks/{principal}", "tab": "t1"},
+                     headers={"X-Session": "s-alice"}).text  # fmt: skip
+    assert path.startswith("/lith/stream?views=tasks/alice&tab=t1&token=")  # the mount's own path
+    with stream(f"{mounted.url}/app{path}", "s-alice") as response:
+        assert response.status_code == 200
+        assert '<ul id="tasks"></ul>' in first_event(response)
+    assert status(f"{mounted.url}/app{edited(path, tab='t2')}", "s-alice") == 403
+
+
+def test_a_token_is_good_from_the_clock_skew_ahead_to_max_age_and_not_a_second_past() -> None:
+    signed = StreamTokens(NEW, 60, clock=lambda: 1_000_000).sign("/s", "t1", ["board"], None)
+    for now, good in [(1_000_060, True), (1_000_061, False), (1_000_000 - CLOCK_SKEW, True), (999_994, False)]:
+        checker = StreamTokens(NEW, 60, clock=lambda now=now: now)
+        if good:
+            checker.check(signed, "/s", "t1", ["board"], None)
+        else:
+            with pytest.raises(AccessDenied, match="^the stream token has expired: reload the page$"):
+                checker.check(signed, "/s", "t1", ["board"], None)
+
+
+def test_a_token_is_the_last_releases_token_and_no_other_signers() -> None:
+    """A deploy's old and new processes serve side by side: the format is kept. Another signer
+    on the same secret (Starlette's session cookie: itsdangerous' defaults) signs no token."""
+    message = b'["/s","t1",["board","outcome/t1"],"alice"]'  # path, tab, sorted keys, principal
+    tokens = StreamTokens(NEW, 60)
+    for signer, good in [
+        (TimestampSigner(NEW, salt="fastapi-lith stream token", digest_method=hashlib.sha256), True),
+        (TimestampSigner(NEW), False),
+        (TimestampSigner(NEW, digest_method=hashlib.sha256), False),
+        (TimestampSigner(NEW, salt="fastapi-lith stream token"), False),
+    ]:
+        token = signer.sign(message)[len(message) + 1 :].decode()
+        if good:
+            tokens.check(token, "/s", "t1", ["outcome/t1", "board"], "alice")
+        else:
+            with pytest.raises(AccessDenied, match="^the stream token does not match this stream$"):
+                tokens.check(token, "/s", "t1", ["outcome/t1", "board"], "alice")
+
+
+def test_a_principal_that_cannot_key_a_view_is_the_pages_bug(server: Served) -> None:
+    for user in ("a,b", "a/b"):  # ',' parts a stream's keys, '/' a key's parameters
+        session = sign_in(server, user)
+        response = httpx.get(f"{server.url}/connect", params={"keys": "tasks/{principal}", "tab": "t1"},
+                             headers={"X-Session": session})  # fmt: skip
+        assert response.status_code == 500
+        logged(server, f"LithError: principal {user!r} cannot key a view: its id holds ',' or '/'")
+    nobody = httpx.get(f"{server.url}/connect", params={"keys": "tasks/{principal}", "tab": "t1"})
+    assert nobody.status_code == 500
+    logged(server, "AccessDenied: view 'tasks/{principal}' needs a signed-in principal, and nobody is signed in")
+
+
+def test_connect_asks_the_identity_only_for_a_token_or_a_principals_view(tmp_path: Path) -> None:
+    lith = Lith(tmp_path / "a.db", identity=lambda: "alice")
+    lith.view("board", topics={"board"})(lambda db: h.ul(id="board"))
+    lith.view("tasks/{principal}", topics={"tasks:{principal}"})(lambda db, principal: h.ul(id="tasks"))
+    expression = lith.connect("board", tab="t1")  # outside any request: nobody is asked
+    assert expression == (
+        "@get('/lith/stream?views=board&tab=t1', {retry: 'always', retryMaxCount: Infinity, filterSignals: {include: /^$/}})"
+    )
+    with pytest.raises(LithError, match=re.escape(
+        "lith.connect needs the page's principal: the page route must take Depends(lith.principal)"
+    )):
+        lith.connect("tasks/{principal}", tab="t1")
+    with pytest.raises(ViewError, match=re.escape("bad tab id 't 1': 1 to 64 letters, digits, '-' or '_'")):
+        lith.connect("board", tab="t 1")
+
+
+def logged(server: Served, line: str) -> None:
+    """Wait for `line` in the server's log: uvicorn logs a traceback once its 500 is sent."""
+    deadline = time.monotonic() + 10
+    while line not in server.output:
+        assert time.monotonic() < deadline, server.output[-2000:]
+        time.sleep(0.01)
+
+
 def test_another_principals_view_is_refused_with_or_without_a_secret(
     app_server: Callable[..., InProcessServer], tmp_path: Path
 ) -> None:
@@ -210,12 +303,14 @@ def test_refusals_stop_datastar_and_tell_other_clients_the_status(server: Served
             assert response.headers["content-type"].startswith("text/html")
             assert response.headers["datastar-selector"] == "body"
             assert response.headers["datastar-mode"] == "append"
-            html = response.read().decode()
-            assert 'id="lith-refused"' in html and 'role="alert"' in html and "out of date" in html
-            assert "location.reload()" in html
+            assert response.headers["cache-control"] == "no-store"  # a reload must ask again
+            assert response.read().decode() == REFUSED_NOTICE
     with stream(url, None) as response:
         assert response.status_code == 403
-        assert "token" in response.read().decode()
+        assert response.read().decode() == "the stream token does not match this stream"
+    with stream(edited(url, token=None), alice) as response:
+        assert response.status_code == 403
+        assert response.read().decode() == "this stream needs the token its page signed: open it with lith.connect"
     with stream(url, "expired") as response:
         assert response.status_code == 401
         assert response.headers["www-authenticate"] == "Session"
