@@ -197,3 +197,11 @@ def _environment(env: Mapping[str, str | None]) -> Iterator[None]:
 
 Served = InProcessServer | Server
 """Either kind of server, for helpers that read only what both have (`url`, `output`)."""
+
+
+def wait_for_log(server: Served, line: str, timeout: float = 10.0) -> None:
+    """Wait until `server` has logged `line`: uvicorn logs a 500's traceback once it is sent."""
+    deadline = time.monotonic() + timeout
+    while line not in server.output:
+        assert time.monotonic() < deadline, f"{line!r} was not logged:\n{server.output[-2000:]}"
+        time.sleep(0.01)

@@ -4,9 +4,8 @@ process by tests/web/test_access.py."""
 
 from __future__ import annotations
 
-from fastapi import FastAPI
-
 from accessapp import app as access_app  # type: ignore[import-not-found]  # beside this file
+from fastapi import FastAPI
 
 # A mount does not run its app's lifespan: the outer app runs it, for the app it mounts.
 app = FastAPI(lifespan=lambda outer: access_app.router.lifespan_context(access_app))

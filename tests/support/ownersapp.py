@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException
-from pydantic import AliasChoices, ConfigDict, Field
+from pydantic import AliasChoices, ConfigDict, Field, model_validator
 from starlette.middleware.sessions import SessionMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
@@ -70,17 +70,45 @@ class AddNamedTask(AddAliasedTask):
     model_config = ConfigDict(validate_by_alias=False, validate_by_name=True)
 
 
+class Review(TabCommand):
+    """A rule across fields, one of them the server's: its error belongs to no one field."""
+
+    author: str
+    reviewer: Annotated[str, FromServer()]
+
+    @model_validator(mode="after")
+    def not_ones_own(self) -> Review:
+        if self.author == self.reviewer:
+            raise ValueError("You cannot review your own task.")
+        return self
+
+    def apply(self, tx: Tx) -> None:
+        self.say(f"{self.reviewer} reviewed {self.author}'s task.")
+
+
 def broken_clock() -> str:
     return "soon"
 
 
-class Stamp(Command):
-    """A server field whose dependency gives what the field refuses: the app's bug."""
+def no_clock() -> None:
+    return None
 
+
+class Stamp(Command):
+    """A server field whose dependency gives what the field refuses: the app's bug, even when
+    a field of the client's is wrong too."""
+
+    label: str = Field("", max_length=5)
     at: Annotated[int, FromServer(broken_clock)]
 
     def apply(self, tx: Tx) -> None:
         tx.execute("INSERT INTO stamp (at) VALUES (:at)", {"at": self.at})
+
+
+class UnsetStamp(Stamp):
+    """A dependency that gives None: still the app's bug, not a sign-in to ask for."""
+
+    at: Annotated[int, FromServer(no_clock)]
 
 
 app = FastAPI()
@@ -88,6 +116,8 @@ app.add_middleware(SessionMiddleware, secret_key="a test key, long enough to sig
 app.include_router(lith.router)
 lith.command(app, "/tasks", AddTask)
 lith.command(app, "/stamps", Stamp)
+lith.command(app, "/stamps/unset", UnsetStamp)
+lith.command(app, "/reviews", Review)
 lith.command(app, "/tasks/aliased", AddAliasedTask)
 lith.command(app, "/tasks/named", AddNamedTask)
 

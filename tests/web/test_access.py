@@ -24,7 +24,7 @@ from fastapi_lith import AccessDenied, Lith, LithError, ViewError
 from fastapi_lith.web.access import CLOCK_SKEW, StreamTokens
 from tests.support import REPO, SUPPORT
 from tests.support.browser import Server
-from tests.support.inprocess import InProcessServer, Served
+from tests.support.inprocess import InProcessServer, Served, wait_for_log
 
 APP = "accessapp:app"
 OLD, NEW = "the key of the last deploy", "the key of this deploy!!"
@@ -235,10 +235,10 @@ def test_a_principal_that_cannot_key_a_view_is_the_pages_bug(server: Served) -> 
         response = httpx.get(f"{server.url}/connect", params={"keys": "tasks/{principal}", "tab": "t1"},
                              headers={"X-Session": session})  # fmt: skip
         assert response.status_code == 500
-        logged(server, f"LithError: principal {user!r} cannot key a view: its id holds ',' or '/'")
+        wait_for_log(server, f"LithError: principal {user!r} cannot key a view: its id holds ',' or '/'")
     nobody = httpx.get(f"{server.url}/connect", params={"keys": "tasks/{principal}", "tab": "t1"})
     assert nobody.status_code == 500
-    logged(server, "AccessDenied: view 'tasks/{principal}' needs a signed-in principal, and nobody is signed in")
+    wait_for_log(server, "AccessDenied: view 'tasks/{principal}' needs a signed-in principal, and nobody is signed in")
 
 
 def test_connect_asks_the_identity_only_for_a_token_or_a_principals_view(tmp_path: Path) -> None:
@@ -255,14 +255,6 @@ def test_connect_asks_the_identity_only_for_a_token_or_a_principals_view(tmp_pat
         lith.connect("tasks/{principal}", tab="t1")
     with pytest.raises(ViewError, match=re.escape("bad tab id 't 1': 1 to 64 letters, digits, '-' or '_'")):
         lith.connect("board", tab="t 1")
-
-
-def logged(server: Served, line: str) -> None:
-    """Wait for `line` in the server's log: uvicorn logs a traceback once its 500 is sent."""
-    deadline = time.monotonic() + 10
-    while line not in server.output:
-        assert time.monotonic() < deadline, server.output[-2000:]
-        time.sleep(0.01)
 
 
 def test_another_principals_view_is_refused_with_or_without_a_secret(
