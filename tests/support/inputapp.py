@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import htpy as h
-from fastapi import Depends, FastAPI, File, Form, UploadFile
+from fastapi import Depends, FastAPI, File, Form, Query, UploadFile
 from fastapi.responses import HTMLResponse
 from pydantic import Field
 
@@ -79,6 +79,24 @@ async def add_note_by_hand(cmd: AddNote, writer: Writer = Depends(lith.writer)) 
 async def purge_by_hand(cmd: Purge, writer: Writer = Depends(lith.writer)) -> str:
     await writer.do(cmd)
     return "purged"
+
+
+@app.post("/boards/{board}/notes", status_code=204)
+async def add_note_to_a_board(
+    cmd: AddNote, board: int, copies: int = Query(1, ge=1, le=3), writer: Writer = Depends(lith.writer)
+) -> None:
+    """A path and a query parameter beside the command: a refusal names them as the page does."""
+    await writer.do(cmd)
+
+
+class AddTags(TabCommand):
+    tags: list[str] = Field(max_length=3)
+
+    def apply(self, tx: Tx) -> None:
+        self.say(f"Tagged {', '.join(self.tags)}.")
+
+
+lith.command(app, "/tags", AddTags)
 
 
 @app.post("/notes/form", status_code=204)

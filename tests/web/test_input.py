@@ -103,6 +103,33 @@ def test_json_nested_past_the_recursion_limit_is_a_4xx_and_the_connection_stays(
     assert "Traceback" not in server.output
 
 
+def test_a_refusal_names_each_field_as_the_page_does_and_tells_the_tab(
+    served: tuple[InProcessServer, Path], stream: TabStream
+) -> None:
+    server, db = served
+    before = rows(db)
+    tab = stream.tab  # type: ignore[attr-defined]
+    # A path and a query parameter by their names, an item of a list by its index.
+    board = httpx.post(f"{server.url}/boards/first/notes?copies=9", json={"tab": tab, "op": 1, "text": "hi"},
+                       headers=SAME_ORIGIN)  # fmt: skip
+    assert board.status_code == 422
+    assert board.text == (
+        f"{ERROR}<strong>board</strong>: Input should be a valid integer, unable to parse string as an integer</li>"
+        "<li><strong>copies</strong>: Input should be less than or equal to 3</li></ul></div>"
+    )
+    stream.told("copies", 1)
+    tags = httpx.post(f"{server.url}/tags", json={"tab": tab, "op": 2, "tags": ["a", 7]}, headers=SAME_ORIGIN)
+    assert tags.status_code == 422
+    assert tags.text == f"{ERROR}<strong>tags.1</strong>: Input should be a valid string</li></ul></div>"
+    stream.told("tags.1", 2)
+    # Not JSON at all: the tab named before the break is told.
+    broken = httpx.post(f"{server.url}/notes", content=f'{{"tab": "{tab}", "op": 3, "text": '.encode(), headers=JSON)
+    assert broken.status_code == 422 and broken.text.startswith(ERROR) and "JSON decode error" in broken.text
+    stream.told("JSON decode error", 3)
+    assert rows(db) == before
+    assert "Traceback" not in server.output
+
+
 def test_a_hand_written_route_answers_rejected_as_lith_command_does(
     served: tuple[InProcessServer, Path], stream: TabStream
 ) -> None:
