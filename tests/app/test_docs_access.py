@@ -46,6 +46,9 @@ def test_the_access_page_renders_the_signed_in_users_own_tasks(
     server = app_server("app:app", app_dir=SRC / "access", env={"APP_SECRET": "a secret for this test only"})
     with httpx.Client(base_url=server.url, headers={"Sec-Fetch-Site": "same-origin", "Datastar-Request": "true"}) as client:
         assert 'aria-label="Name"' in client.get("/").text  # nobody signed in: the sign-in form
+        # `Depends(lith.same_origin)`: a sign-in posted from another site is refused.
+        forged = httpx.post(f"{server.url}/signin", data={"user": "mallory"}, headers={"Sec-Fetch-Site": "cross-site"})
+        assert (forged.status_code, forged.json()) == (403, {"detail": "cross-site request refused (Sec-Fetch-Site: cross-site)"})
         assert client.post("/signin", data={"user": "alice"}).status_code == 303
         assert client.post("/tasks", json={"tab": "t1", "op": 1, "title": "Mine"}).status_code == 204
         page = client.get("/")

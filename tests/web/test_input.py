@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from fastapi_lith import SettingError, form_fields
 from tests.support import REPO, SUPPORT
 from tests.support.browser import Server
 from tests.support.inprocess import InProcessServer
@@ -222,6 +223,21 @@ def test_a_declared_length_over_the_limit_is_refused_before_the_body(served: tup
     with httpx.Client() as client:
         response = client.post(f"{server.url}/big-notes", content=json.dumps({"tab": "t"}).ljust(100_000).encode(), headers=headers)
     assert response.status_code == 413 and "at most 65536 bytes" in response.text
+
+
+def test_an_upload_form_sends_its_tab_and_op_first_and_numbers_each_click(served: tuple[InProcessServer, Path]) -> None:
+    server, _ = served
+    page = httpx.get(server.url + "/").text
+    tab = re.search(r'name="tab" value="([^"]+)"', page)
+    assert tab is not None
+    assert (
+        '<form data-on:submit="$op = $op + 1; (el.form || el).elements.namedItem(&#39;op&#39;).value = $op; '
+        "@post(&#34;/upload&#34;, {&#34;contentType&#34;: &#34;form&#34;, &#34;requestCancellation&#34;: &#34;disabled&#34;})"
+        f'" enctype="multipart/form-data"><input type="hidden" name="tab" value="{tab[1]}">'
+        '<input type="hidden" name="op" value="0"><input name="title"'
+    ) in page
+    with pytest.raises(SettingError, match=re.escape("bad tab id 'a tab': 1 to 64 letters, digits, '-' or '_'")):
+        form_fields("a tab")
 
 
 def test_an_upload_form_in_a_page_shows_each_refusal_and_stops_pending(
