@@ -317,6 +317,11 @@ def pg_server() -> Any:
 
 
 @pytest.fixture
-def pg_url(pg_server: Any) -> str:
-    """A fresh, empty database on the session's server, as a `postgresql+psycopg://` URL."""
-    return pg_server.create_database()
+def pg_url(pg_server: Any) -> Iterator[str]:
+    """A fresh, empty database on the session's server, as a `postgresql+psycopg://` URL,
+    dropped after the test."""
+    from tests.support import pgcluster
+
+    url = pg_server.create_database()
+    yield url
+    pgcluster.drop_database(pg_server, url)
