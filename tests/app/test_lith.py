@@ -24,9 +24,10 @@ from tests.support.inprocess import InProcessServer, Served
 SAME_ORIGIN = {"Datastar-Request": "true", "Sec-Fetch-Site": "same-origin"}
 
 
-@pytest.fixture(scope="module")
-def counter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[InProcessServer, Path]]:
-    db = tmp_path_factory.mktemp("counter") / "counter.db"
+@pytest.fixture
+def counter(tmp_path: Path) -> Iterator[tuple[InProcessServer, Path]]:
+    """A server of each test's own: see `served` in web/test_input.py for why not one per module."""
+    db = tmp_path / "counter.db"
     with InProcessServer("examples.counter.app:app", env={"COUNTER_DB": str(db)}) as server:
         yield server, db
 
@@ -284,9 +285,9 @@ def test_an_idempotency_key_applies_a_command_once(counter: tuple[InProcessServe
 # -- the host app: what `lith.install(app)` leaves alone and what it guards -------------------
 
 
-@pytest.fixture(scope="module")
-def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[InProcessServer, Path]]:
-    folder = tmp_path_factory.mktemp("host")
+@pytest.fixture
+def host(tmp_path: Path) -> Iterator[tuple[InProcessServer, Path]]:
+    folder = tmp_path
     (folder / "migrations").mkdir()
     (folder / "migrations" / "0001_init.sql").write_text("CREATE TABLE note (id INTEGER PRIMARY KEY, text TEXT);")
     env = {"HOST_DB": str(folder / "host.db"), "HOST_MIGRATIONS": str(folder / "migrations")}
@@ -318,10 +319,10 @@ def test_install_guards_a_command_route_behind_a_nested_dependency(host: tuple[I
 # -- the design card's app: `app.include_router(lith.router)` is enough ----------------------
 
 
-@pytest.fixture(scope="module", params=["router", "lifespan", "install"])
-def card_app(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[InProcessServer, Path]]:
+@pytest.fixture(params=["router", "lifespan", "install"])
+def card_app(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[InProcessServer, Path]]:
     """tests/support/routerapp.py served three ways: include_router alone, with the lifespan, install."""
-    folder = tmp_path_factory.mktemp(f"card-{request.param}")
+    folder = tmp_path
     (folder / "migrations").mkdir()
     (folder / "migrations" / "0001_init.sql").write_text(
         "CREATE TABLE counter (id INTEGER PRIMARY KEY, count INTEGER NOT NULL); INSERT INTO counter VALUES (1, 0);"

@@ -106,10 +106,10 @@ REFUSED_NOTICE = (
 )
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessServer]:
-    """One server for the tests that leave every session as they found it."""
-    db = tmp_path_factory.mktemp("access") / "access.db"
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[InProcessServer]:
+    """A server of the test's own: see `served` in test_input.py for why not one per module."""
+    db = tmp_path / "access.db"
     with InProcessServer(APP, env=settings(db)) as server:
         yield server
 

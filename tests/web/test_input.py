@@ -26,9 +26,13 @@ JSON = {**SAME_ORIGIN, "Content-Type": "application/json"}
 ERROR = '<div id="lith-error" role="alert" class="lith-error"><ul><li>'
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[InProcessServer, Path]]:
-    db = tmp_path_factory.mktemp("input") / "input.db"
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[InProcessServer, Path]]:
+    """A server of the test's own. mutmut ties a mutant of a function the app runs as it is
+    built (a route's body made by `lith.command`, the error handlers `install` makes) to the
+    tests that build it: a server shared by a module's tests is built in its first test only,
+    and the others would run no such mutant."""
+    db = tmp_path / "input.db"
     with InProcessServer("inputapp:app", env={"INPUT_DB": str(db)}) as server:
         yield server, db
 

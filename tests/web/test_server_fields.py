@@ -26,9 +26,10 @@ ERROR = '<div id="lith-error" role="alert" class="lith-error"><ul><li>'
 SET_BY_SERVER = "The server sets this field: a request cannot send it"
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[InProcessServer, Path]]:
-    db = tmp_path_factory.mktemp("owners") / "owners.db"
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[InProcessServer, Path]]:
+    """A server of the test's own: see `served` in test_input.py for why not one per module."""
+    db = tmp_path / "owners.db"
     with InProcessServer("ownersapp:app", env={"OWNERS_DB": str(db), "OWNERS_ACCOUNTS": str(db.parent / "a")}) as server:
         yield server, db
 
