@@ -30,8 +30,8 @@ def content_security_policy(datastar_url: str = DATASTAR_CDN, inline_scripts: It
     """The policy for pages that load Datastar from `datastar_url` and run `inline_scripts`."""
     parts = urlsplit(datastar_url)
     sources = ["'self'"]
-    if parts.scheme and parts.netloc:
-        sources.append(f"{parts.scheme}://{parts.netloc}")
+    if parts.netloc:  # a scheme-relative `//host/...` is allowed by its host, on the page's scheme
+        sources.append(f"{parts.scheme}://{parts.netloc}" if parts.scheme else parts.netloc)
     hashes = [_sha256(script) for script in (DATASTAR_NOTICE, *inline_scripts)]
     # 'unsafe-hashes' lets a hash allow an event handler attribute (the script's onerror) too.
     script_src = " ".join([*sources, "'unsafe-eval'", "'unsafe-hashes'", *hashes])

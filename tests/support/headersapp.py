@@ -12,6 +12,13 @@ from fastapi.responses import HTMLResponse
 from fastapi_lith import Lith, SecurityHeaders
 
 SCRIPT = "console.log(1)"
+# A page that may be framed by its own site, with a policy and a referrer rule of its own.
+OWN_HEADERS = {
+    "content-security-policy": "frame-ancestors 'self'",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+    "x-frame-options": "SAMEORIGIN",
+}
 
 lith = Lith(os.environ["HEADERS_DB"], datastar_url="https://js.example.net/datastar.js")
 app = FastAPI()
@@ -26,4 +33,4 @@ async def page() -> str:
 
 @app.get("/embeddable")
 async def embeddable() -> HTMLResponse:
-    return HTMLResponse("<p>Frame me.</p>", headers={"X-Frame-Options": "SAMEORIGIN"})
+    return HTMLResponse("<p>Frame me.</p>", headers={name.title(): value for name, value in OWN_HEADERS.items()})

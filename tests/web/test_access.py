@@ -257,6 +257,24 @@ def test_connect_asks_the_identity_only_for_a_token_or_a_principals_view(tmp_pat
         lith.connect("board", tab="t 1")
 
 
+async def test_a_page_that_renders_a_principals_view_must_know_who_is_signed_in(tmp_path: Path) -> None:
+    def tasks(db: object, principal: str) -> h.Element:
+        return h.ul(id="tasks")
+
+    asks = Lith(tmp_path / "a.db", identity=lambda: "alice")
+    asks.view("tasks/{principal}", topics={"tasks:{principal}"})(tasks)
+    with pytest.raises(LithError, match=re.escape(
+        "rendering 'tasks/{principal}' needs the page's principal: the page route must take Depends(lith.principal)"
+    )):
+        await asks.render("tasks/{principal}")
+    nobody = Lith(tmp_path / "b.db")  # no identity: nobody is ever signed in
+    nobody.view("tasks/{principal}", topics={"tasks:{principal}"})(tasks)
+    with pytest.raises(AccessDenied, match=re.escape(
+        "view 'tasks/{principal}' needs a signed-in principal, and nobody is signed in"
+    )):
+        await nobody.render("tasks/{principal}")
+
+
 def test_another_principals_view_is_refused_with_or_without_a_secret(
     app_server: Callable[..., InProcessServer], tmp_path: Path
 ) -> None:
