@@ -20,9 +20,11 @@ from playwright.sync_api import Page, expect
 from pydantic import ValidationError
 
 from fastapi_lith import (
+    Accounts,
     Command,
     FromServer,
     Lith,
+    LithError,
     OutcomeLost,
     Rejected,
     TabCommand,
@@ -272,6 +274,25 @@ async def test_touch_later_re_renders_through_the_writer(tmp_path: Path, caplog:
     await asyncio.gather(*later)  # no WriterClosed out of it
     await asyncio.sleep(0)  # the task's done callbacks
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+async def test_lith_writer_outside_a_request_applies_a_keyed_command_once(tmp_path: Path) -> None:
+    """A background job's retry: the key is the job's own, `lith.writer` the app's writer."""
+    lith = Lith(tmp_path / "a.db", migrations=MIGRATIONS)
+    async with Tabs(lith):
+        first = await lith.writer.do(AddNote(tab="t", text="nightly"), key="job:2026-12-03")
+        again = await lith.writer.do(AddNote(tab="t", text="nightly"), key="job:2026-12-03")
+        assert again == first
+    with sqlite3.connect(tmp_path / "a.db") as conn:
+        assert conn.execute("SELECT text FROM note").fetchall() == [("nightly",)]
+
+
+def test_accounts_writer_outside_a_request_names_the_way_to_one(tmp_path: Path) -> None:
+    accounts = Accounts(tmp_path / "accounts", migrations=MIGRATIONS)
+    with pytest.raises(LithError, match=re.escape(
+        "accounts.writer has no writer of its own outside a request: use accounts.use(name)"
+    )):
+        accounts.writer.commands  # noqa: B018  # any use of it
 
 
 # -- routes ---------------------------------------------------------------------------------------

@@ -480,6 +480,10 @@ async def test_a_scrape_mounted_without_a_guard_is_refused_at_start_up(tmp_path:
     app = FastAPI()
     app.include_router(lith.router)
     app.include_router(lith.metrics_router, **include)
-    with pytest.raises(SettingError, match="shows the app's internals"):
+    with pytest.raises(SettingError, match=re.escape(
+        "/lith/metrics shows the app's internals (its load, its views, its memory) and has no guard: include it "
+        "with the app's own, app.include_router(lith.metrics_router, dependencies=[Depends(operator)]), or say "
+        "that anyone may see it with dependencies=[Depends(lith.unguarded)]"
+    )):
         async with app.router.lifespan_context(app):
             pass

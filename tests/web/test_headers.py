@@ -93,6 +93,9 @@ def test_a_page_and_its_stream_get_every_header_and_a_routes_own_header_is_kept(
     )
     with httpx.stream("GET", server.url + "/lith/stream?views=outcome/t1&tab=t1") as stream:
         assert stream.status_code == 200 and stream.headers["content-security-policy"] == policy
+    refused = httpx.get(server.url + "/lith/stream?views=outcome/t1&tab=t1", headers={"Accept-Encoding": "identity;q=0"})
+    assert (refused.status_code, refused.json()) == (406, {"detail": "no acceptable Content-Encoding (zstd, br, gzip, identity)"})
+    assert refused.headers["content-security-policy"] == policy  # an error's answer too
     own = httpx.get(server.url + "/embeddable")  # each header its own, none added beside it
     expected = server.module.OWN_HEADERS
     assert {name: own.headers.get_list(name) for name in expected} == {k: [v] for k, v in expected.items()}
