@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import socket
 import time
@@ -785,6 +786,7 @@ async def test_a_client_that_stops_reading_is_ended_after_the_send_timeout(tmp_p
         with pytest.raises(SendTimeoutError):  # the server then drops the connection
             await asyncio.wait_for(exchange.task, 10)  # ended, not waiting on the client forever
         assert not lith.hub.streams
+        assert response.stream is not None and response.stream.send_timeouts == 1  # counted, once
 
 
 async def test_a_head_of_the_stream_answers_its_headers_and_leaves_nothing_watching(tmp_path: Path) -> None:
@@ -809,9 +811,10 @@ async def test_a_head_of_the_stream_answers_its_headers_and_leaves_nothing_watch
         assert not lith.hub.streams and not lith.hub.instances  # nothing left watching the board
 
 
-async def test_a_stream_idle_past_the_send_timeout_is_not_ended(tmp_path: Path) -> None:
+async def test_a_stream_idle_past_the_send_timeout_is_not_ended(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """The send timeout is for a send that cannot finish: a stream with nothing to send for
-    longer than it, between frames, stays open and sends the next."""
+    longer than it, between frames, stays open and sends the next, and its watchdog, finding
+    no send in progress, says nothing."""
     from fastapi_lith.engine.encoders import IdentityEncoder
     from tests.engine.test_hub import Add, make_lith
 
@@ -829,6 +832,8 @@ async def test_a_stream_idle_past_the_send_timeout_is_not_ended(tmp_path: Path) 
         assert [s.send_timeouts for s in lith.hub.streams] == [0]
         exchange.gone.set()
         await asyncio.wait_for(exchange.task, 10)
+    assert response.stream is not None and response.stream.send_timeouts == 0  # a disconnect is no timeout
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 
 async def test_next_returns_nothing_once_its_timeout_passes() -> None:
