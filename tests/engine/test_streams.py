@@ -836,6 +836,25 @@ async def test_a_stream_idle_past_the_send_timeout_is_not_ended(tmp_path: Path, 
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 
+async def test_a_stream_cancelled_from_outside_is_no_send_timeout(tmp_path: Path) -> None:
+    """uvicorn cancels what is still running at its graceful-shutdown deadline: the cancel goes
+    on as itself, and only the watchdog's own cancel counts as a send timeout."""
+    from fastapi_lith.engine.encoders import IdentityEncoder
+    from tests.engine.test_hub import make_lith
+
+    lith, _ = make_lith(tmp_path)
+    lith.send_timeout = 60
+    async with lith.lifespan():
+        response = await lith.open_stream(stream_request("views=board/1&tab=t1"), IdentityEncoder())
+        exchange = Exchange(response, "identity")
+        await exchange.until('<p id="board-1">0</p>')
+        exchange.task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await exchange.task
+        assert response.stream is not None and response.stream.send_timeouts == 0
+        assert not lith.hub.streams
+
+
 async def test_next_returns_nothing_once_its_timeout_passes() -> None:
     from fastapi_lith.engine.streams import Stream
 

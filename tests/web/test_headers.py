@@ -93,6 +93,7 @@ def test_a_page_and_its_stream_get_every_header_and_a_routes_own_header_is_kept(
     )
     with httpx.stream("GET", server.url + "/lith/stream?views=outcome/t1&tab=t1") as stream:
         assert stream.status_code == 200 and stream.headers["content-security-policy"] == policy
+        assert stream.headers["content-type"] == "text/event-stream; charset=utf-8"  # the stream's own, kept
     refused = httpx.get(server.url + "/lith/stream?views=outcome/t1&tab=t1", headers={"Accept-Encoding": "identity;q=0"})
     assert (refused.status_code, refused.json()) == (406, {"detail": "no acceptable Content-Encoding (zstd, br, gzip, identity)"})
     assert refused.headers["content-security-policy"] == policy  # an error's answer too
