@@ -681,6 +681,16 @@ class Exchange:
         await asyncio.wait_for(seen(), 10)
 
 
+async def board_exchange(lith: Any) -> tuple[Any, Exchange]:
+    """An identity stream of `board/1` run as a server would, once its first frame is out."""
+    from fastapi_lith.engine.encoders import IdentityEncoder
+
+    response = await lith.open_stream(stream_request("views=board/1&tab=t1"), IdentityEncoder())
+    exchange = Exchange(response, "identity")
+    await exchange.until('<p id="board-1">0</p>')
+    return response, exchange
+
+
 async def test_the_stream_route_refuses_a_bad_query_with_a_plain_400(tmp_path: Path) -> None:
     from fastapi_lith.engine.encoders import ZstdEncoder
     from tests.engine.test_hub import make_lith
@@ -772,15 +782,12 @@ async def test_a_stream_that_opens_after_the_stop_signal_ends_at_once(tmp_path: 
 async def test_a_client_that_stops_reading_is_ended_after_the_send_timeout(tmp_path: Path) -> None:
     from sse_starlette.sse import SendTimeoutError
 
-    from fastapi_lith.engine.encoders import IdentityEncoder
     from tests.engine.test_hub import Add, make_lith
 
     lith, _ = make_lith(tmp_path)
     lith.send_timeout = 0.2
     async with lith.lifespan():
-        response = await lith.open_stream(stream_request("views=board/1&tab=t1"), IdentityEncoder())
-        exchange = Exchange(response, "identity")
-        await exchange.until('<p id="board-1">0</p>')
+        response, exchange = await board_exchange(lith)
         exchange.stall = True
         await lith.writer.do(Add())
         with pytest.raises(SendTimeoutError):  # the server then drops the connection
@@ -815,16 +822,13 @@ async def test_a_stream_idle_past_the_send_timeout_is_not_ended(tmp_path: Path, 
     """The send timeout is for a send that cannot finish: a stream with nothing to send for
     longer than it, between frames, stays open and sends the next, and its watchdog, finding
     no send in progress, says nothing."""
-    from fastapi_lith.engine.encoders import IdentityEncoder
     from tests.engine.test_hub import Add, make_lith
 
     lith, _ = make_lith(tmp_path)
     lith.send_timeout = 0.2
     lith.keepalive = 1.0  # the first thing sent after several send timeouts' worth of quiet
     async with lith.lifespan():
-        response = await lith.open_stream(stream_request("views=board/1&tab=t1"), IdentityEncoder())
-        exchange = Exchange(response, "identity")
-        await exchange.until('<p id="board-1">0</p>')
+        response, exchange = await board_exchange(lith)
         await exchange.until(": keep-alive")
         await lith.writer.do(Add())
         await exchange.until('<p id="board-1">1</p>')
@@ -839,15 +843,12 @@ async def test_a_stream_idle_past_the_send_timeout_is_not_ended(tmp_path: Path, 
 async def test_a_stream_cancelled_from_outside_is_no_send_timeout(tmp_path: Path) -> None:
     """uvicorn cancels what is still running at its graceful-shutdown deadline: the cancel goes
     on as itself, and only the watchdog's own cancel counts as a send timeout."""
-    from fastapi_lith.engine.encoders import IdentityEncoder
     from tests.engine.test_hub import make_lith
 
     lith, _ = make_lith(tmp_path)
     lith.send_timeout = 60
     async with lith.lifespan():
-        response = await lith.open_stream(stream_request("views=board/1&tab=t1"), IdentityEncoder())
-        exchange = Exchange(response, "identity")
-        await exchange.until('<p id="board-1">0</p>')
+        response, exchange = await board_exchange(lith)
         exchange.task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await exchange.task
