@@ -127,6 +127,12 @@ def test_a_refusal_names_each_field_as_the_page_does_and_tells_the_tab(
     assert tags.status_code == 422
     assert tags.text == f"{ERROR}<strong>tags.1</strong>: Input should be a valid string</li></ul></div>"
     stream.told("tags.1", 2)
+    # JSON that is no object, and a body of another type: no fields to read.
+    for content, kind in ((b'["a list"]', "application/json"), (b"text=hi", "text/plain")):
+        refused = httpx.post(f"{server.url}/notes", content=content, headers={**SAME_ORIGIN, "Content-Type": kind})
+        assert (refused.status_code, refused.text) == (
+            422, f"{ERROR}Input should be a valid dictionary or object to extract fields from</li></ul></div>"
+        ), kind
     # Not JSON at all: the tab named before the break is told.
     broken = httpx.post(f"{server.url}/notes", content=f'{{"tab": "{tab}", "op": 3, "text": '.encode(), headers=JSON)
     assert broken.status_code == 422 and broken.text.startswith(ERROR) and "JSON decode error" in broken.text
