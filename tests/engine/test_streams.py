@@ -681,11 +681,11 @@ class Exchange:
         await asyncio.wait_for(seen(), 10)
 
 
-async def board_exchange(lith: Any) -> tuple[Any, Exchange]:
+async def board_exchange(lith: Any, tab: str = "t1") -> tuple[Any, Exchange]:
     """An identity stream of `board/1` run as a server would, once its first frame is out."""
     from fastapi_lith.engine.encoders import IdentityEncoder
 
-    response = await lith.open_stream(stream_request("views=board/1&tab=t1"), IdentityEncoder())
+    response = await lith.open_stream(stream_request(f"views=board/1&tab={tab}"), IdentityEncoder())
     exchange = Exchange(response, "identity")
     await exchange.until('<p id="board-1">0</p>')
     return response, exchange
@@ -854,6 +854,23 @@ async def test_a_stream_cancelled_from_outside_is_no_send_timeout(tmp_path: Path
             await exchange.task
         assert response.stream is not None and response.stream.send_timeouts == 0
         assert not lith.hub.streams
+
+
+async def test_each_stream_draws_its_reconnect_delay_from_1_s_to_reconnect_within(tmp_path: Path) -> None:
+    """A deploy ends every stream at once: the pages come back spread over the window."""
+    from tests.engine.test_hub import make_lith
+
+    lith, _ = make_lith(tmp_path)
+    retries = []
+    async with lith.lifespan():
+        for n in range(40):
+            response, exchange = await board_exchange(lith, tab=f"t{n}")
+            retries.append(int(re.match(r"retry: (\d+)\n", exchange.text)[1]))  # type: ignore[index]
+            exchange.gone.set()
+            await asyncio.wait_for(exchange.task, 10)
+    assert all(1000 <= r <= 5000 for r in retries), retries
+    # Spread over the window, not bunched: 40 draws all in one half of it is a chance of 2^-39.
+    assert min(retries) < 3000 < max(retries), retries
 
 
 async def test_next_returns_nothing_once_its_timeout_passes() -> None:

@@ -605,6 +605,7 @@ async def test_a_request_key_numbers_its_commands_from_1(writer: Writer) -> None
     from fastapi_lith.web.dependency import KeyedWriter
 
     keyed = KeyedWriter(writer, "k")
+    assert keyed.path == writer.path  # the rest of the writer, as it is
     await keyed.do(Append(value="a"))
     await keyed.do(Append(value="b"))
     assert rows(writer.path, "SELECT key FROM lith_outcome ORDER BY rowid") == [("header:k:1",), ("header:k:2",)]
