@@ -440,7 +440,8 @@ def test_the_unit_serves_with_the_server_its_env_file_names_on_the_socket_it_hol
 
     def exited_cleanly(proc: subprocess.Popen[bytes]) -> None:
         assert proc.wait(60) in (0, -signal.SIGTERM), log.read_text()
-        assert "refused to gracefully stop" not in log.read_text()  # no worker killed at the bound
+        text = log.read_text()
+        assert "refused to gracefully stop" not in text, text  # no worker killed at the bound; the whole log
 
     stream = "/lith/stream?views=counter&tab=t1"
     headers = {"Accept-Encoding": "identity", "Sec-Fetch-Site": "same-origin"}

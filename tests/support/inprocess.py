@@ -82,7 +82,7 @@ class InProcessServer:
         for logger in _LOGGERS:
             logging.getLogger(logger).addHandler(self._log)
         with _environment(self.env):
-            self.module = _load(name, self.app_dir)
+            self.module = load_module(name, self.app_dir)
             asgi = getattr(self.module, attr or "app")
             config = uvicorn.Config(
                 asgi, host=self.host, port=self.port, log_config=None, access_log=False,
@@ -159,7 +159,7 @@ class _Collected(logging.Handler):
         return "\n".join(self._lines)
 
 
-def _load(name: str, app_dir: Path) -> ModuleType:
+def load_module(name: str, app_dir: Path = SUPPORT) -> ModuleType:
     """A fresh copy of module `name`: a file of `app_dir` by its bare name (``inputapp``, with
     `app_dir` first on the path while it loads, as uvicorn's ``--app-dir`` puts it), anything
     else by its dotted one (``examples.counter.app``)."""

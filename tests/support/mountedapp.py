@@ -4,8 +4,11 @@ process by tests/web/test_access.py."""
 
 from __future__ import annotations
 
-from accessapp import app as access_app  # type: ignore[import-not-found]  # beside this file
 from fastapi import FastAPI
+
+from tests.support.inprocess import load_module
+
+access_app = load_module("accessapp").app  # a copy of its own, with this server's environment
 
 # A mount does not run its app's lifespan: the outer app runs it, for the app it mounts.
 app = FastAPI(lifespan=lambda outer: access_app.router.lifespan_context(access_app))

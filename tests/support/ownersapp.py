@@ -51,17 +51,13 @@ class AddTask(TabCommand):
         self.say(f"Added {self.title} for {self.owner}.")
 
 
-class AddAliasedTask(TabCommand):
-    """Fields a client sends under their aliases: the server's owner goes in under its alias
+class AddAliasedTask(AddTask):
+    """AddTask's fields under aliases a client sends: the server's owner goes in under its alias
     too, and a form's `label` list (optional) is read as a list whatever its validation alias is."""
 
     title: str = Field(min_length=1, max_length=40, alias="name")
     tags: list[str] | None = Field(default_factory=list, alias="label", validation_alias=AliasChoices("label", "labels"))
     owner: Annotated[str, FromServer(), Field(validation_alias="by", serialization_alias="owner_id")]
-    team: Annotated[str, FromServer(team_of)]
-
-    def apply(self, tx: Tx) -> None:
-        AddTask.apply(self, tx)  # type: ignore[arg-type]
 
 
 class AddNamedTask(AddAliasedTask):
