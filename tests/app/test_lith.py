@@ -501,6 +501,42 @@ def test_cached_statements_reach_the_writer(tmp_path: Path) -> None:
     from fastapi_lith import Lith
 
     assert Lith(tmp_path / "a.db", cached_statements=3).writer.statements.size == 3
+
+
+async def test_the_compression_settings_reach_each_streams_encoder(tmp_path: Path) -> None:
+    from fastapi_lith import Lith
+
+    lith = Lith(tmp_path / "a.db", zstd_window_log=12, brotli_quality=3, gzip_level=2)
+    zstd, br, gzip = [await lith.web.encoder(name) for name in ("zstd", "br", "gzip")]
+    assert (zstd.name, zstd.window_log) == ("zstd", 12)
+    assert (br.name, br.quality) == ("br", 3)
+    assert (gzip.name, gzip.level) == ("gzip", 2)
+
+
+async def test_a_datastar_request_to_any_route_gets_its_error_as_html(tmp_path: Path) -> None:
+    """With `lith.install(app)`, the header alone makes a request the page's: a route without
+    the writer, refusing it, answers with the error fragment Datastar morphs in; another client
+    keeps FastAPI's JSON."""
+    from fastapi import FastAPI, HTTPException
+
+    from fastapi_lith import Lith
+
+    lith = Lith(tmp_path / "app.db")
+    app = FastAPI()
+    lith.install(app)
+
+    @app.get("/cards/{card}")
+    async def card(card: int) -> None:
+        raise HTTPException(404, f"no card {card}")
+
+    transport = httpx.ASGITransport(app=app)
+    async with lith.lifespan(app), httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        for path, status, text in [("/cards/7", 404, "no card 7"), ("/cards/seven", 422, "card")]:
+            page = await client.get(path, headers={"Datastar-Request": "true"})
+            assert (page.status_code, page.headers["content-type"]) == (status, "text/html; charset=utf-8")
+            assert page.text.startswith('<div id="lith-error"') and text in page.text, page.text
+            api = await client.get(path)
+            assert (api.status_code, api.headers["content-type"]) == (status, "application/json")
 @pytest.mark.parametrize(
     "origin",
     [

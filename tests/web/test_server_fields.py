@@ -84,6 +84,19 @@ def test_a_hand_written_route_takes_lith_body_and_the_identity_runs_once(served:
     assert tasks(db) == [*before, ("By hand", "bob", "blue", "x")]
 
 
+@pytest.mark.parametrize("path", ["/tasks", "/tasks/by-hand"])
+def test_a_cross_site_request_is_refused_before_its_body_is_read(served: tuple[InProcessServer, Path], path: str) -> None:
+    """A forged post from another site, with a signed-in user's cookie, learns nothing of the
+    command (no 422 naming its fields): `lith.body` takes the writer's guard first."""
+    server, db = served
+    before = tasks(db)
+    with signed_in(server, "bob") as bob:
+        for body in ({"tab": "t1", "op": 1, "title": ""}, {"tab": "t1", "op": 2, "title": "Forged"}):
+            forged = bob.post(path, json=body, headers={"Sec-Fetch-Site": "cross-site"})
+            assert forged.status_code == 403 and "cross-site request refused" in forged.text, forged.text
+    assert tasks(db) == before
+
+
 def test_one_idempotency_key_sent_by_two_people_applies_for_each(served: tuple[InProcessServer, Path]) -> None:
     """A client picks its own keys: bob sending alice's neither gets her result nor is dropped."""
     server, db = served
@@ -261,3 +274,12 @@ def test_a_misplaced_from_server_is_refused_where_the_command_is_written() -> No
 
         class Aliased(Command):
             owner: Annotated[str, FromServer(), Field(validation_alias=AliasChoices("a", "b"))]
+
+
+@pytest.mark.parametrize("given", [42, "AddTask", None, FastAPI])
+def test_lith_body_of_anything_but_a_command_class_is_refused_where_it_is_written(
+    tmp_path: Path, given: object
+) -> None:
+    lith = Lith(tmp_path / "app.db")
+    with pytest.raises(CommandError, match=re.escape(f"lith.body takes a Command class, not {given!r}")):
+        lith.body(given)  # type: ignore[arg-type]
