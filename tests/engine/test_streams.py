@@ -794,6 +794,8 @@ async def test_a_client_that_stops_reading_is_ended_after_the_send_timeout(tmp_p
             await asyncio.wait_for(exchange.task, 10)  # ended, not waiting on the client forever
         assert not lith.hub.streams
         assert response.stream is not None and response.stream.send_timeouts == 1  # counted, once
+        # The body's own cleanup ran before the error went on, not whenever a collection comes.
+        assert response.body_iterator.ag_frame is None  # type: ignore[attr-defined]
 
 
 async def test_a_head_of_the_stream_answers_its_headers_and_leaves_nothing_watching(tmp_path: Path) -> None:
