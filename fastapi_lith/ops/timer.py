@@ -163,14 +163,16 @@ class Backups:
         return True
 
     async def run(self) -> None:
-        """The timer loop: copy when due, forever (cancel to stop)."""
-        while not self.lead():  # another process of this app copies; take over if it ends
-            await asyncio.sleep(min(self.every, 60.0))
+        """The timer loop: copy when due, forever (cancel to stop). A folder it cannot make or
+        read fails like a copy, counted and logged, and is tried again: the timer never ends."""
         while True:
-            delay = self.next_due() - time.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
             try:
+                if not self.lead():  # another process of this app copies; take over if it ends
+                    await asyncio.sleep(min(self.every, 60.0))
+                    continue
+                delay = self.next_due() - time.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
                 info = await self.take()
             except asyncio.CancelledError:
                 raise

@@ -188,10 +188,46 @@ async def test_timer_names_copies_by_utc_time_keeps_the_newest_and_resumes_its_s
     await later.stop()
     assert later.taken == 1 and len(later.copies()) == 1
 
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^every must be at least 1 second, not 0.5$"):
         Backups(db_path, folder, every=0.5, keep=3)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^keep must be at least 1, not 0$"):
         Backups(db_path, folder, every=60, keep=0)
+    hourly = Backups(db_path, folder)
+    assert (hourly.every, hourly.keep, hourly.method) == (3600.0, 24, "backup")  # a day of hourly copies
+
+
+async def test_a_failed_copy_is_counted_and_logged_and_the_next_one_lands(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    db_path = tmp_path / "app.db"
+    with closing(sqlite3.connect(db_path)) as conn:
+        conn.execute("CREATE TABLE t (x)")
+        conn.commit()
+    blocker = tmp_path / "disk"
+    blocker.write_text("a file where the backup folder's parent should be")
+    timer = Backups(db_path, blocker / "nightly" / "backups", every=1, keep=2, method="vacuum")
+    assert (timer.taken, timer.failures, timer.last) == (0, 0, None)
+    with pytest.raises(NotADirectoryError):
+        await timer.take()  # what the timer's loop catches
+    blocker.unlink()  # the folder and its parents are made at the next copy
+    info = await timer.take()
+    assert (info.path.parent, info.method, timer.last, timer.taken) == (timer.folder, "vacuum", info, 1)
+
+    failing = Backups(db_path, tmp_path / "full" / "backups", every=1, keep=2)
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "backups").write_text("not a folder")
+    await failing.start()
+    deadline = time.monotonic() + 30
+    while not failing.failures:
+        assert time.monotonic() < deadline, "the failed copy was never counted"
+        await asyncio.sleep(0.02)
+    assert failing.taken == 0 and f"backup of {db_path} into {failing.folder} failed" in caplog.text
+    (tmp_path / "full" / "backups").unlink()
+    while not failing.taken:  # tried again a second later (every=1)
+        assert time.monotonic() < deadline, "no copy landed after the failure"
+        await asyncio.sleep(0.02)
+    await failing.stop()
+    assert failing.failures == 1 and len(failing.copies()) == 1
 
 
 def test_a_copy_of_a_database_held_by_another_thread_is_consistent(tmp_path: Path) -> None:

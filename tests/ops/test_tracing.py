@@ -14,6 +14,7 @@ import asyncio
 import importlib.util
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import time
@@ -27,7 +28,8 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from fastapi_lith import Command, Tx
+from fastapi_lith import Command, Rejected, Tx
+from fastapi_lith.ops import tracing
 from fastapi_lith.ops.tracing import traced
 from fastapi_lith.testing import Tabs
 from tests.support import CHILD_HANG_LIMIT, REPO, SUPPORT, child_env
@@ -264,3 +266,74 @@ async def test_the_commands_of_one_batch_share_its_first_frame(counter: Any) -> 
     assert [c.attributes["lith.batch.size"] for c in commits if c.attributes] == [3, 3, 3]
     frames = frames_of(spans, "Add")
     assert len(frames) == 3 and len({(f.start_time, f.end_time) for f in frames}) == 1
+
+
+class Refused(Command):
+    def apply(self, tx: Tx) -> None:
+        raise Rejected("Not today.")
+
+
+class Broken(Command):
+    def apply(self, tx: Tx) -> None:
+        raise RuntimeError("a bug in the command")
+
+
+class Orphan(Command):
+    """A child row whose parent never exists: SQLite refuses the batch at COMMIT."""
+
+    def apply(self, tx: Tx) -> None:
+        tx.execute("INSERT INTO orphan (parent) VALUES (404)")
+
+
+def commit_outcomes(spans: tuple[ReadableSpan, ...]) -> dict[str, tuple[str, str]]:
+    """Each command's name: its commit's `lith.outcome` and status."""
+    names = {s.context.span_id: s.name.removeprefix("lith.command ") for s in spans if s.name.startswith("lith.command")}
+    return {
+        names[s.parent.span_id]: (s.attributes["lith.outcome"], s.status.status_code.name)  # type: ignore[index]
+        for s in spans if s.name == "lith.commit" and s.parent is not None
+    }
+
+
+async def test_each_commands_outcome_is_on_its_commit(counter: Any) -> None:
+    with sqlite3.connect("counter.db") as conn:
+        conn.execute("CREATE TABLE orphan_parent (id INTEGER PRIMARY KEY)")
+        conn.execute("CREATE TABLE orphan (parent INTEGER REFERENCES orphan_parent (id) DEFERRABLE INITIALLY DEFERRED)")
+    conn.close()
+    provider, memory = sdk()
+    writer = counter.lith.writer
+    async with Tabs(counter.lith):
+        with traced(counter.lith.engine, provider):
+            await writer.do(counter.Add(n=1))
+            with pytest.raises(Rejected, match="Not today"):
+                await writer.do(Refused())
+            with pytest.raises(RuntimeError, match="a bug in the command"):
+                await writer.do(Broken())
+            with pytest.raises(sqlite3.IntegrityError, match="FOREIGN KEY"):
+                await writer.do(Orphan())
+    assert commit_outcomes(memory.get_finished_spans()) == {
+        "Add": ("applied", "UNSET"),
+        "Refused": ("rejected", "ERROR"),
+        "Broken": ("failed", "ERROR"),
+        "Orphan": ("not committed", "ERROR"),
+    }
+
+
+async def test_past_the_waiting_bound_the_oldest_commits_get_no_frame(counter: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Commits wait in memory for the frame that shows them; a view that never renders must not
+    hold them all: past `WAITING` commands the oldest are forgotten, the newer still traced."""
+    monkeypatch.setattr(tracing, "WAITING", 2)
+    provider, memory = sdk()
+    async with Tabs(counter.lith) as tabs:
+        with traced(counter.lith.engine, provider):
+            tab = await tabs.open("counter")
+            for _ in range(3):  # three batches, no tick between: all three wait
+                await tab.do(counter.Add(n=1))
+            await tabs.tick()
+            assert tab.html("counter") == '<p id="counter">3</p>'
+            await tab.do(counter.Add(n=1))  # the queue emptied: a later commit waits afresh
+            await tabs.tick()
+            assert tab.html("counter") == '<p id="counter">4</p>'
+    spans = memory.get_finished_spans()
+    commands = sorted((s for s in spans if s.name == "lith.command Add"), key=lambda s: s.start_time or 0)
+    framed = {f.parent.span_id for f in frames_of(spans, "Add") if f.parent is not None}
+    assert [c.context.span_id in framed for c in commands if c.context] == [False, True, True, True]
