@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import sqlite3
 import subprocess
 import sys
@@ -194,6 +195,25 @@ async def test_timer_names_copies_by_utc_time_keeps_the_newest_and_resumes_its_s
         Backups(db_path, folder, every=60, keep=0)
     hourly = Backups(db_path, folder)
     assert (hourly.every, hourly.keep, hourly.method) == (3600.0, 24, "backup")  # a day of hourly copies
+
+
+def test_prune_deletes_a_crashed_copys_temporary_file_once_clearly_abandoned(tmp_path: Path) -> None:
+    folder = tmp_path / "backups"
+    folder.mkdir()
+    timer = Backups(tmp_path / "app.db", folder, every=3600, keep=2)
+    abandoned, recent, others = folder / ".app-1.tmp", folder / ".app-2.tmp", folder / ".apple-1.tmp"
+    for path in (abandoned, recent, others):
+        path.write_bytes(b"half a copy")
+    two_hours_ago = time.time() - 2 * 3600  # past max(1 h, 2 * every)
+    for path in (abandoned, others):
+        os.utime(path, (two_hours_ago, two_hours_ago))
+    os.utime(recent, (time.time() - 3000, time.time() - 3000))  # a copy of a big file may still be writing it
+    assert timer.prune() == []  # no timed copies to delete
+    assert not abandoned.exists() and recent.exists() and others.exists()  # apple.db's: not ours
+    daily = Backups(tmp_path / "app.db", folder, every=86400, keep=2)
+    os.utime(recent, (two_hours_ago, two_hours_ago))
+    daily.prune()
+    assert recent.exists()  # a daily timer waits two days before calling a copy abandoned
 
 
 async def test_a_failed_copy_is_counted_and_logged_and_the_next_one_lands(
