@@ -241,13 +241,42 @@ async def test_a_failed_copy_is_counted_and_logged_and_the_next_one_lands(
     while not failing.failures:
         assert time.monotonic() < deadline, "the failed copy was never counted"
         await asyncio.sleep(0.02)
+    while failing.failures < 2:  # each failure counted, a second later
+        assert time.monotonic() < deadline, "the second failed copy was never counted"
+        await asyncio.sleep(0.02)
     assert failing.taken == 0 and f"backup of {db_path} into {failing.folder} failed" in caplog.text
     (tmp_path / "full" / "backups").unlink()
     while not failing.taken:  # tried again a second later (every=1)
         assert time.monotonic() < deadline, "no copy landed after the failure"
         await asyncio.sleep(0.02)
     await failing.stop()
-    assert failing.failures == 1 and len(failing.copies()) == 1
+    assert failing.failures >= 2 and len(failing.copies()) == 1
+
+    nested = Backups(db_path, tmp_path / "new" / "nightly" / "backups", every=1, keep=1)
+    await nested.start()  # the timer's lock is made in the folder, parents and all
+    while not nested.taken:
+        assert time.monotonic() < deadline, "the timer never copied into a folder it had to make"
+        await asyncio.sleep(0.02)
+    await nested.stop()
+    assert nested.failures == 0 and len(nested.copies()) == 1
+
+
+def test_copy_names_are_read_as_utc_whatever_the_local_time_zone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db_path = tmp_path / "app.db"
+    sqlite3.connect(db_path).close()
+    folder = tmp_path / "backups"
+    folder.mkdir()
+    newest = fake_copy(folder, "app", timedelta(hours=2), db_path)
+    taken = datetime.strptime(newest.name[4:-3], "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc).timestamp()
+    monkeypatch.setenv("TZ", "America/New_York")  # five hours behind UTC, four in summer
+    time.tzset()
+    try:
+        assert Backups(db_path, folder, every=3 * 3600).next_due() == pytest.approx(taken + 3 * 3600)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
 
 
 def test_a_copy_of_a_database_held_by_another_thread_is_consistent(tmp_path: Path) -> None:
