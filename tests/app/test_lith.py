@@ -537,6 +537,8 @@ async def test_a_datastar_request_to_any_route_gets_its_error_as_html(tmp_path: 
             assert page.text.startswith('<div id="lith-error"') and text in page.text, page.text
             api = await client.get(path)
             assert (api.status_code, api.headers["content-type"]) == (status, "application/json")
+
+
 @pytest.mark.parametrize(
     "origin",
     [

@@ -20,7 +20,7 @@ import pytest
 from fastapi_lith import Command, Tx, Writer
 from fastapi_lith.ops import Backups, backup, verify
 from fastapi_lith.ops.files import checksum_path, copy_name
-from tests.support import CHILD_HANG_LIMIT
+from tests.support import CHILD_HANG_LIMIT, until
 
 
 def rows(path: Path) -> list[int]:
@@ -237,26 +237,24 @@ async def test_a_failed_copy_is_counted_and_logged_and_the_next_one_lands(
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "backups").write_text("not a folder")
     await failing.start()
-    deadline = time.monotonic() + 30
-    while not failing.failures:
-        assert time.monotonic() < deadline, "the failed copy was never counted"
-        await asyncio.sleep(0.02)
-    while failing.failures < 2:  # each failure counted, a second later
-        assert time.monotonic() < deadline, "the second failed copy was never counted"
-        await asyncio.sleep(0.02)
+
+    async def failed_twice() -> bool:  # each failure counted, and tried again a second later
+        return failing.failures >= 2
+
+    await until(failed_twice)
     assert failing.taken == 0 and f"backup of {db_path} into {failing.folder} failed" in caplog.text
     (tmp_path / "full" / "backups").unlink()
-    while not failing.taken:  # tried again a second later (every=1)
-        assert time.monotonic() < deadline, "no copy landed after the failure"
-        await asyncio.sleep(0.02)
+
+    async def copied(timer: Backups = failing) -> bool:
+        return timer.taken > 0
+
+    await until(copied)
     await failing.stop()
     assert failing.failures >= 2 and len(failing.copies()) == 1
 
     nested = Backups(db_path, tmp_path / "new" / "nightly" / "backups", every=1, keep=1)
     await nested.start()  # the timer's lock is made in the folder, parents and all
-    while not nested.taken:
-        assert time.monotonic() < deadline, "the timer never copied into a folder it had to make"
-        await asyncio.sleep(0.02)
+    await until(lambda: copied(nested))
     await nested.stop()
     assert nested.failures == 0 and len(nested.copies()) == 1
 

@@ -34,6 +34,7 @@ from fastapi_lith.ops.tracing import traced
 from fastapi_lith.testing import Tabs
 from tests.support import CHILD_HANG_LIMIT, REPO, SUPPORT, child_env
 from tests.support.browser import Server
+from tests.support.orphan import Orphan, add_orphan_tables
 from tests.web.test_input import JSON, TabStream
 
 Span = dict[str, Any]
@@ -278,13 +279,6 @@ class Broken(Command):
         raise RuntimeError("a bug in the command")
 
 
-class Orphan(Command):
-    """A child row whose parent never exists: SQLite refuses the batch at COMMIT."""
-
-    def apply(self, tx: Tx) -> None:
-        tx.execute("INSERT INTO orphan (parent) VALUES (404)")
-
-
 def commit_outcomes(spans: tuple[ReadableSpan, ...]) -> dict[str, tuple[str, str]]:
     """Each command's name: its commit's `lith.outcome` and status."""
     names = {s.context.span_id: s.name.removeprefix("lith.command ") for s in spans if s.name.startswith("lith.command")}
@@ -295,10 +289,7 @@ def commit_outcomes(spans: tuple[ReadableSpan, ...]) -> dict[str, tuple[str, str
 
 
 async def test_each_commands_outcome_is_on_its_commit(counter: Any) -> None:
-    with sqlite3.connect("counter.db") as conn:
-        conn.execute("CREATE TABLE orphan_parent (id INTEGER PRIMARY KEY)")
-        conn.execute("CREATE TABLE orphan (parent INTEGER REFERENCES orphan_parent (id) DEFERRABLE INITIALLY DEFERRED)")
-    conn.close()
+    add_orphan_tables("counter.db")  # where the docs' counter opens it
     provider, memory = sdk()
     writer = counter.lith.writer
     async with Tabs(counter.lith):

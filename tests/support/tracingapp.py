@@ -8,7 +8,6 @@ docs' own `/add`. The database is `counter.db` in the working directory, as in t
 from __future__ import annotations
 
 import importlib.util
-import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from fastapi_lith import Command, Tx
+from tests.support.orphan import Orphan, add_orphan_tables
 
 DOCS_APP = Path(__file__).resolve().parents[2] / "docs" / "src" / "tracing" / "app.py"
 
@@ -33,22 +32,7 @@ provider = trace.get_tracer_provider()
 assert isinstance(provider, TracerProvider)
 provider.add_span_processor(SimpleSpanProcessor(memory))  # exported as each span ends
 
-# A table of the tests' own beside the counter's: a child row whose parent never exists fails
-# the whole batch at COMMIT, where SQLite checks a deferred foreign key.
-with sqlite3.connect("counter.db") as conn:
-    conn.execute(
-        "CREATE TABLE IF NOT EXISTS orphan (parent INTEGER REFERENCES orphan_parent (id) DEFERRABLE INITIALLY DEFERRED)"
-    )
-    conn.execute("CREATE TABLE IF NOT EXISTS orphan_parent (id INTEGER PRIMARY KEY)")
-conn.close()
-
-
-class Orphan(Command):
-    def apply(self, tx: Tx) -> None:
-        tx.execute("INSERT INTO orphan (parent) VALUES (404)")
-        tx.touch("counter")
-
-
+add_orphan_tables("counter.db")  # the docs' app opens counter.db in the working directory
 docs.lith.command(app, "/orphan", Orphan)
 
 
