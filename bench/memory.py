@@ -12,6 +12,10 @@ low; at 10,000 that is a tenth as much.
   hibernated  zstd only: every stream idle past a short hibernate_after, its compressor freed
               (identity keeps nothing to free)
 
+`--zstd-window-log N` serves every zstd stream with the app's `Lith(zstd_window_log=N)` instead
+of a window sized from the first write: what a page of one small view (a status line, a
+counter) watched by thousands of tabs saves with the smallest window.
+
 Layers (`--layers`, 1,000 tabs, identity and zstd): tracemalloc in the server, the growth of
 Python's allocations by package, per tab; "outside Python" is the RSS growth less what
 tracemalloc saw (zstd's compressors, uvloop's and httptools' buffers, allocator slack).
@@ -21,6 +25,7 @@ machine allowed is printed.
 
     python -m bench.memory                          # 1,000, 5,000 and 10,000 tabs
     python -m bench.memory --tabs 1000 --layers --against main
+    python -m bench.memory --tabs 10000 --zstd-window-log 10
 """
 
 from __future__ import annotations
@@ -56,6 +61,8 @@ def make_app() -> Any:
     from examples.counter.app import app, lith
 
     lith.hibernate_after = float(os.environ["MEMORY_HIBERNATE"])
+    if os.environ.get("MEMORY_ZSTD_WINDOW_LOG"):  # as `Lith(zstd_window_log=N)` would set it
+        lith.encoder_settings["zstd"]["window_log"] = int(os.environ["MEMORY_ZSTD_WINDOW_LOG"])
     depth = int(os.environ.get("MEMORY_TRACE", "0"))  # frames per traceback; 0: no tracing
     tracing = depth > 0
     if tracing:
@@ -197,10 +204,13 @@ def layers(by_file: dict[str, int], traced: int, grown: int, tabs: int) -> dict[
     return out
 
 
-def serve(encoding: str, hibernated: bool, tabs: int, trace: bool, http: str) -> dict[str, Any]:
+def serve(
+    encoding: str, hibernated: bool, tabs: int, trace: bool, http: str, window_log: int | None = None
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="lith-bench-memory-") as folder:
         env = {"MEMORY_SERVER": "1", "COUNTER_DB": str(Path(folder) / "counter.db"),
-               "MEMORY_HIBERNATE": "1" if hibernated else "3600", "MEMORY_TRACE": "1" if trace else "0"}
+               "MEMORY_HIBERNATE": "1" if hibernated else "3600", "MEMORY_TRACE": "1" if trace else "0",
+               "MEMORY_ZSTD_WINDOW_LOG": "" if window_log is None else str(window_log)}
         with MemoryServer("bench.memory:app", env=env, access_log=False, http=http, ready="/") as server:
             result: dict[str, Any] = client.run(one_figure(server.port, tabs, encoding, hibernated, trace))
             return result
@@ -217,6 +227,8 @@ def arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--tabs", type=int, nargs="+", default=[1_000, 5_000, 10_000])
     ap.add_argument("--layers", action="store_true", help="also tracemalloc's breakdown by package, at 1,000 tabs")
     ap.add_argument("--http", default="httptools", choices=("httptools", "h11"))
+    ap.add_argument("--zstd-window-log", type=int, default=None,
+                    help="serve zstd with this fixed window (Lith(zstd_window_log=N)) instead of a sized one")
 
 
 def measure(args: argparse.Namespace) -> harness.Result:
@@ -226,13 +238,14 @@ def measure(args: argparse.Namespace) -> harness.Result:
         raise SystemExit(f"{max(counts)} tabs need about {max(counts) + WARM + 500} files a process; "
                          f"the limit is {limit}")
     figures: dict[str, float] = {}
+    window = "sized from the first write" if args.zstd_window_log is None else f"2^{args.zstd_window_log}"
     lines = [f"Server RSS growth per tab, KiB (tasks per tab), the counter example, uvicorn --http {args.http}; "
-             f"file limit {limit}:\n",
+             f"zstd's window {window}; file limit {limit}:\n",
              "| tabs | " + " | ".join(name(*case) for case in CASES) + " |", "|---:|" + "---:|" * len(CASES)]
     for tabs in counts:
         row = [number(tabs)]
         for encoding, hibernated in CASES:
-            got = serve(encoding, hibernated, tabs, False, args.http)
+            got = serve(encoding, hibernated, tabs, False, args.http, args.zstd_window_log)
             assert got["streams"] == tabs, got
             figures[f"{encoding}_{'hibernated' if hibernated else 'awake'}_{tabs}_kib"] = got["kib"]
             row.append(f"{got['kib']:.1f} ({got['tasks']:.2f})")
@@ -241,7 +254,8 @@ def measure(args: argparse.Namespace) -> harness.Result:
         tabs = 50 if args.smoke else 1_000
         lines += ["", f"By layer, KiB per tab at {number(tabs)} tabs (tracemalloc in the server):\n",
                   "| layer | identity | zstd awake |", "|---|---:|---:|"]
-        traced = {enc: serve(enc, False, tabs, True, args.http)["layers"] for enc in ("identity", "zstd")}
+        traced = {enc: serve(enc, False, tabs, True, args.http, args.zstd_window_log)["layers"]
+                  for enc in ("identity", "zstd")}
         for layer in (*LAYERS, "outside Python"):
             lines.append(f"| {layer} | {traced['identity'][layer]:.1f} | {traced['zstd'][layer]:.1f} |")
             for enc in ("identity", "zstd"):

@@ -296,6 +296,26 @@ async def test_accounts_sum_their_open_accounts_and_keep_a_closed_ones_counts(tm
     assert metrics.value("lith_accounts_closed_total") == 2  # the last one closed with the pool
 
 
+async def test_what_a_stream_took_after_the_last_sample_is_counted_when_the_app_stops(tmp_path: Path) -> None:
+    """The stop's last sample reads the hub it can no longer reach through the engine."""
+    migrations = tmp_path / "migrations"
+    migrations.mkdir()
+    (migrations / "0001_counter.sql").write_text(
+        "CREATE TABLE counter (id INTEGER PRIMARY KEY, count INTEGER NOT NULL); INSERT INTO counter VALUES (1, 0);"
+    )
+    lith = Lith(tmp_path / "app.db", migrations=migrations)
+    lith.view("counter", topics={"counter"})(lambda db: h.p("#counter")[db.scalar("SELECT count FROM counter")])
+    metrics = lith.metrics
+    async with Tabs(lith) as tabs:
+        tab = await tabs.open("counter")  # its first frame read
+        metrics.sample()
+        assert metrics.value("lith_stream_frames_total") == 1
+        await tabs.do(Bump())
+        await tabs.tick()
+        assert len(tab.read()) == 1  # taken after the sample: only the stop's counts it
+    assert metrics.value("lith_stream_frames_total") == 2
+
+
 class Bump(Command):
     def apply(self, tx: Tx) -> None:
         tx.execute("UPDATE counter SET count = count + 1 WHERE id = 1")
@@ -452,6 +472,38 @@ async def test_a_replica_shows_its_restarts_its_lag_and_its_last_check(
         return (await scraped()).get("lith_replica_restarts_total") == 1
 
     await until(restarted)
+
+
+async def test_the_replica_lag_grows_while_litestream_is_stopped_and_falls_once_it_catches_up(
+    app_server: Callable[..., InProcessServer], tmp_path: Path, client: httpx.AsyncClient
+) -> None:
+    """The lag is how far the database's newest write is ahead of what Litestream has taken:
+    under a second once it has synced, growing with each write while it is stopped."""
+    env = {"APP_DB": str(tmp_path / "app.db"), "APP_REPLICA": f"file://{tmp_path / 'replica'}", "APP_SYNC": "1"}
+    server = app_server("replicaapp:app", env=env)
+
+    async def lag() -> float:
+        return Scrape((await client.get(f"{server.url}/lith/metrics")).text).get("lith_replica_lag_seconds")
+
+    async def append() -> None:
+        assert (await client.post(f"{server.url}/append", json={})).status_code == 200
+
+    async def caught_up() -> bool:
+        return 0 <= await lag() < 1  # NaN until Litestream has taken the first write
+
+    await append()
+    await until(caught_up, timeout=60)
+    litestream = (await client.get(f"{server.url}/health")).json()["litestream_pid"]
+    os.kill(litestream, signal.SIGSTOP)
+    try:
+        async def behind() -> bool:
+            await append()
+            return await lag() >= 2
+
+        await until(behind, timeout=60)
+    finally:
+        os.kill(litestream, signal.SIGCONT)
+    await until(caught_up, timeout=60)
 
 
 async def test_a_repeat_of_a_refused_command_is_failed_and_repeated_and_not_committed(tmp_path: Path) -> None:
