@@ -158,7 +158,8 @@ async def test_a_scrape_under_load_counts_what_the_writer_and_the_streams_did(
     app_server: Callable[..., InProcessServer], tmp_path: Path, client: httpx.AsyncClient
 ) -> None:
     server = app_server(APP, env=settings(tmp_path / "app.db"))
-    tabs = [await Tab(server.url, encoding).open(client) for encoding in ("zstd", "gzip", "br", "identity")]
+    encodings = ("zstd", "zstd", "gzip", "br", "identity")
+    tabs = [await Tab(server.url, encoding).open(client) for encoding in encodings]
     sent = 600
     before: Scrape | None = None
 
@@ -193,8 +194,8 @@ async def test_a_scrape_under_load_counts_what_the_writer_and_the_streams_did(
     assert last.get("lith_hub_renders_total", view="counter") >= 1
     assert last.get("lith_hub_render_seconds_count", view="counter") == last.get("lith_hub_renders_total", view="counter")
     assert last.get("lith_hub_ticks_total") == last.get("lith_hub_tick_seconds_count") >= 1
-    for encoding in ("zstd", "gzip", "br", "identity"):
-        assert last.get("lith_streams_open", state="awake", encoding=encoding) == 1
+    for encoding in set(encodings):
+        assert last.get("lith_streams_open", state="awake", encoding=encoding) == encodings.count(encoding)
     assert last.total("lith_streams_open") == len(tabs)
     assert last.get("lith_stream_frames_total") >= 2 * len(tabs)  # each tab's first two frames
     assert last.get("lith_stream_bytes_total", stage="sent") > 0
@@ -203,6 +204,21 @@ async def test_a_scrape_under_load_counts_what_the_writer_and_the_streams_did(
     assert last.get("process_resident_memory_bytes") > 0
     for tab in tabs:
         tab.close()
+
+
+async def test_an_idle_zstd_stream_is_counted_as_hibernated(
+    app_server: Callable[..., InProcessServer], tmp_path: Path, client: httpx.AsyncClient
+) -> None:
+    server = app_server(APP, env=settings(tmp_path / "app.db", METRICS_HIBERNATE_AFTER="0.2"))
+    tab = await Tab(server.url, "zstd").open(client)
+
+    async def asleep() -> Scrape | None:
+        now = await scrape(client, server.url)
+        return now if now.get("lith_streams_open", state="hibernated", encoding="zstd") == 1 else None
+
+    last: Scrape = await until(asleep)
+    assert last.get("lith_streams_open", state="awake", encoding="zstd") == 0
+    tab.close()
 
 
 async def test_the_route_answers_only_the_apps_operator(
@@ -308,12 +324,18 @@ async def test_what_a_stream_took_after_the_last_sample_is_counted_when_the_app_
     metrics = lith.metrics
     async with Tabs(lith) as tabs:
         tab = await tabs.open("counter")  # its first frame read
+        await tabs.open("counter")  # a slow tab: it reads nothing more
         metrics.sample()
-        assert metrics.value("lith_stream_frames_total") == 1
-        await tabs.do(Bump())
-        await tabs.tick()
-        assert len(tab.read()) == 1  # taken after the sample: only the stop's counts it
-    assert metrics.value("lith_stream_frames_total") == 2
+        assert metrics.value("lith_stream_frames_total") == 2
+        # Streams without HTTP hold no compressor: awake, identity, and no encoder memory.
+        assert metrics.value("lith_streams_open", state="awake", encoding="identity") == 2
+        assert metrics.value("lith_stream_encoder_bytes") == 0
+        for _ in range(2):  # the slow tab reads neither: the second replaces the first
+            await tabs.do(Bump())
+            await tabs.tick()
+            assert len(tab.read()) == 1  # taken after the sample: only the stop's counts it
+    assert metrics.value("lith_stream_frames_total") == 4
+    assert metrics.value("lith_stream_frames_superseded_total") == 1
 
 
 class Bump(Command):
@@ -391,9 +413,13 @@ async def test_failed_repeated_and_render_errors_are_counted_apart(tmp_path: Pat
     def broken(db: Db, n: int) -> str:
         raise RuntimeError("a bug in a view")
 
+    @lith.view("also-broken", topics={"counter"})
+    def also_broken(db: Db) -> str:
+        raise RuntimeError("a bug in another view")
+
     metrics = lith.metrics
     async with Tabs(lith) as tabs:
-        tab = await tabs.open("broken/1", "broken/2")
+        tab = await tabs.open("broken/1", "broken/2", "also-broken")
         await tab.do(Refuse(tab=tab.id, op=1))
         with pytest.raises(Rejected):
             await tab.do(Refuse(tab=tab.id, op=2))
@@ -406,6 +432,8 @@ async def test_failed_repeated_and_render_errors_are_counted_apart(tmp_path: Pat
         # Two instances of one view: one series, by its pattern.
         assert metrics.value("lith_hub_render_errors_total", view="broken/{n}") == 2
         assert metrics.value("lith_hub_renders_total", view="broken/{n}") == 2
+        assert metrics.value("lith_hub_render_errors_total", view="also-broken") == 1
+        assert metrics.value("lith_hub_renders_total", view="also-broken") == 1
         assert metrics.value("lith_hub_render_errors_total", view="broken/1") is None
 
 
