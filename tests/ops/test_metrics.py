@@ -566,6 +566,19 @@ async def test_a_repeat_of_a_refused_command_is_failed_and_repeated_and_not_comm
         await until(remembered)
 
 
+def test_a_metrics_folder_named_after_prometheus_client_was_imported_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """prometheus-client chose where its values live when this process imported it: a folder
+    named now would show one process of several, so it is refused, saying when to set it."""
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    lith = Lith(tmp_path / "app.db")
+    said = (r"PROMETHEUS_MULTIPROC_DIR was set after prometheus_client was imported: set it before the app "
+            r"starts \(in the service's environment\), so every process writes its values there$")
+    with pytest.raises(SettingError, match=said):
+        lith.metrics  # noqa: B018 - made at its first use
+
+
 @pytest.mark.parametrize("include", [{}, {"dependencies": []}])
 async def test_a_scrape_mounted_without_a_guard_is_refused_at_start_up(tmp_path: Path, include: dict[str, Any]) -> None:
     lith = Lith(tmp_path / "app.db")
