@@ -481,6 +481,30 @@ async def test_the_feed_between_two_processes_counts_its_lag_and_its_gaps(tmp_pa
         assert metrics.value("lith_feed_notify_seconds_count") is None  # NOTIFY is PostgreSQL's
 
 
+async def test_a_postgresql_feed_counts_how_late_each_notify_arrived(tmp_path: Path, pg_url: str) -> None:
+    folder = tmp_path / "migrations" / "postgres"
+    folder.mkdir(parents=True)
+    (folder / "0001_counter.sql").write_text(
+        "CREATE TABLE counter (id INTEGER PRIMARY KEY, count INTEGER NOT NULL); INSERT INTO counter VALUES (1, 0);"
+    )
+    # Two Liths on one database stand for two processes, as on SQLite above.
+    a, b = Lith(pg_url, migrations=folder.parent), Lith(pg_url, migrations=folder.parent)
+    b.view("counter", topics={"counter"})(lambda db: h.p("#counter")[db.scalar("SELECT count FROM counter")])
+    metrics = b.metrics
+    async with Tabs(a) as tabs_a, Tabs(b) as tabs_b:
+        await tabs_b.open("counter")
+        await tabs_a.do(Bump())
+
+        async def heard() -> bool:
+            await tabs_b.tick()
+            metrics.sample()
+            return metrics.value("lith_feed_notify_seconds_count") == 1
+
+        await until(heard)
+        assert metrics.value("lith_feed_poll_lag_seconds_count") == 1
+        assert 0 <= metrics.value("lith_feed_notify_seconds_sum") <= metrics.value("lith_feed_poll_lag_seconds_sum")
+
+
 async def test_a_replica_shows_its_restarts_its_lag_and_its_last_check(
     app_server: Callable[..., InProcessServer], tmp_path: Path, client: httpx.AsyncClient
 ) -> None:
