@@ -173,6 +173,7 @@ async def test_a_scrape_under_load_counts_what_the_writer_and_the_streams_did(
     while not load.done() or scrapes < 3:  # scraped while the commands land
         now = await scrape(client, server.url)
         now.check(before)
+        assert now.get("lith_writer_queue_depth") >= 0
         before, scrapes = now, scrapes + 1
     await load
 
@@ -338,6 +339,8 @@ async def test_what_a_stream_took_after_the_last_sample_is_counted_when_the_app_
         assert metrics.value("lith_stream_encoder_bytes") == 0
         for _ in range(2):  # the slow tab reads neither: the second replaces the first
             await tabs.do(Bump())
+            metrics.sample()
+            assert metrics.value("lith_hub_dirty_instances") == 1  # committed, not rendered yet
             await tabs.tick()
             assert len(tab.read()) == 1  # taken after the sample: only the stop's counts it
     assert metrics.value("lith_stream_frames_total") == 4
