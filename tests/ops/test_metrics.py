@@ -147,6 +147,18 @@ async def tabs_on_both(server: Server, client: httpx.AsyncClient) -> list[Tab]:
     raise AssertionError("every stream landed in one process")
 
 
+COUNTER = "CREATE TABLE counter (id INTEGER PRIMARY KEY, count INTEGER NOT NULL); INSERT INTO counter VALUES (1, 0);"
+
+
+@pytest.fixture
+def migrations(tmp_path: Path) -> Path:
+    """A migrations folder of one table, `counter`, for the apps the tests build in process."""
+    folder = tmp_path / "migrations"
+    folder.mkdir()
+    (folder / "0001_counter.sql").write_text(COUNTER)
+    return folder
+
+
 @pytest.fixture
 async def client() -> Any:
     limits = httpx.Limits(max_connections=None)
@@ -289,12 +301,7 @@ async def test_two_workers_one_scrape_sums_both_processes(
         tab.close()
 
 
-async def test_accounts_sum_their_open_accounts_and_keep_a_closed_ones_counts(tmp_path: Path) -> None:
-    migrations = tmp_path / "migrations"
-    migrations.mkdir()
-    (migrations / "0001_counter.sql").write_text(
-        "CREATE TABLE counter (id INTEGER PRIMARY KEY, count INTEGER NOT NULL); INSERT INTO counter VALUES (1, 0);"
-    )
+async def test_accounts_sum_their_open_accounts_and_keep_a_closed_ones_counts(tmp_path: Path, migrations: Path) -> None:
     accounts = Accounts(tmp_path / "accounts", migrations=migrations)
     metrics = accounts.metrics  # before serving: the sampler runs with the accounts
     async with accounts.serve():
@@ -319,13 +326,8 @@ async def test_accounts_sum_their_open_accounts_and_keep_a_closed_ones_counts(tm
     assert metrics.value("lith_accounts_closed_total") == 2  # the last one closed with the pool
 
 
-async def test_what_a_stream_took_after_the_last_sample_is_counted_when_the_app_stops(tmp_path: Path) -> None:
+async def test_what_a_stream_took_after_the_last_sample_is_counted_when_the_app_stops(tmp_path: Path, migrations: Path) -> None:
     """The stop's last sample reads the hub it can no longer reach through the engine."""
-    migrations = tmp_path / "migrations"
-    migrations.mkdir()
-    (migrations / "0001_counter.sql").write_text(
-        "CREATE TABLE counter (id INTEGER PRIMARY KEY, count INTEGER NOT NULL); INSERT INTO counter VALUES (1, 0);"
-    )
     lith = Lith(tmp_path / "app.db", migrations=migrations)
     lith.view("counter", topics={"counter"})(lambda db: h.p("#counter")[db.scalar("SELECT count FROM counter")])
     metrics = lith.metrics
@@ -410,12 +412,7 @@ async def test_the_docs_app_serves_its_metrics_to_the_token_only(
     tab.close()
 
 
-async def test_failed_repeated_and_render_errors_are_counted_apart(tmp_path: Path) -> None:
-    migrations = tmp_path / "migrations"
-    migrations.mkdir()
-    (migrations / "0001_counter.sql").write_text(
-        "CREATE TABLE counter (id INTEGER PRIMARY KEY, count INTEGER NOT NULL); INSERT INTO counter VALUES (1, 0);"
-    )
+async def test_failed_repeated_and_render_errors_are_counted_apart(tmp_path: Path, migrations: Path) -> None:
     lith = Lith(tmp_path / "app.db", migrations=migrations)
 
     @lith.view("broken/{n}", topics={"counter"})
@@ -455,12 +452,7 @@ class Refuse(TabCommand):
         tx.execute("UPDATE counter SET count = count + 1 WHERE id = 1")
 
 
-async def test_the_feed_between_two_processes_counts_its_lag_and_its_gaps(tmp_path: Path) -> None:
-    migrations = tmp_path / "migrations"
-    migrations.mkdir()
-    (migrations / "0001_counter.sql").write_text(
-        "CREATE TABLE counter (id INTEGER PRIMARY KEY, count INTEGER NOT NULL); INSERT INTO counter VALUES (1, 0);"
-    )
+async def test_the_feed_between_two_processes_counts_its_lag_and_its_gaps(tmp_path: Path, migrations: Path) -> None:
     db = tmp_path / "app.db"
     # Two Liths on one file stand for two processes (tests/engine/test_feed.py says how).
     a = Lith(db, migrations=migrations, feed=SqliteFeed(db, keep=4, prune_every=2))
@@ -484,14 +476,11 @@ async def test_the_feed_between_two_processes_counts_its_lag_and_its_gaps(tmp_pa
         assert metrics.value("lith_feed_notify_seconds_count") is None  # NOTIFY is PostgreSQL's
 
 
-async def test_a_postgresql_feed_counts_how_late_each_notify_arrived(tmp_path: Path, pg_url: str) -> None:
-    folder = tmp_path / "migrations" / "postgres"
-    folder.mkdir(parents=True)
-    (folder / "0001_counter.sql").write_text(
-        "CREATE TABLE counter (id INTEGER PRIMARY KEY, count INTEGER NOT NULL); INSERT INTO counter VALUES (1, 0);"
-    )
+async def test_a_postgresql_feed_counts_how_late_each_notify_arrived(migrations: Path, pg_url: str) -> None:
+    (migrations / "postgres").mkdir()
+    (migrations / "postgres" / "0001_counter.sql").write_text(COUNTER)
     # Two Liths on one database stand for two processes, as on SQLite above.
-    a, b = Lith(pg_url, migrations=folder.parent), Lith(pg_url, migrations=folder.parent)
+    a, b = Lith(pg_url, migrations=migrations), Lith(pg_url, migrations=migrations)
     b.view("counter", topics={"counter"})(lambda db: h.p("#counter")[db.scalar("SELECT count FROM counter")])
     metrics = b.metrics
     async with Tabs(a) as tabs_a, Tabs(b) as tabs_b:
@@ -568,12 +557,7 @@ async def test_the_replica_lag_grows_while_litestream_is_stopped_and_falls_once_
     await until(caught_up, timeout=60)
 
 
-async def test_a_repeat_of_a_refused_command_is_failed_and_repeated_and_not_committed(tmp_path: Path) -> None:
-    migrations = tmp_path / "migrations"
-    migrations.mkdir()
-    (migrations / "0001_counter.sql").write_text(
-        "CREATE TABLE counter (id INTEGER PRIMARY KEY, count INTEGER NOT NULL); INSERT INTO counter VALUES (1, 0);"
-    )
+async def test_a_repeat_of_a_refused_command_is_failed_and_repeated_and_not_committed(tmp_path: Path, migrations: Path) -> None:
     lith = Lith(tmp_path / "app.db", migrations=migrations)
     metrics = lith.metrics
     async with Tabs(lith) as tabs:
