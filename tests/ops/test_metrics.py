@@ -13,6 +13,7 @@ import math
 import os
 import re
 import signal
+import sqlite3
 import sys
 import time
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from fastapi_lith.testing import Tabs
 from tests.support import CHILD_HANG_LIMIT, REPO, SUPPORT, until
 from tests.support.browser import Server
 from tests.support.inprocess import InProcessServer
+from tests.support.orphan import Orphan, add_orphan_tables
 
 APP = "metricsapp:app"
 OPERATOR = {"X-Operator": "yes"}
@@ -441,6 +443,23 @@ async def test_failed_repeated_and_render_errors_are_counted_apart(tmp_path: Pat
         assert metrics.value("lith_hub_render_errors_total", view="also-broken") == 1
         assert metrics.value("lith_hub_renders_total", view="also-broken") == 1
         assert metrics.value("lith_hub_render_errors_total", view="broken/1") is None
+
+
+async def test_a_batch_whose_commit_failed_counts_its_commands_failed_and_no_others(
+    tmp_path: Path, migrations: Path
+) -> None:
+    add_orphan_tables(tmp_path / "app.db")
+    lith = Lith(tmp_path / "app.db", migrations=migrations)
+    metrics = lith.metrics
+    async with Tabs(lith) as tabs:
+        await tabs.do(Bump())
+        with pytest.raises(sqlite3.IntegrityError):  # the deferred foreign key, checked at COMMIT
+            await tabs.do(Orphan())
+        metrics.sample()
+        assert metrics.value("lith_writer_commands_total", result="committed") == 1
+        assert metrics.value("lith_writer_commands_total", result="failed") == 1
+        assert metrics.value("lith_writer_batches_total", result="committed") == 1
+        assert metrics.value("lith_writer_batches_total", result="failed") == 1
 
 
 class Refuse(TabCommand):
