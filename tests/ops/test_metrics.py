@@ -462,6 +462,34 @@ async def test_a_batch_whose_commit_failed_counts_its_commands_failed_and_no_oth
         assert metrics.value("lith_writer_batches_total", result="failed") == 1
 
 
+async def test_the_busy_ratio_is_the_share_of_the_time_the_writer_spent_on_batches(
+    tmp_path: Path, migrations: Path
+) -> None:
+    lith = Lith(tmp_path / "app.db", migrations=migrations)
+    metrics = lith.metrics
+    async with Tabs(lith) as tabs:
+
+        async def busy() -> bool:  # the writer's thread held most of the time: the sampler sees it
+            await tabs.do(Hold(seconds=0.2))
+            return (metrics.value("lith_writer_busy_ratio") or 0) >= 0.5
+
+        async def idle() -> bool:  # a sample over a second without a batch
+            return metrics.value("lith_writer_busy_ratio") == 0
+
+        await until(busy)
+        assert metrics.value("lith_writer_busy_ratio") <= 1
+        await until(idle)
+
+
+class Hold(Command):
+    """Holds the writer's thread, as a slow batch does."""
+
+    seconds: float
+
+    def apply(self, tx: Tx) -> None:
+        time.sleep(self.seconds)
+
+
 class Refuse(TabCommand):
     """Applies once, refuses its second op: a command of each result."""
 
