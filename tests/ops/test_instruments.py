@@ -1,7 +1,8 @@
-"""The names an operator's dashboard reads are the ones docs/metrics.md lists, each of its type.
+"""The names an operator's dashboard reads are the ones docs/metrics.md lists, each of its type
+and with its labels.
 
 The table in "The names" is what an operator writes alerts and queries against: a metric the
-app exposes under another name or type, or one the page leaves out, is a broken promise either
+app exposes under another name, type or labels, or one the page leaves out, is a broken promise either
 way. Every instrument exists here: the replica's, the accounts' and the NOTIFY histogram too.
 """
 
@@ -9,34 +10,58 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from prometheus_client import CollectorRegistry
+from prometheus_client.metrics import MetricWrapperBase
 
 from fastapi_lith.ops.instruments import Instruments
 from tests.support import REPO
 
-# A row of the table: the names (each in backquotes, a `{labels}` suffix left off), then the type.
+# A row of the table: the names (each in backquotes), then the type.
 ROW = re.compile(r"^\| (?P<names>`[^|]+`) \| (?P<type>counter|gauge|histogram) \|", re.MULTILINE)
+NAME = re.compile(r"`(?P<name>[a-z_]+)(?:\{(?P<labels>[^}]*)\})?`")
 
 
-def documented() -> dict[str, str]:
+def documented() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Each name of the table: its type and its labels (`{state, encoding}`)."""
     text = (REPO / "docs" / "metrics.md").read_text()
     table = text.split("## The names", 1)[1].split("\n\n", 2)[1]
-    names: dict[str, str] = {}
+    names: dict[str, tuple[str, tuple[str, ...]]] = {}
     for row in ROW.finditer(table):
-        for name in re.findall(r"`([a-z_]+)(?:\{[^}]*\})?`", row["names"]):
-            names[name] = row["type"]
+        for name in NAME.finditer(row["names"]):
+            labels = tuple(label.strip() for label in (name["labels"] or "").split(",") if label.strip())
+            names[name["name"]] = (row["type"], labels)
     return names
 
 
-def exposed() -> dict[str, str]:
-    registry = CollectorRegistry()
-    Instruments(registry, replica=True, pool=True).notify()
-    # prometheus-client names a counter's family without its `_total`; the scrape has it.
-    return {f.name + ("_total" if f.type == "counter" else ""): f.type for f in registry.collect()}
+def instruments() -> dict[str, MetricWrapperBase]:
+    """Every instrument, the replica's, the accounts' and NOTIFY's too, by its name in a scrape."""
+    made = Instruments(CollectorRegistry(), replica=True, pool=True)
+    made.notify()
+    by_name: dict[str, MetricWrapperBase] = {}
+    for metric in vars(made).values():
+        if isinstance(metric, MetricWrapperBase):
+            family = metric.describe()[0]  # a counter's family is named without its `_total`
+            by_name[family.name + ("_total" if family.type == "counter" else "")] = metric
+    return by_name
 
 
 def test_every_metric_is_documented_under_its_name_and_type() -> None:
-    assert documented() == exposed()
+    made = instruments()
+    assert {name: kind for name, (kind, _) in documented().items()} == {
+        name: metric.describe()[0].type for name, metric in made.items()
+    }
+
+
+@pytest.mark.parametrize("name", sorted(documented()))
+def test_each_metric_takes_the_labels_the_docs_give_it(name: str) -> None:
+    metric = instruments()[name]
+    labels = documented()[name][1]
+    if labels:
+        metric.labels(**dict.fromkeys(labels, "x"))  # ValueError unless these are its label names
+    else:
+        with pytest.raises(ValueError, match="No label names"):
+            metric.labels()
 
 
 def test_a_batch_size_is_counted_in_powers_of_two_up_to_the_largest_batch() -> None:
