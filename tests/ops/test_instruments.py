@@ -2,8 +2,9 @@
 and with its labels.
 
 The table in "The names" is what an operator writes alerts and queries against: a metric the
-app exposes under another name, type or labels, or one the page leaves out, is a broken promise either
-way. Every instrument exists here: the replica's, the accounts' and the NOTIFY histogram too.
+app exposes under another name, type or labels, or one the page leaves out, is a broken promise
+either way. Every instrument exists here: the replica's, the accounts' and the NOTIFY histogram
+too.
 """
 
 from __future__ import annotations
