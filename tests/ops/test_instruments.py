@@ -66,6 +66,17 @@ def test_each_metric_takes_the_labels_the_docs_give_it(name: str) -> None:
             metric.labels()
 
 
+def test_each_metric_says_what_it_counts_in_one_sentence() -> None:
+    """A scrape's `# HELP` line, what Prometheus and Grafana show beside the name: a sentence
+    (a capital or a number first, a period last), never empty, never shouted."""
+    registry = CollectorRegistry()
+    Instruments(registry, replica=True, pool=True).notify()
+    for family in registry.collect():
+        text = family.documentation
+        assert text[:1].isupper() or text[:1].isdigit(), (family.name, text)
+        assert text.endswith(".") and text != text.upper(), (family.name, text)
+
+
 def test_a_batch_size_is_counted_in_powers_of_two_up_to_the_largest_batch() -> None:
     """docs/metrics.md: "buckets 1, 2, 4 .. 512", and a batch holds at most 512 commands."""
     registry = CollectorRegistry()
