@@ -572,6 +572,7 @@ async def test_a_replica_shows_its_restarts_its_lag_and_its_last_check(
     await until(restarted)
 
 
+@pytest.mark.timeout(60)  # it waits on Litestream's syncs and on the lag's sample, every SLOW_EVERY
 async def test_the_replica_lag_grows_while_litestream_is_stopped_and_falls_once_it_catches_up(
     app_server: Callable[..., InProcessServer], tmp_path: Path, client: httpx.AsyncClient
 ) -> None:
