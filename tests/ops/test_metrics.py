@@ -481,6 +481,25 @@ async def test_the_busy_ratio_is_the_share_of_the_time_the_writer_spent_on_batch
         await until(idle)
 
 
+async def test_a_stream_ended_at_its_send_timeout_is_counted(tmp_path: Path) -> None:
+    from sse_starlette.sse import SendTimeoutError
+
+    from tests.engine.test_hub import Add, make_lith
+    from tests.engine.test_streams import board_exchange
+
+    lith, _ = make_lith(tmp_path)
+    lith.send_timeout = 0.2
+    metrics = lith.metrics
+    async with lith.lifespan():
+        _, exchange = await board_exchange(lith)
+        exchange.stall = True  # the client stops reading
+        await lith.writer.do(Add())
+        with pytest.raises(SendTimeoutError):
+            await asyncio.wait_for(exchange.task, 10)
+        metrics.sample()
+        assert metrics.value("lith_stream_send_timeouts_total") == 1
+
+
 class Hold(Command):
     """Holds the writer's thread, as a slow batch does."""
 
