@@ -9,11 +9,13 @@ too.
 
 from __future__ import annotations
 
+import functools
 import re
 
 import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.metrics_core import Metric
 
 from fastapi_lith.ops.instruments import Instruments
 from tests.support import REPO
@@ -23,6 +25,7 @@ ROW = re.compile(r"^\| (?P<names>`[^|]+`) \| (?P<type>counter|gauge|histogram) \
 NAME = re.compile(r"`(?P<name>[a-z_]+)(?:\{(?P<labels>[^}]*)\})?`")
 
 
+@functools.cache
 def documented() -> dict[str, tuple[str, tuple[str, ...]]]:
     """Each name of the table: its type and its labels (`{state, encoding}`)."""
     text = (REPO / "docs" / "metrics.md").read_text()
@@ -35,29 +38,30 @@ def documented() -> dict[str, tuple[str, tuple[str, ...]]]:
     return names
 
 
-def instruments() -> dict[str, MetricWrapperBase]:
-    """Every instrument, the replica's, the accounts' and NOTIFY's too, by its name in a scrape."""
-    made = Instruments(CollectorRegistry(), replica=True, pool=True)
+def every_instrument() -> tuple[CollectorRegistry, Instruments]:
+    """Every instrument, the replica's, the accounts' and NOTIFY's too, in the registry a scrape reads."""
+    registry = CollectorRegistry()
+    made = Instruments(registry, replica=True, pool=True)
     made.notify()
-    by_name: dict[str, MetricWrapperBase] = {}
-    for metric in vars(made).values():
-        if isinstance(metric, MetricWrapperBase):
-            family = metric.describe()[0]  # a counter's family is named without its `_total`
-            by_name[family.name + ("_total" if family.type == "counter" else "")] = metric
-    return by_name
+    return registry, made
+
+
+def scraped_name(family: Metric) -> str:
+    """The name a scrape shows: prometheus-client names a counter's family without its `_total`."""
+    return family.name + ("_total" if family.type == "counter" else "")
 
 
 def test_every_metric_is_documented_under_its_name_and_type() -> None:
-    """What a scrape of the app's registry names, counters with their `_total`."""
-    registry = CollectorRegistry()
-    Instruments(registry, replica=True, pool=True).notify()
-    scraped = {f.name + ("_total" if f.type == "counter" else ""): f.type for f in registry.collect()}
+    registry, _ = every_instrument()
+    scraped = {scraped_name(family): family.type for family in registry.collect()}
     assert {name: kind for name, (kind, _) in documented().items()} == scraped
 
 
 @pytest.mark.parametrize("name", sorted(documented()))
 def test_each_metric_takes_the_labels_the_docs_give_it(name: str) -> None:
-    metric = instruments()[name]
+    _, made = every_instrument()
+    metrics = [m for m in vars(made).values() if isinstance(m, MetricWrapperBase)]
+    (metric,) = [m for m in metrics if scraped_name(m.describe()[0]) == name]
     labels = documented()[name][1]
     if labels:
         metric.labels(**dict.fromkeys(labels, "x"))  # ValueError unless these are its label names
@@ -69,8 +73,7 @@ def test_each_metric_takes_the_labels_the_docs_give_it(name: str) -> None:
 def test_each_metric_says_what_it_counts_in_one_sentence() -> None:
     """A scrape's `# HELP` line, what Prometheus and Grafana show beside the name: a sentence
     (a capital or a number first, a period last), never empty, never shouted."""
-    registry = CollectorRegistry()
-    Instruments(registry, replica=True, pool=True).notify()
+    registry, _ = every_instrument()
     for family in registry.collect():
         text = family.documentation
         assert text[:1].isupper() or text[:1].isdigit(), (family.name, text)

@@ -152,6 +152,10 @@ async def tabs_on_both(server: Server, client: httpx.AsyncClient) -> list[Tab]:
 COUNTER = "CREATE TABLE counter (id INTEGER PRIMARY KEY, count INTEGER NOT NULL); INSERT INTO counter VALUES (1, 0);"
 
 
+def counter_view(db: Db) -> h.Element:
+    return h.p("#counter")[db.scalar("SELECT count FROM counter")]
+
+
 @pytest.fixture
 def migrations(tmp_path: Path) -> Path:
     """A migrations folder of one table, `counter`, for the apps the tests build in process."""
@@ -331,7 +335,7 @@ async def test_accounts_sum_their_open_accounts_and_keep_a_closed_ones_counts(tm
 async def test_what_a_stream_took_after_the_last_sample_is_counted_when_the_app_stops(tmp_path: Path, migrations: Path) -> None:
     """The stop's last sample reads the hub it can no longer reach through the engine."""
     lith = Lith(tmp_path / "app.db", migrations=migrations)
-    lith.view("counter", topics={"counter"})(lambda db: h.p("#counter")[db.scalar("SELECT count FROM counter")])
+    lith.view("counter", topics={"counter"})(counter_view)
     metrics = lith.metrics
     async with Tabs(lith) as tabs:
         tab = await tabs.open("counter")  # its first frame read
@@ -523,7 +527,7 @@ async def test_the_feed_between_two_processes_counts_its_lag_and_its_gaps(tmp_pa
     # Two Liths on one file stand for two processes (tests/engine/test_feed.py says how).
     a = Lith(db, migrations=migrations, feed=SqliteFeed(db, keep=4, prune_every=2))
     b = Lith(db, migrations=migrations)
-    b.view("counter", topics={"counter"})(lambda db: h.p("#counter")[db.scalar("SELECT count FROM counter")])
+    b.view("counter", topics={"counter"})(counter_view)
     metrics = b.metrics
     async with Tabs(a) as tabs_a, Tabs(b) as tabs_b:
         await tabs_b.open("counter")
@@ -547,7 +551,7 @@ async def test_a_postgresql_feed_counts_how_late_each_notify_arrived(migrations:
     (migrations / "postgres" / "0001_counter.sql").write_text(COUNTER)
     # Two Liths on one database stand for two processes, as on SQLite above.
     a, b = Lith(pg_url, migrations=migrations), Lith(pg_url, migrations=migrations)
-    b.view("counter", topics={"counter"})(lambda db: h.p("#counter")[db.scalar("SELECT count FROM counter")])
+    b.view("counter", topics={"counter"})(counter_view)
     metrics = b.metrics
     async with Tabs(a) as tabs_a, Tabs(b) as tabs_b:
         await tabs_b.open("counter")
