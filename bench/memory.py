@@ -5,12 +5,12 @@ tab) under uvicorn with the deploy's flags, and N real streams from a raw asynci
 uvloop in this process (bench/lib/client.py), each read until its first frames arrived. A
 fresh server per figure: its RSS after a warm-up (a few hundred streams opened and closed, so
 the allocators hold what a stream needs) is the baseline, its RSS with N tabs open the figure.
-New streams first reuse what the warm-up freed, so a figure at 1,000 tabs reads several KiB
-low; at 10,000 that is a tenth as much.
+What the warm-up freed is handed back to the system before the baseline (`malloc_trim`), so
+new streams find no free memory to reuse and every checkout starts alike.
 
   awake       the tabs' encoders hold their compressors (hibernate_after longer than the run)
   hibernated  zstd only: every stream idle past a short hibernate_after, its compressor freed
-              (identity keeps nothing to free)
+              and the memory handed back to the system (identity keeps nothing to free)
 
 `--zstd-window-log N` serves every zstd stream with the app's `Lith(zstd_window_log=N)` instead
 of a window sized from the first write: what a page of one small view (a status line, a
@@ -56,6 +56,7 @@ LAYERS = ("uvicorn", "asyncio", "anyio", "starlette", "fastapi", "sse_starlette"
 def make_app() -> Any:
     """The server's app, in the server process only (MEMORY_SERVER set): the counter example
     with the run's hibernate_after and a probe at /bench/memory."""
+    import ctypes
     import tracemalloc
 
     from examples.counter.app import app, lith
@@ -69,16 +70,29 @@ def make_app() -> Any:
         tracemalloc.start(depth)
     marks: dict[str, Any] = {}
 
+    def trim_due() -> bool:
+        """Whether the library will hand freed memory back to the system soon (engine/heap.py;
+        a checkout from before it has none to wait for)."""
+        try:
+            from fastapi_lith.engine import heap
+        except ImportError:
+            return False
+        return asyncio.get_running_loop() in heap.due
+
     @app.get("/bench/memory", include_in_schema=False)
-    async def probe(mark: int = 0, lines: int = 0) -> dict[str, Any]:
+    async def probe(mark: int = 0, lines: int = 0, trim: int = 0) -> dict[str, Any]:
         """RSS, tasks and streams now; with `mark`, tracemalloc's baseline is taken; later
-        calls give the growth since, by file."""
+        calls give the growth since, by file. With `trim`, what the warm-up freed goes back
+        to the system first, so every checkout's baseline holds no free memory for the tabs
+        to reuse."""
+        if trim:
+            ctypes.CDLL(None).malloc_trim(0)
         streams = list(lith.hub.streams)
         # Read where it is, not recorded per stream: a record would be memory the figure counts.
         encoders = [s.encoder for s in streams]
         awake = sum(1 for e in encoders if e is not None and not e.hibernating)
         answer: dict[str, Any] = {"rss": rss(), "tasks": len(asyncio.all_tasks()), "streams": len(streams),
-                                  "awake": awake}
+                                  "awake": awake, "trim_due": trim_due()}
         if tracing:
             snapshot = tracemalloc.take_snapshot()
             if mark:
@@ -170,10 +184,11 @@ async def one_figure(port: int, tabs: int, encoding: str, hibernated: bool, trac
     for stream in warm:
         stream.close()
     await until(port, lambda a: a["streams"] == 0, "the warm-up streams to close")
-    base = await probe(port, "mark=1" if trace else "")
+    await until(port, lambda a: not a["trim_due"], "the library's own trim after the warm-up")
+    base = await probe(port, "trim=1&mark=1" if trace else "trim=1")
     streams = await open_tabs(port, tabs, encoding, "t")
     if hibernated:
-        await until(port, lambda a: a["awake"] == 0, "every stream to hibernate")
+        await until(port, lambda a: a["awake"] == 0 and not a["trim_due"], "every stream to hibernate")
     after = await probe(port)
     for stream in streams:
         stream.close()

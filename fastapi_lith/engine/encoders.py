@@ -10,6 +10,7 @@ thread: zstandard, brotli and zlib all release the GIL while they compress.
 
 from __future__ import annotations
 
+import functools
 import sys
 import zlib
 from typing import Any, ClassVar
@@ -60,6 +61,12 @@ class Encoder:
         """Free the compressor of an idle stream; only zstd can, the others return b""."""
         return b""
 
+    def encode_asleep(self, *events: bytes) -> bytes:
+        """`encode`, leaving a hibernating encoder asleep: an idle stream's keep-alive."""
+        asleep = self.hibernating
+        out = self.encode(*events)
+        return out + self.hibernate() if asleep else out
+
     def memory_size(self) -> int:
         """Approximate bytes the encoder keeps resident once its window has filled."""
         return 0
@@ -85,6 +92,13 @@ ZSTD_CHUNK = 1024
 def _zstd_window_log(size: int) -> int:
     """A window that holds `ZSTD_FRAMES` writes of `size` bytes, within 2^10..2^23."""
     return min(max(zstandard.WINDOWLOG_MIN, (ZSTD_FRAMES * size - 1).bit_length()), ZstdEncoder.MAX_WINDOW_LOG)
+
+
+@functools.lru_cache(maxsize=8)
+def _zstd_frame(data: bytes) -> bytes:
+    """`data` as one whole zstd frame, made once: a keep-alive is the same bytes in every body."""
+    frame: bytes = zstandard.ZstdCompressor(level=1).compress(data)
+    return frame
 
 
 class ZstdEncoder(Encoder):
@@ -201,6 +215,13 @@ class ZstdEncoder(Encoder):
             parts += stream.compress(event)
         parts += stream.flush()
         return b"".join(parts)
+
+    def encode_asleep(self, *events: bytes) -> bytes:
+        if self._stream is not None or self._closed:
+            return super().encode_asleep(*events)
+        # A zstd frame of its own: an idle stream's keep-alive builds no compressor for it.
+        self._sent = True
+        return _zstd_frame(events[0] if len(events) == 1 else b"".join(events))
 
     def hibernate(self) -> bytes:
         if self._stream is None:

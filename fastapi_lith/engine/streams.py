@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Iterable
 from typing import Protocol
 
 from . import fanout as _fanout
+from . import heap as _heap
 from .encoders import Encoder
 from .flag import Flag
 from .frames import Frame, sse_event, sse_fields
@@ -251,16 +252,15 @@ class Stream:
                 elif can_hibernate and now >= last_event + hibernate_after:
                     self._busy = True
                     out = encoder.hibernate()
+                    _heap.freed(loop)
                     self.sent_bytes += len(out)
                     yield out
                     self._written()
                 elif now >= last_write + keepalive:
-                    asleep = encoder.hibernating
                     lead, self._lead = self._lead, None
-                    out = encoder.encode(KEEPALIVE) if lead is None else encoder.encode(sse_event(lead), KEEPALIVE)
+                    events = (KEEPALIVE,) if lead is None else (sse_event(lead), KEEPALIVE)
+                    out = encoder.encode_asleep(*events)
                     self._busy = True
-                    if asleep:  # free it again at once
-                        out += encoder.hibernate()
                     self.sent_bytes += len(out)
                     yield out
                     self._written()
@@ -269,7 +269,10 @@ class Stream:
                 self._ready.clear()
                 await self._ready.wait()
             self._out = None
+            held = encoder.memory_size()
             out = encoder.close()
+            if held:
+                _heap.freed(loop)
             self.sent_bytes += len(out)
             yield out
         finally:

@@ -377,6 +377,32 @@ def test_a_hibernated_zstd_stream_closes_cleanly(frames: list[bytes]) -> None:
     assert decode_body("zstd", body) == frames[0]
 
 
+def test_an_asleep_zstd_encoders_keepalives_are_frames_of_their_own_and_leave_it_asleep(frames: list[bytes]) -> None:
+    encoder = ZstdEncoder()
+    decoder = ZstdDecoder()
+    keepalive = b": keep-alive\n\n"
+    assert decoder.feed(encoder.encode_asleep(keepalive)) == keepalive  # asleep before any frame
+    assert encoder.hibernating and decoder.frames_ended == 1
+    assert decoder.feed(encoder.encode(frames[0]) + encoder.hibernate()) == frames[0]
+    for _ in range(2):
+        assert decoder.feed(encoder.encode_asleep(b"retry: 1500\n\n", keepalive)) == b"retry: 1500\n\n" + keepalive
+        assert encoder.hibernating and encoder.memory_size() == 0
+    assert decoder.frames_ended == 4
+    assert decoder.feed(encoder.encode(frames[1]) + encoder.close()) == frames[1]  # a new frame of its own
+    assert decoder.clean_end
+
+
+@pytest.mark.parametrize("kind", ["zstd", "br", "gzip", "identity"])
+def test_an_awake_encoders_keepalive_goes_on_in_its_window(kind: str) -> None:
+    encoder = ENCODERS[kind]()
+    decoder = DECODERS[encoder.name]()
+    first = encoder.encode(b"data: one\n\n")
+    keepalive = encoder.encode_asleep(b": keep-alive\n\n")
+    assert not encoder.hibernating
+    assert decoder.feed(first + keepalive + encoder.close()) == b"data: one\n\n: keep-alive\n\n"
+    assert decoder.clean_end
+
+
 @pytest.mark.parametrize("kind", ["br", "gzip", "identity"])
 def test_other_encoders_never_hibernate(kind: str) -> None:
     encoder = ENCODERS[kind]()
