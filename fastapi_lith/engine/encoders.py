@@ -62,10 +62,9 @@ class Encoder:
         return b""
 
     def encode_asleep(self, *events: bytes) -> bytes:
-        """`encode`, leaving a hibernating encoder asleep: an idle stream's keep-alive."""
-        asleep = self.hibernating
-        out = self.encode(*events)
-        return out + self.hibernate() if asleep else out
+        """`encode`, leaving a hibernating encoder asleep: an idle stream's keep-alive. Only zstd
+        hibernates: the others encode as ever."""
+        return self.encode(*events)
 
     def memory_size(self) -> int:
         """Approximate bytes the encoder keeps resident once its window has filled."""
@@ -220,7 +219,6 @@ class ZstdEncoder(Encoder):
         if self._stream is not None or self._closed:
             return super().encode_asleep(*events)
         # A zstd frame of its own: an idle stream's keep-alive builds no compressor for it.
-        self._sent = True
         return _zstd_frame(events[0] if len(events) == 1 else b"".join(events))
 
     def hibernate(self) -> bytes:
