@@ -20,7 +20,7 @@ import ctypes.util
 import weakref
 from collections.abc import Callable
 
-__all__ = ["RELEASE_AFTER", "due", "freed", "releases"]
+__all__ = ["RELEASE_AFTER", "freed", "releases"]
 
 # Seconds from the first free to the trim that returns it, and the least time between trims.
 RELEASE_AFTER = 5.0
@@ -38,18 +38,18 @@ def _find_trim() -> Callable[[int], int] | None:
 
 _trim = _find_trim()
 # The trim each loop has due: a stream of that loop freeing meanwhile is returned by it.
-due: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.TimerHandle] = weakref.WeakKeyDictionary()
+_pending: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.TimerHandle] = weakref.WeakKeyDictionary()
 releases = 0  # trims run in this process
 
 
 def freed(loop: asyncio.AbstractEventLoop) -> None:
     """A stream freed its compressor: return the memory to the system within `RELEASE_AFTER` s."""
-    if _trim is not None and loop not in due:
-        due[loop] = loop.call_later(RELEASE_AFTER, _release, loop, _trim)
+    if _trim is not None and loop not in _pending:
+        _pending[loop] = loop.call_later(RELEASE_AFTER, _release, loop, _trim)
 
 
 def _release(loop: asyncio.AbstractEventLoop, trim: Callable[[int], int]) -> None:
     global releases
-    del due[loop]  # a free from now on needs a trim of its own
+    del _pending[loop]  # a free from now on needs a trim of its own
     trim(0)
     releases += 1
