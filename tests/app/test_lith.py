@@ -404,8 +404,13 @@ async def test_a_route_taking_the_writer_that_was_not_guarded_fails_loudly(tmp_p
             return None
 
         assert (await client.post("/early")).status_code == 204
-        with pytest.raises(LithError, match="POST /later takes Depends\\(lith.writer\\) but is not guarded"):
+        with pytest.raises(LithError) as refused:
             await client.post("/later")
+    assert str(refused.value) == (  # the whole of it: the fix is in the message
+        "POST /later takes Depends(lith.writer) but is not guarded (body limit, HTML errors): include lith.router "
+        "(or accounts.router) in the app that serves it, app.include_router(lith.router), and add its routes "
+        "before the app starts"
+    )
 
 
 @pytest.mark.parametrize(

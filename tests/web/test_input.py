@@ -178,6 +178,29 @@ def test_a_route_has_its_own_body_limit_and_the_others_keep_the_apps(
     assert rows(db) == (before[0] + 1, before[1])
 
 
+@pytest.mark.parametrize("declared", [True, False], ids=["content-length", "chunked"])
+def test_a_body_of_exactly_the_limit_is_taken_and_one_byte_more_is_refused(
+    served: tuple[InProcessServer, Path], declared: bool
+) -> None:
+    server, db = served
+    before = rows(db)
+
+    def body(size: int) -> bytes:
+        start = b'{"tab": "t", "op": 0, "text": "'
+        return start + b"x" * (size - len(start) - 2) + b'"}'
+
+    def post(content: bytes) -> httpx.Response:
+        # A generator has no length: httpx sends it chunked, so only the count while reading bounds it.
+        sent = content if declared else iter([content[:1000], content[1000:]])
+        return httpx.post(f"{server.url}/notes", content=sent, headers={**SAME_ORIGIN, "Content-Type": "application/json"})
+
+    assert len(body(4096)) == 4096  # the app's max_body
+    assert post(body(4096)).status_code == 204
+    over = post(body(4097))
+    assert (over.status_code, over.text) == (413, f"{ERROR}The request is too large: at most 4096 bytes.</li></ul></div>")
+    assert rows(db) == (before[0] + 1, before[1])
+
+
 @pytest.mark.parametrize("encoding", ["urlencoded", "multipart"])
 def test_a_forms_refusals_reach_its_tab(served: tuple[InProcessServer, Path], stream: TabStream, encoding: str) -> None:
     server, db = served
