@@ -312,6 +312,9 @@ def test_install_guards_a_command_route_behind_a_nested_dependency(host: tuple[I
     assert too_big.status_code == 413 and too_big.text.startswith('<div id="lith-error"')
     invalid = httpx.post(f"{server.url}/api/notes", json={"txt": "typo"})  # marked by the writer dependency
     assert invalid.status_code == 422 and "<strong>text</strong>: Field required" in invalid.text
+    # The guard's handlers stand over the app's, not instead: its handler of its own HTTPException still answers.
+    own = httpx.post(f"{server.url}/api/notes", json={"text": "maintenance"})
+    assert (own.status_code, own.text) == (503, "down for maintenance")
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT text FROM note").fetchall() == [("kept",)]
 

@@ -1,4 +1,4 @@
-"""A host app with its own middleware and validation handler, and a command route in a
+"""A host app with its own middleware, validation handler and error of its own, and a command route in a
 prefixed router behind a nested dependency: what `lith.install(app)` must leave alone, and
 what it must still guard. Served by uvicorn in tests/app/test_lith.py.
 """
@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fastapi_lith import Command, Lith, Tx, Writer
@@ -40,6 +41,18 @@ async def own_validation_handler(request: Request, exc: RequestValidationError) 
     return PlainTextResponse("the app's own 422", status_code=422)
 
 
+class Maintenance(HTTPException):
+    """An HTTP error of the app's own, with its own handler (over the one for every HTTPException)."""
+
+    def __init__(self) -> None:
+        super().__init__(503)
+
+
+@app.exception_handler(Maintenance)
+async def maintenance_handler(request: Request, exc: Maintenance) -> PlainTextResponse:
+    return PlainTextResponse("down for maintenance", status_code=503)
+
+
 lith.install(app)
 
 
@@ -59,6 +72,8 @@ router = APIRouter(prefix="/api")
 
 @router.post("/notes", status_code=204)
 async def add_note(note: Note, writer: Writer = Depends(checked_writer)) -> None:
+    if note.text == "maintenance":
+        raise Maintenance()
     await writer.do(note)
 
 
