@@ -315,6 +315,12 @@ def test_install_guards_a_command_route_behind_a_nested_dependency(host: tuple[I
     # The guard's handlers stand over the app's, not instead: its handler of its own HTTPException still answers.
     own = httpx.post(f"{server.url}/api/notes", json={"text": "maintenance"})
     assert (own.status_code, own.text) == (503, "down for maintenance")
+    # A command's 4xx is the guard's HTML even where the app has a page for that status; other routes keep it.
+    missing = httpx.post(f"{server.url}/api/notes", json={"text": "missing"})
+    assert missing.status_code == 404
+    assert missing.text == '<div id="lith-error" role="alert" class="lith-error"><ul><li>No such note.</li></ul></div>'
+    nowhere = httpx.get(f"{server.url}/nowhere")
+    assert (nowhere.status_code, nowhere.text) == (404, "the app's own 404")
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT text FROM note").fetchall() == [("kept",)]
 

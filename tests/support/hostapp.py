@@ -1,6 +1,6 @@
-"""A host app with its own middleware, validation handler and error of its own, and a command route in a
-prefixed router behind a nested dependency: what `lith.install(app)` must leave alone, and
-what it must still guard. Served by uvicorn in tests/app/test_lith.py.
+"""A host app with its own middleware, its own validation and 404 handlers and an HTTP error of
+its own, and a command route in a prefixed router behind a nested dependency: what
+`lith.install(app)` must leave alone, and what it must still guard. Served by uvicorn in tests/app/test_lith.py.
 """
 
 from __future__ import annotations
@@ -48,6 +48,11 @@ class Maintenance(HTTPException):
         super().__init__(503)
 
 
+@app.exception_handler(404)
+async def own_not_found(request: Request, exc: Exception) -> PlainTextResponse:
+    return PlainTextResponse("the app's own 404", status_code=404)
+
+
 @app.exception_handler(Maintenance)
 async def maintenance_handler(request: Request, exc: Maintenance) -> PlainTextResponse:
     return PlainTextResponse("down for maintenance", status_code=503)
@@ -74,6 +79,8 @@ router = APIRouter(prefix="/api")
 async def add_note(note: Note, writer: Writer = Depends(checked_writer)) -> None:
     if note.text == "maintenance":
         raise Maintenance()
+    if note.text == "missing":
+        raise HTTPException(404, "No such note.")
     await writer.do(note)
 
 
