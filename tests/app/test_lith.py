@@ -319,6 +319,8 @@ def test_install_guards_a_command_route_behind_a_nested_dependency(host: tuple[I
     missing = httpx.post(f"{server.url}/api/notes", json={"text": "missing"})
     assert missing.status_code == 404
     assert missing.text == '<div id="lith-error" role="alert" class="lith-error"><ul><li>No such note.</li></ul></div>'
+    bad_key = httpx.post(f"{server.url}/api/notes", json={"text": "x"}, headers={"Idempotency-Key": "no spaces"})
+    assert bad_key.status_code == 400 and bad_key.text.startswith('<div id="lith-error"'), bad_key.text
     nowhere = httpx.get(f"{server.url}/nowhere")
     assert (nowhere.status_code, nowhere.text) == (404, "the app's own 404")
     with sqlite3.connect(db) as conn:

@@ -1,6 +1,7 @@
-"""A host app with its own middleware, its own validation and 404 handlers and an HTTP error of
-its own, and a command route in a prefixed router behind a nested dependency: what
-`lith.install(app)` must leave alone, and what it must still guard. Served by uvicorn in tests/app/test_lith.py.
+"""A host app with its own middleware, its own validation handler, pages for 400 and 404 and an
+HTTP error of its own, and a command route in a prefixed router behind a nested dependency:
+what `lith.install(app)` must leave alone, and what it must still guard. Served by uvicorn in
+tests/app/test_lith.py.
 """
 
 from __future__ import annotations
@@ -48,9 +49,10 @@ class Maintenance(HTTPException):
         super().__init__(503)
 
 
+@app.exception_handler(400)
 @app.exception_handler(404)
-async def own_not_found(request: Request, exc: Exception) -> PlainTextResponse:
-    return PlainTextResponse("the app's own 404", status_code=404)
+async def own_error_page(request: Request, exc: HTTPException) -> PlainTextResponse:
+    return PlainTextResponse(f"the app's own {exc.status_code}", status_code=exc.status_code)
 
 
 @app.exception_handler(Maintenance)
