@@ -323,8 +323,32 @@ def test_install_guards_a_command_route_behind_a_nested_dependency(host: tuple[I
     assert bad_key.status_code == 400 and bad_key.text.startswith('<div id="lith-error"'), bad_key.text
     nowhere = httpx.get(f"{server.url}/nowhere")
     assert (nowhere.status_code, nowhere.text) == (404, "the app's own 404")
+    # A refusal is a command route's to answer (409, HTML) whatever the app's own handler of one says.
+    refused = httpx.post(f"{server.url}/api/notes", json={"text": "no"})
+    assert refused.status_code == 409 and refused.text.startswith('<div id="lith-error"'), refused.text
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT text FROM note").fetchall() == [("kept",)]
+
+
+def test_install_leaves_the_apps_own_handlers_to_what_is_no_command_request(
+    host: tuple[InProcessServer, Path],
+) -> None:
+    """A route that applies a command with the app's writer outside any guard (a job's): its
+    refusal and its model that does not validate go to the app's own handlers."""
+    server, db = host
+    assert httpx.post(f"{server.url}/nightly", params={"text": "job"}).status_code == 204
+    refused = httpx.post(f"{server.url}/nightly", params={"text": "no"})
+    assert (refused.status_code, refused.text) == (409, "the app's own refusal: Notes cannot say no.")
+    invalid = httpx.post(f"{server.url}/nightly", params={"text": ""})
+    assert (invalid.status_code, invalid.text) == (400, "the app's own invalid model")
+    # As Datastar sends them: the library's HTML, for the page to show.
+    datastar = {"Datastar-Request": "true"}
+    refused = httpx.post(f"{server.url}/nightly", params={"text": "no"}, headers=datastar)
+    assert refused.status_code == 409 and "<li>Notes cannot say no.</li>" in refused.text, refused.text
+    invalid = httpx.post(f"{server.url}/nightly", params={"text": ""}, headers=datastar)
+    assert invalid.status_code == 422 and invalid.text.startswith('<div id="lith-error"'), invalid.text
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT text FROM note").fetchall() == [("job",)]
 
 
 # -- the design card's app: `app.include_router(lith.router)` is enough ----------------------
