@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import re
+import select
+import socket
 import sqlite3
 import threading
 import time
@@ -256,6 +258,12 @@ def test_a_declared_length_over_the_limit_is_refused_before_the_body(served: tup
     with httpx.Client() as client:
         response = client.post(f"{server.url}/big-notes", content=json.dumps({"tab": "t"}).ljust(100_000).encode(), headers=headers)
     assert response.status_code == 413 and "at most 65536 bytes" in response.text
+    # The same head with no body sent at all: a server that read before refusing would wait for it.
+    head = ["POST /big-notes HTTP/1.1", f"Host: 127.0.0.1:{server.port}", *(f"{k}: {v}" for k, v in headers.items())]
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode())
+        assert select.select([sock], [], [], 10)[0], "no answer without the body"
+        assert sock.recv(65536).startswith(b"HTTP/1.1 413 ")
 
 
 def test_an_upload_form_sends_its_tab_and_op_first_and_numbers_each_click(served: tuple[InProcessServer, Path]) -> None:
