@@ -448,6 +448,12 @@ async def test_a_route_taking_the_writer_that_was_not_guarded_fails_loudly(tmp_p
     )
 
 
+SECRET_REFUSED = (
+    "secret must be a string of at least 16 characters, or a list of them (the oldest first, the newest signs), "
+    "not a shorter or other value"
+)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -459,7 +465,16 @@ async def test_a_route_taking_the_writer_that_was_not_guarded_fails_loudly(tmp_p
         ({"brotli_quality": 12}, "brotli_quality must be an integer from 0 to 11, not 12"),
         ({"gzip_level": -1}, "gzip_level must be an integer from 0 to 9, not -1"),
         ({"prefix": "lith/"}, "prefix must be a path like '/lith'"),
-        ({"error_id": "lith error"}, "error_id must be an HTML id"),
+        ({"error_id": "lith error"}, "error_id must be an HTML id (a letter, then letters, digits, '-' or '_'), not 'lith error'"),
+        ({"max_body": 0}, "max_body must be an integer at least 1, not 0"),
+        ({"hibernate_after": 0}, "hibernate_after must be a number at least 0.001, not 0"),
+        ({"send_timeout": 0}, "send_timeout must be a number at least 0.001, not 0"),
+        ({"stream_max_age": 0.5}, "stream_max_age must be a number at least 1, not 0.5"),
+        ({"datastar_url": ""}, "datastar_url must be a URL or a path, not ''"),
+        ({"identity": "current_user"}, "identity must be a FastAPI dependency (a function), not 'current_user'"),
+        ({"secret": "x" * 15}, SECRET_REFUSED),
+        ({"secret": []}, SECRET_REFUSED),
+        ({"secret": ["x" * 16, 16]}, SECRET_REFUSED),
         ({"same_origin_only": "false"}, "same_origin_only must be True or False, not 'false'"),
         ({"messages": {"json_invalid": "x"}}, "messages must be a function"),
         ({"keepalive": -1}, "keepalive must be a number at least 0.001, not -1"),
@@ -476,6 +491,15 @@ def test_lith_settings_are_checked_when_built(tmp_path: Path, kwargs: dict[str, 
     with pytest.raises(ValueError, match=re.escape(message)) as info:
         Lith(tmp_path / "app.db", **kwargs)
     assert isinstance(info.value, LithError)
+
+
+def test_each_web_setting_takes_the_lowest_value_it_allows(tmp_path: Path) -> None:
+    from fastapi_lith import Lith
+
+    lowest = {"max_body": 1, "keepalive": 0.001, "hibernate_after": 0.001, "send_timeout": 0.001,
+              "reconnect_within": 1.0, "stream_max_age": 1, "secret": "x" * 16}  # fmt: skip
+    lith = Lith(tmp_path / "app.db", **lowest)
+    assert {name: getattr(lith.web.settings, name) for name in lowest} == lowest
 
 
 def test_a_misspelt_setting_of_any_part_names_the_one_meant(tmp_path: Path) -> None:
