@@ -593,14 +593,28 @@ async def test_a_datastar_request_to_any_route_gets_its_error_as_html(tmp_path: 
     async def card(card: int) -> None:
         raise HTTPException(404, f"no card {card}")
 
+    @app.get("/private")
+    async def private() -> None:
+        raise HTTPException(401, "sign in first", headers={"WWW-Authenticate": "Bearer"})
+
+    @app.get("/broken")
+    async def broken() -> None:
+        raise HTTPException(500, "broken")
+
     transport = httpx.ASGITransport(app=app)
     async with lith.lifespan(app), httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-        for path, status, text in [("/cards/7", 404, "no card 7"), ("/cards/seven", 422, "card")]:
+        refusals = [("/cards/7", 404, "no card 7"), ("/cards/seven", 422, "card"), ("/private", 401, "sign in")]
+        for path, status, text in refusals:
             page = await client.get(path, headers={"Datastar-Request": "true"})
             assert (page.status_code, page.headers["content-type"]) == (status, "text/html; charset=utf-8")
             assert page.text.startswith('<div id="lith-error"') and text in page.text, page.text
             api = await client.get(path)
             assert (api.status_code, api.headers["content-type"]) == (status, "application/json")
+        # The error's own headers come along; a server error is no refusal for the page to show.
+        private = await client.get("/private", headers={"Datastar-Request": "true"})
+        assert private.headers["www-authenticate"] == "Bearer"
+        broken = await client.get("/broken", headers={"Datastar-Request": "true"})
+        assert (broken.status_code, broken.json()) == (500, {"detail": "broken"})
 
 
 @pytest.mark.parametrize(
