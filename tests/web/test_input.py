@@ -189,7 +189,7 @@ def test_a_body_of_exactly_the_limit_is_taken_and_one_byte_more_is_refused(
     before = rows(db)
 
     def body(size: int) -> bytes:
-        start = b'{"tab": "t", "op": 0, "text": "'
+        start = b'{"tab": "t", "op": 1, "text": "'
         return start + b"x" * (size - len(start) - 2) + b'"}'
 
     def post(content: bytes) -> httpx.Response:
