@@ -14,6 +14,8 @@ Browser harness (helpers in tests/support/browser.py; see tests/support/test_bro
 * ``app_server(app, *, env=None, **kwargs)`` (function) -- a started ``inprocess.InProcessServer``
   (uvicorn on a thread of the test's process, where mutmut sees the requests), stopped at
   teardown.
+* ``small_disk`` (function) -- a 2 MiB tmpfs (``tests.support.fill_disk`` fills it), unmounted
+  at the end; skipped where it cannot be mounted (it needs root, as CI has).
 * ``granian`` (session) -- granian is installed: skipped without it, failed on CI.
 * ``artifacts_dir`` (session) -- ``test-artifacts/`` at the repo root (ignored).
 
@@ -26,7 +28,9 @@ Without Chromium they are skipped with a loud banner, or fail when ``CI=true``.
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 from asyncio import events as asyncio_events
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -325,3 +329,19 @@ def pg_url(pg_server: Any) -> Iterator[str]:
     url = pg_server.create_database()
     yield url
     pgcluster.drop_database(pg_server, url)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 2 MiB tmpfs, unmounted at the end."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)

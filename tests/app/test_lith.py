@@ -312,8 +312,43 @@ def test_install_guards_a_command_route_behind_a_nested_dependency(host: tuple[I
     assert too_big.status_code == 413 and too_big.text.startswith('<div id="lith-error"')
     invalid = httpx.post(f"{server.url}/api/notes", json={"txt": "typo"})  # marked by the writer dependency
     assert invalid.status_code == 422 and "<strong>text</strong>: Field required" in invalid.text
+    # The guard's handlers stand over the app's, not instead: its handler of its own HTTPException still answers.
+    own = httpx.post(f"{server.url}/api/notes", json={"text": "maintenance"})
+    assert (own.status_code, own.text) == (503, "down for maintenance")
+    # A command's 4xx is the guard's HTML even where the app has a page for that status; other routes keep it.
+    missing = httpx.post(f"{server.url}/api/notes", json={"text": "missing"})
+    assert missing.status_code == 404
+    assert missing.text == '<div id="lith-error" role="alert" class="lith-error"><ul><li>No such note.</li></ul></div>'
+    bad_key = httpx.post(f"{server.url}/api/notes", json={"text": "x"}, headers={"Idempotency-Key": "no spaces"})
+    assert bad_key.status_code == 400 and bad_key.text.startswith('<div id="lith-error"'), bad_key.text
+    nowhere = httpx.get(f"{server.url}/nowhere")
+    assert (nowhere.status_code, nowhere.text) == (404, "the app's own 404")
+    # A refusal is a command route's to answer (409, HTML) whatever the app's own handler of one says.
+    refused = httpx.post(f"{server.url}/api/notes", json={"text": "no"})
+    assert refused.status_code == 409 and refused.text.startswith('<div id="lith-error"'), refused.text
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT text FROM note").fetchall() == [("kept",)]
+
+
+def test_install_leaves_the_apps_own_handlers_to_what_is_no_command_request(
+    host: tuple[InProcessServer, Path],
+) -> None:
+    """A route that applies a command with the app's writer outside any guard (a job's): its
+    refusal and its model that does not validate go to the app's own handlers."""
+    server, db = host
+    assert httpx.post(f"{server.url}/nightly", params={"text": "job"}).status_code == 204
+    refused = httpx.post(f"{server.url}/nightly", params={"text": "no"})
+    assert (refused.status_code, refused.text) == (409, "the app's own refusal: Notes cannot say no.")
+    invalid = httpx.post(f"{server.url}/nightly", params={"text": ""})
+    assert (invalid.status_code, invalid.text) == (400, "the app's own invalid model")
+    # As Datastar sends them: the library's HTML, for the page to show.
+    datastar = {"Datastar-Request": "true"}
+    refused = httpx.post(f"{server.url}/nightly", params={"text": "no"}, headers=datastar)
+    assert refused.status_code == 409 and "<li>Notes cannot say no.</li>" in refused.text, refused.text
+    invalid = httpx.post(f"{server.url}/nightly", params={"text": ""}, headers=datastar)
+    assert invalid.status_code == 422 and invalid.text.startswith('<div id="lith-error"'), invalid.text
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT text FROM note").fetchall() == [("job",)]
 
 
 # -- the design card's app: `app.include_router(lith.router)` is enough ----------------------
@@ -404,8 +439,19 @@ async def test_a_route_taking_the_writer_that_was_not_guarded_fails_loudly(tmp_p
             return None
 
         assert (await client.post("/early")).status_code == 204
-        with pytest.raises(LithError, match="POST /later takes Depends\\(lith.writer\\) but is not guarded"):
+        with pytest.raises(LithError) as refused:
             await client.post("/later")
+    assert str(refused.value) == (  # the whole of it: the fix is in the message
+        "POST /later takes Depends(lith.writer) but is not guarded (body limit, HTML errors): include lith.router "
+        "(or accounts.router) in the app that serves it, app.include_router(lith.router), and add its routes "
+        "before the app starts"
+    )
+
+
+SECRET_REFUSED = (
+    "secret must be a string of at least 16 characters, or a list of them (the oldest first, the newest signs), "
+    "not a shorter or other value"
+)
 
 
 @pytest.mark.parametrize(
@@ -419,7 +465,16 @@ async def test_a_route_taking_the_writer_that_was_not_guarded_fails_loudly(tmp_p
         ({"brotli_quality": 12}, "brotli_quality must be an integer from 0 to 11, not 12"),
         ({"gzip_level": -1}, "gzip_level must be an integer from 0 to 9, not -1"),
         ({"prefix": "lith/"}, "prefix must be a path like '/lith'"),
-        ({"error_id": "lith error"}, "error_id must be an HTML id"),
+        ({"error_id": "lith error"}, "error_id must be an HTML id (a letter, then letters, digits, '-' or '_'), not 'lith error'"),
+        ({"max_body": 0}, "max_body must be an integer at least 1, not 0"),
+        ({"hibernate_after": 0}, "hibernate_after must be a number at least 0.001, not 0"),
+        ({"send_timeout": 0}, "send_timeout must be a number at least 0.001, not 0"),
+        ({"stream_max_age": 0.5}, "stream_max_age must be a number at least 1, not 0.5"),
+        ({"datastar_url": ""}, "datastar_url must be a URL or a path, not ''"),
+        ({"identity": "current_user"}, "identity must be a FastAPI dependency (a function), not 'current_user'"),
+        ({"secret": "x" * 15}, SECRET_REFUSED),
+        ({"secret": []}, SECRET_REFUSED),
+        ({"secret": ["x" * 16, 16]}, SECRET_REFUSED),
         ({"same_origin_only": "false"}, "same_origin_only must be True or False, not 'false'"),
         ({"messages": {"json_invalid": "x"}}, "messages must be a function"),
         ({"keepalive": -1}, "keepalive must be a number at least 0.001, not -1"),
@@ -436,6 +491,15 @@ def test_lith_settings_are_checked_when_built(tmp_path: Path, kwargs: dict[str, 
     with pytest.raises(ValueError, match=re.escape(message)) as info:
         Lith(tmp_path / "app.db", **kwargs)
     assert isinstance(info.value, LithError)
+
+
+def test_each_web_setting_takes_the_lowest_value_it_allows(tmp_path: Path) -> None:
+    from fastapi_lith import Lith
+
+    lowest = {"max_body": 1, "keepalive": 0.001, "hibernate_after": 0.001, "send_timeout": 0.001,
+              "reconnect_within": 1.0, "stream_max_age": 1, "secret": "x" * 16}  # fmt: skip
+    lith = Lith(tmp_path / "app.db", **lowest)
+    assert {name: getattr(lith.web.settings, name) for name in lowest} == lowest
 
 
 def test_a_misspelt_setting_of_any_part_names_the_one_meant(tmp_path: Path) -> None:
@@ -529,14 +593,28 @@ async def test_a_datastar_request_to_any_route_gets_its_error_as_html(tmp_path: 
     async def card(card: int) -> None:
         raise HTTPException(404, f"no card {card}")
 
+    @app.get("/private")
+    async def private() -> None:
+        raise HTTPException(401, "sign in first", headers={"WWW-Authenticate": "Bearer"})
+
+    @app.get("/broken")
+    async def broken() -> None:
+        raise HTTPException(500, "broken")
+
     transport = httpx.ASGITransport(app=app)
     async with lith.lifespan(app), httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-        for path, status, text in [("/cards/7", 404, "no card 7"), ("/cards/seven", 422, "card")]:
+        refusals = [("/cards/7", 404, "no card 7"), ("/cards/seven", 422, "card"), ("/private", 401, "sign in")]
+        for path, status, text in refusals:
             page = await client.get(path, headers={"Datastar-Request": "true"})
             assert (page.status_code, page.headers["content-type"]) == (status, "text/html; charset=utf-8")
             assert page.text.startswith('<div id="lith-error"') and text in page.text, page.text
             api = await client.get(path)
             assert (api.status_code, api.headers["content-type"]) == (status, "application/json")
+        # The error's own headers come along; a server error is no refusal for the page to show.
+        private = await client.get("/private", headers={"Datastar-Request": "true"})
+        assert private.headers["www-authenticate"] == "Bearer"
+        broken = await client.get("/broken", headers={"Datastar-Request": "true"})
+        assert (broken.status_code, broken.json()) == (500, {"detail": "broken"})
 
 
 @pytest.mark.parametrize(

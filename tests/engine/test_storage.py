@@ -7,17 +7,15 @@ all back. Needs root for `mount` (CI runs as root), skipped otherwise.
 
 from __future__ import annotations
 
-import errno
 import html
 import json
 import logging
 import os
 import re
 import sqlite3
-import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -30,40 +28,10 @@ from fastapi_lith import Command, StorageError, Tx, Writer
 from fastapi_lith.cli import main
 from fastapi_lith.engine.storage import StorageState, storage_cause
 from tests.app.test_scaffold import TEST_SECRET, signed_up
-from tests.support import REPO
+from tests.support import REPO, fill_disk
 from tests.support.browser import Server
 
 SAME_ORIGIN = {"Datastar-Request": "true", "Sec-Fetch-Site": "same-origin", "Content-Type": "application/json"}
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 2 MiB tmpfs, unmounted at the end."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
-        yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
-
-
-def fill(disk: Path) -> Path:
-    """Write a file until the disk refuses another byte."""
-    filler = disk / "filler"
-    with open(filler, "wb", buffering=0) as f:
-        chunk = b"\0" * 65536
-        while chunk:
-            try:
-                f.write(chunk)
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC
-                chunk = chunk[: len(chunk) // 2]
-    return filler
 
 
 class Tab:
@@ -132,7 +100,7 @@ def run_out_of_disk(
     try:
         assert sign(1).status_code == 204
         tab.wait_for("You signed as #1")
-        filler = fill(small_disk)
+        filler = fill_disk(small_disk)
 
         # The WAL may still have room for a commit or two in its last page; then every one fails.
         answers = [sign(op) for op in range(2, 12)]
@@ -200,7 +168,7 @@ async def test_a_full_disk_refuses_each_batch_with_its_cause_logs_it_once_and_a_
     try:
         await writer.do(Put(size=1000))
         assert await writer.probe() is None
-        filler = fill(small_disk)
+        filler = fill_disk(small_disk)
         caplog.set_level(logging.INFO, logger="fastapi_lith.writer")
         for _ in range(3):
             with pytest.raises(StorageError) as refused:

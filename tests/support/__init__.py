@@ -4,6 +4,7 @@ their migrations, and the board the encoder tests render."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -57,3 +58,17 @@ def to_the_end(lines: Iterator[str], timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     for _ in lines:
         assert time.monotonic() < deadline, "the stream did not end"
+
+
+def fill_disk(disk: Path) -> Path:
+    """Write a file until the disk refuses another byte."""
+    filler = disk / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        chunk = b"\0" * 65536
+        while chunk:
+            try:
+                f.write(chunk)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC
+                chunk = chunk[: len(chunk) // 2]
+    return filler

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import re
+import select
+import socket
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,8 @@ import httpx
 import pytest
 
 from fastapi_lith import SettingError, form_fields
-from tests.support import REPO, SUPPORT
+from fastapi_lith.web.guard import STORAGE_MESSAGE
+from tests.support import REPO, SUPPORT, fill_disk
 from tests.support.browser import Server
 from tests.support.inprocess import InProcessServer
 
@@ -178,6 +181,63 @@ def test_a_route_has_its_own_body_limit_and_the_others_keep_the_apps(
     assert rows(db) == (before[0] + 1, before[1])
 
 
+@pytest.mark.parametrize("declared", [True, False], ids=["content-length", "chunked"])
+def test_a_body_of_exactly_the_limit_is_taken_and_one_byte_more_is_refused(
+    served: tuple[InProcessServer, Path], declared: bool
+) -> None:
+    server, db = served
+    before = rows(db)
+
+    def body(size: int) -> bytes:
+        start = b'{"tab": "t", "op": 1, "text": "'
+        return start + b"x" * (size - len(start) - 2) + b'"}'
+
+    def post(content: bytes) -> httpx.Response:
+        # A generator has no length: httpx sends it chunked, so only the count while reading bounds it.
+        sent = content if declared else iter([content[:1000], content[1000:]])
+        return httpx.post(f"{server.url}/notes", content=sent, headers=JSON)
+
+    assert len(body(4096)) == 4096  # the app's max_body
+    assert post(body(4096)).status_code == 204
+    over = post(body(4097))
+    assert over.status_code == 413
+    assert over.text == f"{ERROR}The request is too large: at most 4096 bytes.</li></ul></div>"
+    assert rows(db) == (before[0] + 1, before[1])
+
+
+def test_a_full_disk_is_a_503_told_to_the_tab_and_freeing_it_takes_commands_again(
+    app_server: Callable[..., InProcessServer], small_disk: Path
+) -> None:
+    """No command is at fault: each is answered 503 with the library's HTML and a retry delay,
+    and the tab gets the fragment with `done`, as for a refused command (engine/test_storage.py
+    has the same full disk under a child uvicorn; here mutmut sees the handler)."""
+    db = small_disk / "input.db"
+    server = app_server("inputapp:app", env={"INPUT_DB": str(db)})
+    stream = TabStream(server, "full")
+    try:
+        stream.wait_for('data-signals:done="0"')
+
+        def post(op: int) -> httpx.Response:
+            note = {"tab": "full", "op": op, "text": f"note {op}"}
+            return httpx.post(f"{server.url}/notes", json=note, headers=SAME_ORIGIN)
+
+        assert post(1).status_code == 204
+        filler = fill_disk(small_disk)
+        # The WAL may still have room for a commit or two in its last page; then every one fails.
+        codes = [post(op).status_code for op in range(2, 11)]
+        assert 503 in codes and set(codes) <= {204, 503}, codes
+        refused = post(11)
+        assert (refused.status_code, refused.headers["retry-after"]) == (503, "5")
+        assert refused.text == f"{ERROR}{STORAGE_MESSAGE}</li></ul></div>"
+        stream.told("cannot save changes right now", 11)
+        filler.unlink()
+        assert post(12).status_code == 204
+    finally:
+        stream.close()
+    assert "Exception in ASGI application" not in server.output  # each answered; the writer logs the cause
+    assert rows(db) == (2 + codes.count(204), 0)  # what answered 204 is there, what answered 503 is not
+
+
 @pytest.mark.parametrize("encoding", ["urlencoded", "multipart"])
 def test_a_forms_refusals_reach_its_tab(served: tuple[InProcessServer, Path], stream: TabStream, encoding: str) -> None:
     server, db = served
@@ -233,6 +293,12 @@ def test_a_declared_length_over_the_limit_is_refused_before_the_body(served: tup
     with httpx.Client() as client:
         response = client.post(f"{server.url}/big-notes", content=json.dumps({"tab": "t"}).ljust(100_000).encode(), headers=headers)
     assert response.status_code == 413 and "at most 65536 bytes" in response.text
+    # The same head with no body sent at all: a server that read before refusing would wait for it.
+    head = ["POST /big-notes HTTP/1.1", f"Host: 127.0.0.1:{server.port}", *(f"{k}: {v}" for k, v in headers.items())]
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode())
+        assert select.select([sock], [], [], 10)[0], "no answer without the body"
+        assert sock.recv(65536).startswith(b"HTTP/1.1 413 ")
 
 
 def test_an_upload_form_sends_its_tab_and_op_first_and_numbers_each_click(served: tuple[InProcessServer, Path]) -> None:
