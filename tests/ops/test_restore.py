@@ -23,6 +23,7 @@ from fastapi_lith.ops import Backups, backup, restore, verify
 from fastapi_lith.ops.files import checksum_path
 from tests.support import CHILD_HANG_LIMIT, REPO
 from tests.support.browser import Server
+from tests.support.damage import index_out_of_step
 
 SAME_ORIGIN = {"Datastar-Request": "true", "Sec-Fetch-Site": "same-origin"}
 
@@ -147,24 +148,9 @@ def test_verify_reports_what_it_found_for_a_person_and_as_data(copy: Path, tmp_p
 
 
 def test_verify_finds_an_index_out_of_step_with_its_table(tmp_path: Path) -> None:
-    """The damage `quick_check` cannot see: rows changed while their index was not kept up."""
+    """The damage `quick_check` cannot see (tests/support/damage.py)."""
     path = tmp_path / "board.db"
-    with closing(sqlite3.connect(path)) as conn:
-        conn.executescript(
-            "CREATE TABLE card (id INTEGER PRIMARY KEY, title TEXT, lane TEXT);"
-            "CREATE INDEX card_lane ON card (lane);"
-        )
-        conn.executemany("INSERT INTO card (title, lane) VALUES (?, ?)", [(f"t{i}", "todo") for i in range(200)])
-        conn.commit()
-        index = conn.execute("SELECT * FROM sqlite_schema WHERE name = 'card_lane'").fetchone()
-        conn.execute("PRAGMA writable_schema = ON")  # hide the index from SQLite for a moment
-        conn.execute("DELETE FROM sqlite_schema WHERE name = 'card_lane'")
-        conn.commit()
-    with closing(sqlite3.connect(path)) as conn:
-        conn.execute("UPDATE card SET lane = 'done' WHERE id <= 25")  # the index keeps 'todo'
-        conn.execute("PRAGMA writable_schema = ON")
-        conn.execute("INSERT INTO sqlite_schema VALUES (?, ?, ?, ?, ?)", index)
-        conn.commit()
+    index_out_of_step(path)
     with closing(sqlite3.connect(path)) as conn:
         assert conn.execute("PRAGMA quick_check").fetchall() == [("ok",)]
         assert conn.execute("SELECT count(*) FROM card WHERE lane = 'done'").fetchone()[0] == 0  # through the index
