@@ -29,6 +29,7 @@ from fastapi_lith.cli import main
 from fastapi_lith.exceptions import LithError, SettingError
 from fastapi_lith.ops import files
 from fastapi_lith.ops.litestream import ReplicaError, check_environment, check_url, meta_dir, replica_position
+from fastapi_lith.ops.litestream import restore as litestream_restore
 from fastapi_lith.ops.replica_check import CheckResult, ReplicaChecks, check_replica, last_check
 from tests.support import CHILD_HANG_LIMIT, SUPPORT, until
 from tests.support.browser import Server, ServerError, alive, free_port, port_answers
@@ -255,6 +256,46 @@ async def test_litestream_replicates_at_the_apps_pace_and_has_read_the_database_
     finally:
         await replica.stop()
     assert replica.config_path.name == ".app.db-litestream.yml" and replica.config_path.parent == tmp_path
+
+
+async def test_a_restore_to_an_earlier_position_holds_only_what_was_committed_by_then(tmp_path: Path) -> None:
+    from fastapi_lith.ops.replica import Replica
+
+    db_path = wal_database(tmp_path / "app.db")
+    url = f"file://{tmp_path / 'replica'}"
+    replica = Replica(db_path, url, sync_interval=0.2, check_every=None)
+    await replica.start()
+    try:
+
+        async def uploaded_past(txid: int) -> int | None:
+            now = replica_position(url)
+            return now.txid if now is not None and now.txid > txid else None
+
+        positions = [await until(lambda: uploaded_past(0))]  # the table, empty
+        for n in (1, 2, 3):
+            with closing(sqlite3.connect(db_path)) as conn, conn:
+                conn.execute("INSERT INTO seq (n) VALUES (?)", (n,))
+            positions.append(await until(lambda: uploaded_past(positions[-1])))
+    finally:
+        await replica.stop()
+    for upto, txid in enumerate(positions):
+        out = tmp_path / f"at-{txid}.db"
+        assert litestream_restore(url, out, txid=txid)
+        assert seq(out) == list(range(1, upto + 1))
+    assert not litestream_restore(f"file://{tmp_path / 'empty'}", tmp_path / "none.db")
+    assert not (tmp_path / "none.db").exists()
+
+
+def test_a_litestream_command_that_hangs_or_fails_says_so_in_its_error(tmp_path: Path) -> None:
+    from fastapi_lith.ops import litestream
+
+    db_path = wal_database(tmp_path / "app.db")
+    cfg = litestream.write_config(tmp_path / "hang.yml", litestream.config(db_path, f"file://{tmp_path / 'r'}", sync_interval=1))
+    with pytest.raises(ReplicaError, match=r"^litestream replicate took longer than 1 s$"):
+        litestream.run("replicate", "-config", str(cfg), timeout=1)  # replicates until stopped
+    missing = tmp_path / "missing.yml"
+    with pytest.raises(ReplicaError, match=f"^litestream databases failed: Error: config file not found: {missing}$"):
+        litestream.run("databases", "-config", str(missing))  # its last line, not its usage text
 
 
 async def test_a_litestream_that_does_not_stop_in_time_is_killed(
