@@ -550,7 +550,7 @@ def test_the_daily_check_passes_a_sound_replica_and_fails_a_corrupted_one(
     assert restored[1] == files.mb(os.path.getsize(db_path)), "not the size of a copy of the database"
     data = json.loads(run("replica", "verify", db_path, url, "--sync-interval", "0.2", "--json").stdout)
     assert data["ok"] and data["size"] == os.path.getsize(db_path) and data["txid"] == position.txid
-    assert data["tables"] == {"note": [0, 0, 0], "seq": [30, 30, 30]} and data["live_versions"] == [1, 1]
+    assert data["tables"]["seq"] == [30, 30, 30] and data["live_versions"] == [1, 1]
     assert done.stdout.startswith(f"replica check of {url} at ")
 
     assert corrupt(tmp_path / "replica") > 0
