@@ -551,12 +551,12 @@ def test_the_daily_check_passes_a_sound_replica_and_fails_a_corrupted_one(
     data = json.loads(run("replica", "verify", db_path, url, "--sync-interval", "0.2", "--json").stdout)
     assert data["ok"] and data["size"] == os.path.getsize(db_path) and data["txid"] == position.txid
     assert data["tables"]["seq"] == [30, 30, 30] and data["live_versions"] == [1, 1]
-    assert done.stdout.startswith(f"replica check of {url} at ")
+    assert re.match(rf"replica check of {re.escape(url)} at [-0-9T:+]+: ok$", done.stdout.splitlines()[0]), done.stdout
 
     assert corrupt(tmp_path / "replica") > 0
     done = run("replica", "verify", db_path, url, "--sync-interval", "0.2")
     assert done.returncode == 1, done.stdout
-    assert "FAILED" in done.stdout
+    assert re.match(rf"replica check of {re.escape(url)} at [-0-9T:+]+: FAILED$", done.stdout.splitlines()[0]), done.stdout
     record = last_check(db_path)
     assert record is not None and not record.ok and record.problems
     done = run("replica", "status", db_path, url)
