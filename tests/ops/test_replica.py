@@ -222,8 +222,9 @@ async def test_litestream_dying_again_at_once_waits_longer_each_time(
                     await asyncio.sleep(0.02)
     finally:
         await replica.stop()
-    waits = [r.args[1] for r in caplog.records if r.msg.startswith("litestream %s; starting it again")]  # type: ignore[index]
-    assert waits == [1.0, 2.0, 4.0]
+    said = [r.getMessage() for r in caplog.records if r.msg.startswith("litestream %s; starting it again")]  # type: ignore[union-attr]
+    assert said == [f"litestream was killed by signal 9; starting it again in {wait} s (restart {n})"
+                    for n, wait in ((1, 1), (2, 2), (3, 4))]  # fmt: skip
 
 
 def wal_database(db_path: Path) -> Path:
@@ -343,12 +344,14 @@ async def test_a_check_in_the_app_that_finds_a_damaged_replica_is_counted_and_lo
         assert any(r.getMessage().startswith("replica check of app.db ok: restored ") for r in caplog.records)
         assert corrupt(tmp_path / "replica") > 0
         second = await checks.check_now()
+        assert not second.ok and checks.failures == 1 and checks.last is second
+        third = await checks.check_now()
     finally:
         await replica.stop()
-    assert not second.ok and checks.failures == 1 and checks.last is second
-    assert replica.health()["last_check"] == {"ok": False, "at": second.at, "problems": second.problems}
+    assert not third.ok and checks.failures == 2 and checks.last is third  # each failure counted
+    assert replica.health()["last_check"] == {"ok": False, "at": third.at, "problems": third.problems}
     failed = [r for r in caplog.records if r.levelno == logging.ERROR and "REPLICA CHECK FAILED" in r.getMessage()]
-    assert len(failed) == 1
+    assert len(failed) == 2
     assert failed[0].getMessage().startswith(f"REPLICA CHECK FAILED for {db_path} ({url}): ")
 
 
@@ -479,6 +482,8 @@ def test_replica_urls_and_credentials_are_checked_with_clear_errors(tmp_path: Pa
     with pytest.raises(ReplicaError, match="never from the URL"):
         check_url("s3://KEY@bucket/app")
     assert check_url("abs://account@container/app") == "abs"  # Azure's account name, not a secret
+    with pytest.raises(ReplicaError, match=r"never from the URL \(for file: none needed\)$"):
+        check_url("file://user:secret@/mnt/replica/app")
     with pytest.raises(ReplicaError, match="bucket"):
         check_url("s3:///app")
     with pytest.raises(ReplicaError, match="AWS_CA_BUNDLE is set"):
@@ -722,7 +727,7 @@ def test_replica_restore_refuses_a_running_app_and_leaves_litestreams_folder_alo
 
 
 async def test_processes_of_one_app_run_one_litestream_and_another_takes_over(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """`--workers N`: each process builds the replica, the holder of the lock runs Litestream."""
     import asyncio
@@ -740,3 +745,4 @@ async def test_processes_of_one_app_run_one_litestream_and_another_takes_over(
             while not second.replica.running:
                 await asyncio.sleep(0.05)
         assert second.replica.health()["leader"]
+    assert "took over replicating app.db from a process that ended" in [r.getMessage() for r in caplog.records]
