@@ -301,6 +301,15 @@ def test_restoring_twice_in_one_second_keeps_both_replaced_databases(
     assert len(list(tmp_path.glob("app.db.replaced-*"))) == 2
 
 
+def test_a_restored_database_keeps_the_mode_of_the_one_it_replaces(copy: Path, tmp_path: Path) -> None:
+    """A service's database readable by its group only stays so after a restore from a shell."""
+    target = tmp_path / "app.db"
+    target.write_bytes(copy.read_bytes())
+    target.chmod(0o640)
+    restore(copy, target)
+    assert target.stat().st_mode & 0o7777 == 0o640
+
+
 def test_verify_reads_a_plain_copy_of_a_wal_database_without_writing_beside_it(tmp_path: Path) -> None:
     path = tmp_path / "plain.db"
     with closing(sqlite3.connect(path)) as conn:
