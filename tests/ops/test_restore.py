@@ -4,6 +4,7 @@ database that a real running app holds open (refused) or not (done)."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import json
 import os
@@ -308,6 +309,25 @@ def test_a_restored_database_keeps_the_mode_of_the_one_it_replaces(copy: Path, t
     target.chmod(0o640)
     restore(copy, target)
     assert target.stat().st_mode & 0o7777 == 0o640
+
+
+def test_on_a_file_system_without_hard_links_the_replaced_database_is_kept_as_a_copy(
+    copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "app.db"
+    with closing(sqlite3.connect(target)) as conn, conn:
+        conn.execute("CREATE TABLE old (x)")
+    before = sha(target)
+
+    def no_hard_links(src: object, dst: object) -> None:  # as on FAT or some network mounts
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_hard_links)
+    restore(copy, target)
+    [replaced] = tmp_path.glob("app.db.replaced-*")
+    assert sha(replaced) == before
+    with closing(sqlite3.connect(f"file:{target}?mode=ro", uri=True)) as conn:
+        assert conn.execute("SELECT count(*) FROM note").fetchone() == (3000,)
 
 
 def test_verify_reads_a_plain_copy_of_a_wal_database_without_writing_beside_it(tmp_path: Path) -> None:
