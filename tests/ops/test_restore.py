@@ -21,7 +21,7 @@ import pytest
 
 from fastapi_lith.cli import main
 from fastapi_lith.ops import Backups, backup, restore, verify
-from fastapi_lith.ops.files import checksum_path
+from fastapi_lith.ops.files import checksum_path, unique
 from tests.support import CHILD_HANG_LIMIT, REPO
 from tests.support.browser import Server
 from tests.support.damage import index_out_of_step
@@ -328,6 +328,16 @@ def test_on_a_file_system_without_hard_links_the_replaced_database_is_kept_as_a_
     assert sha(replaced) == before
     with closing(sqlite3.connect(f"file:{target}?mode=ro", uri=True)) as conn:
         assert conn.execute("SELECT count(*) FROM note").fetchone() == (3000,)
+
+
+def test_a_kept_name_taken_twice_already_gets_the_next_free_number(tmp_path: Path) -> None:
+    """Three restores within one second: each replaced database keeps a name of its own."""
+    wanted = tmp_path / "app.db.replaced-20261205T012345Z"
+    assert unique(wanted) == wanted
+    wanted.touch()
+    assert unique(wanted) == tmp_path / "app.db.replaced-20261205T012345Z-2"
+    (tmp_path / "app.db.replaced-20261205T012345Z-2").touch()
+    assert unique(wanted) == tmp_path / "app.db.replaced-20261205T012345Z-3"
 
 
 def test_verify_reads_a_plain_copy_of_a_wal_database_without_writing_beside_it(tmp_path: Path) -> None:
