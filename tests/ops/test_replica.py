@@ -692,6 +692,28 @@ async def test_a_check_that_cannot_run_is_counted_as_failed_and_logged(
     assert checks.last is None and last_check(db_path) is None
 
 
+async def test_a_check_runs_the_binary_its_replica_was_given(tmp_path: Path) -> None:
+    """A `Replica(binary=...)`: its checks list and restore with that Litestream, not another."""
+    from fastapi_lith.ops import litestream
+    from fastapi_lith.ops.replica import Replica
+
+    calls = tmp_path / "calls"
+    given = tmp_path / "bin" / "litestream"
+    given.parent.mkdir()
+    given.write_text(f'#!/bin/sh\necho "$1" >> {calls}\nexec {litestream.find_binary()} "$@"\n')
+    given.chmod(0o755)
+    db_path = wal_database(tmp_path / "app.db")
+    replica = Replica(db_path, f"file://{tmp_path / 'replica'}", sync_interval=0.2, check_every=3600, binary=given)
+    await replica.start()
+    try:
+        assert replica.checks is not None
+        result = await replica.checks.check_now()
+    finally:
+        await replica.stop()
+    assert result.ok, result.problems
+    assert calls.read_text().split() == ["replicate", "ltx", "restore"]
+
+
 def test_the_next_check_is_due_a_period_after_the_last_recorded_one_and_never_within_a_minute(tmp_path: Path) -> None:
     db_path = wal_database(tmp_path / "app.db")
     replicated = SimpleNamespace(path=db_path, url="file:///r", sync_interval=1.0, binary=None)
