@@ -326,6 +326,8 @@ async def test_a_check_in_the_app_that_finds_a_damaged_replica_is_counted_and_lo
     db_path = wal_database(tmp_path / "app.db")
     with closing(sqlite3.connect(db_path)) as conn:
         conn.executemany("INSERT INTO seq (n) VALUES (?)", [(n,) for n in range(100)])
+        conn.execute('CREATE TABLE "say ""hi""" (x)')  # a name the count must quote
+        conn.execute('INSERT INTO "say ""hi""" VALUES (1), (2)')
         conn.commit()
     url = f"file://{tmp_path / 'replica'}"
     replica = Replica(db_path, url, sync_interval=0.2, check_every=3600)
@@ -339,7 +341,7 @@ async def test_a_check_in_the_app_that_finds_a_damaged_replica_is_counted_and_lo
         wait_for(lambda: any((tmp_path / "replica").glob("ltx/1/*.ltx")), "the first compaction")
         first = await checks.check_now()
         assert first.ok, first.problems
-        assert first.tables == {"seq": [100, 100, 100]} and checks.failures == 0
+        assert first.tables == {"seq": [100, 100, 100], 'say "hi"': [2, 2, 2]} and checks.failures == 0
         assert replica.health()["last_check"] == {"ok": True, "at": first.at, "problems": []}
         assert any(r.getMessage().startswith("replica check of app.db ok: restored ") for r in caplog.records)
         assert corrupt(tmp_path / "replica") > 0
