@@ -28,7 +28,14 @@ from fastapi_lith import Lith
 from fastapi_lith.cli import main
 from fastapi_lith.exceptions import LithError, SettingError
 from fastapi_lith.ops import files
-from fastapi_lith.ops.litestream import ReplicaError, check_environment, check_url, meta_dir, replica_position
+from fastapi_lith.ops.litestream import (
+    ReplicaError,
+    check_environment,
+    check_url,
+    local_position,
+    meta_dir,
+    replica_position,
+)
 from fastapi_lith.ops.litestream import restore as litestream_restore
 from fastapi_lith.ops.replica_check import CheckResult, ReplicaChecks, check_replica, last_check
 from tests.support import CHILD_HANG_LIMIT, SUPPORT, until
@@ -273,15 +280,20 @@ async def test_a_restore_to_an_earlier_position_holds_only_what_was_committed_by
             return now.txid if now is not None and now.txid > txid else None
 
         positions = [await until(lambda: uploaded_past(0))]  # the table, empty
-        for n in (1, 2, 3):
+        n = 0
+        while positions[-1] <= 0x10:  # past positions whose hex digits read as decimal too
+            n += 1
             with closing(sqlite3.connect(db_path)) as conn, conn:
                 conn.execute("INSERT INTO seq (n) VALUES (?)", (n,))
             positions.append(await until(lambda: uploaded_past(positions[-1])))
     finally:
         await replica.stop()
-    for upto, txid in enumerate(positions):
-        out = tmp_path / f"at-{txid}.db"
-        assert litestream_restore(url, out, txid=txid)
+    uploaded, read = replica_position(url), local_position(db_path)
+    assert uploaded is not None and read is not None
+    assert uploaded.txid == read.txid == positions[-1]  # stopped: all it read is uploaded
+    for upto in (0, 1, 2, n):
+        out = tmp_path / f"at-{positions[upto]}.db"
+        assert litestream_restore(url, out, txid=positions[upto])
         assert seq(out) == list(range(1, upto + 1))
     assert not litestream_restore(f"file://{tmp_path / 'empty'}", tmp_path / "none.db")
     assert not (tmp_path / "none.db").exists()
@@ -544,6 +556,12 @@ def test_the_daily_check_passes_a_sound_replica_and_fails_a_corrupted_one(
     assert done.returncode == 0, done.stderr
     assert "last check  ok" in done.stdout and "lag" in done.stdout
     server.close()
+    # Stopped, Litestream has uploaded all it read: the replica's newest position is the local one.
+    local = local_position(db_path)
+    assert local is not None
+    done = run("replica", "status", db_path, url)
+    assert re.search(rf"^replicated  txid {local.txid:016x} at \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d UTC$", done.stdout, re.M), done.stdout
+    assert "lag         none: the replica holds every change Litestream has read" in done.stdout
 
     # The app is stopped: nothing trails, so the check need not wait for a lag.
     done = run("replica", "verify", db_path, url, "--sync-interval", "0.2")
@@ -603,7 +621,6 @@ def test_the_check_fails_a_replica_that_stopped_following(
     assert "  extra      missing rows (live 0)" in shown and "  note       0 rows (live missing)" in shown
 
 
-@pytest.mark.timeout(CHILD_HANG_LIMIT)  # a child process imports the package (tests/support)
 async def test_a_replica_that_holds_damage_from_the_live_database_fails_the_integrity_check(tmp_path: Path) -> None:
     """Litestream copies pages as they are: an index out of step with its table on the live side
     is out of step in the replica too, and the check says so rather than compare the counts."""
@@ -733,6 +750,7 @@ def test_the_next_check_is_due_a_period_after_the_last_recorded_one_and_never_wi
         ReplicaChecks(replicated, every=0.5)
 
 
+@pytest.mark.timeout(CHILD_HANG_LIMIT)  # a child process imports the package (tests/support)
 def test_replica_restore_refuses_a_running_app_and_leaves_litestreams_folder_alone(tmp_path: Path, run: Run) -> None:
     db_path = tmp_path / "app.db"
     url = f"file://{tmp_path / 'replica'}"
