@@ -212,11 +212,7 @@ async def test_litestream_dying_again_at_once_waits_longer_each_time(
     """The restart back-off doubles while Litestream keeps dying soon after it starts."""
     from fastapi_lith.ops.replica import Replica
 
-    db_path = tmp_path / "app.db"
-    with closing(sqlite3.connect(db_path)) as conn:
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("CREATE TABLE seq (n INTEGER PRIMARY KEY)")
-    replica = Replica(db_path, f"file://{tmp_path / 'replica'}", check_every=None)
+    replica = Replica(wal_database(tmp_path / "app.db"), f"file://{tmp_path / 'replica'}", check_every=None)
     caplog.set_level(logging.ERROR, logger="fastapi_lith.replica")
     await replica.start()
     try:
