@@ -257,6 +257,9 @@ async def test_litestream_replicates_at_the_apps_pace_and_has_read_the_database_
         assert any(f'msg="initialized db" path={db_path}' in line for line in info), info
         assert any(f'msg="replicating to" type=file sync-interval=200ms path={tmp_path / "replica"}' in line for line in info), info
         assert all(line.startswith("litestream: time=") for line in info), info
+        pid = replica.pid
+        await replica.start()  # again: the same Litestream goes on, no second one
+        assert replica.pid == pid and replica.running
     finally:
         await replica.stop()
     assert replica.config_path.name == ".app.db-litestream.yml" and replica.config_path.parent == tmp_path
@@ -771,6 +774,7 @@ async def test_processes_of_one_app_run_one_litestream_and_another_takes_over(
     import asyncio
 
     monkeypatch.delenv("AWS_CA_BUNDLE", raising=False)
+    caplog.set_level(logging.INFO, logger="fastapi_lith.replica")
     db_path, url = tmp_path / "app.db", f"file://{tmp_path / 'replica'}"
     first = Lith(db_path, replica=url, replica_sync_interval=0.2, replica_check_every=None)
     second = Lith(db_path, replica=url, replica_sync_interval=0.2, replica_check_every=None)
@@ -783,4 +787,6 @@ async def test_processes_of_one_app_run_one_litestream_and_another_takes_over(
             while not second.replica.running:
                 await asyncio.sleep(0.05)
         assert second.replica.health()["leader"]
-    assert "took over replicating app.db from a process that ended" in [r.getMessage() for r in caplog.records]
+    said = [r.getMessage() for r in caplog.records]
+    assert "another process replicates app.db; this one takes over if it ends" in said
+    assert "took over replicating app.db from a process that ended" in said
