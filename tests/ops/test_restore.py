@@ -4,6 +4,7 @@ database that a real running app holds open (refused) or not (done)."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import json
 import os
@@ -20,9 +21,10 @@ import pytest
 
 from fastapi_lith.cli import main
 from fastapi_lith.ops import Backups, backup, restore, verify
-from fastapi_lith.ops.files import checksum_path
+from fastapi_lith.ops.files import checksum_path, unique
 from tests.support import CHILD_HANG_LIMIT, REPO
 from tests.support.browser import Server
+from tests.support.damage import index_out_of_step
 
 SAME_ORIGIN = {"Datastar-Request": "true", "Sec-Fetch-Site": "same-origin"}
 
@@ -147,24 +149,9 @@ def test_verify_reports_what_it_found_for_a_person_and_as_data(copy: Path, tmp_p
 
 
 def test_verify_finds_an_index_out_of_step_with_its_table(tmp_path: Path) -> None:
-    """The damage `quick_check` cannot see: rows changed while their index was not kept up."""
+    """The damage `quick_check` cannot see (tests/support/damage.py)."""
     path = tmp_path / "board.db"
-    with closing(sqlite3.connect(path)) as conn:
-        conn.executescript(
-            "CREATE TABLE card (id INTEGER PRIMARY KEY, title TEXT, lane TEXT);"
-            "CREATE INDEX card_lane ON card (lane);"
-        )
-        conn.executemany("INSERT INTO card (title, lane) VALUES (?, ?)", [(f"t{i}", "todo") for i in range(200)])
-        conn.commit()
-        index = conn.execute("SELECT * FROM sqlite_schema WHERE name = 'card_lane'").fetchone()
-        conn.execute("PRAGMA writable_schema = ON")  # hide the index from SQLite for a moment
-        conn.execute("DELETE FROM sqlite_schema WHERE name = 'card_lane'")
-        conn.commit()
-    with closing(sqlite3.connect(path)) as conn:
-        conn.execute("UPDATE card SET lane = 'done' WHERE id <= 25")  # the index keeps 'todo'
-        conn.execute("PRAGMA writable_schema = ON")
-        conn.execute("INSERT INTO sqlite_schema VALUES (?, ?, ?, ?, ?)", index)
-        conn.commit()
+    index_out_of_step(path)
     with closing(sqlite3.connect(path)) as conn:
         assert conn.execute("PRAGMA quick_check").fetchall() == [("ok",)]
         assert conn.execute("SELECT count(*) FROM card WHERE lane = 'done'").fetchone()[0] == 0  # through the index
@@ -313,6 +300,44 @@ def test_restoring_twice_in_one_second_keeps_both_replaced_databases(
         done = run("restore", copy, target)
         assert done.returncode == 0, done.stderr
     assert len(list(tmp_path.glob("app.db.replaced-*"))) == 2
+
+
+def test_a_restored_database_keeps_the_mode_of_the_one_it_replaces(copy: Path, tmp_path: Path) -> None:
+    """A service's database readable by its group only stays so after a restore from a shell."""
+    target = tmp_path / "app.db"
+    target.write_bytes(copy.read_bytes())
+    target.chmod(0o640)
+    restore(copy, target)
+    assert target.stat().st_mode & 0o7777 == 0o640
+
+
+def test_on_a_file_system_without_hard_links_the_replaced_database_is_kept_as_a_copy(
+    copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "app.db"
+    with closing(sqlite3.connect(target)) as conn, conn:
+        conn.execute("CREATE TABLE old (x)")
+    before = sha(target)
+
+    def no_hard_links(src: object, dst: object) -> None:  # as on FAT or some network mounts
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_hard_links)
+    restore(copy, target)
+    [replaced] = tmp_path.glob("app.db.replaced-*")
+    assert sha(replaced) == before
+    with closing(sqlite3.connect(f"file:{target}?mode=ro", uri=True)) as conn:
+        assert conn.execute("SELECT count(*) FROM note").fetchone() == (3000,)
+
+
+def test_a_kept_name_taken_twice_already_gets_the_next_free_number(tmp_path: Path) -> None:
+    """Three restores within one second: each replaced database keeps a name of its own."""
+    wanted = tmp_path / "app.db.replaced-20261205T012345Z"
+    assert unique(wanted) == wanted
+    wanted.touch()
+    assert unique(wanted) == tmp_path / "app.db.replaced-20261205T012345Z-2"
+    (tmp_path / "app.db.replaced-20261205T012345Z-2").touch()
+    assert unique(wanted) == tmp_path / "app.db.replaced-20261205T012345Z-3"
 
 
 def test_verify_reads_a_plain_copy_of_a_wal_database_without_writing_beside_it(tmp_path: Path) -> None:
