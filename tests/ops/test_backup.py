@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
 import sqlite3
 import subprocess
@@ -145,7 +146,7 @@ def fake_copy(folder: Path, stem: str, age: timedelta, source: Path) -> Path:
 
 
 async def test_timer_names_copies_by_utc_time_keeps_the_newest_and_resumes_its_schedule(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     db_path = tmp_path / "app.db"
     with closing(sqlite3.connect(db_path)) as conn:
@@ -159,6 +160,7 @@ async def test_timer_names_copies_by_utc_time_keeps_the_newest_and_resumes_its_s
     for path in others:
         path.write_text("not ours")
 
+    checksum_path(old[0]).unlink()  # deleted by hand: the copy is still pruned
     timer = Backups(db_path, folder, every=3 * 3600, keep=3)
     assert timer.copies() == old
     newest = datetime.strptime(old[-1].name[4:-3], "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc)
@@ -181,11 +183,14 @@ async def test_timer_names_copies_by_utc_time_keeps_the_newest_and_resumes_its_s
     later = Backups(db_path, tmp_path / "fresh", every=3600, keep=1)
     now = time.time()
     assert later.next_due(now) == now
+    caplog.set_level(logging.INFO, logger="fastapi_lith.backup")
     await later.start()
-    deadline = time.monotonic() + 30
-    while not later.taken:
-        assert time.monotonic() < deadline, "the copy due at once was never taken"
-        await asyncio.sleep(0.05)
+    assert "lith-backups" in {task.get_name() for task in asyncio.all_tasks()}  # as a task dump names it
+
+    async def logged() -> bool:  # the copy is counted on its thread, then logged by the timer
+        return later.last is not None and f"backup {later.last.summary()}" in caplog.messages
+
+    await until(logged)
     await later.stop()
     assert later.taken == 1 and len(later.copies()) == 1
 
@@ -195,6 +200,29 @@ async def test_timer_names_copies_by_utc_time_keeps_the_newest_and_resumes_its_s
         Backups(db_path, folder, every=60, keep=0)
     hourly = Backups(db_path, folder)
     assert (hourly.every, hourly.keep, hourly.method) == (3600.0, 24, "backup")  # a day of hourly copies
+
+
+async def test_copies_asked_for_together_are_taken_one_after_the_other_on_one_backup_thread(tmp_path: Path) -> None:
+    """A `take()` beside the timer's waits its turn: two copies at once would read the database
+    twice over and write the same copy's name and checksum side by side."""
+    db_path = tmp_path / "app.db"
+    with closing(sqlite3.connect(db_path)) as conn:
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("CREATE TABLE t (x)")
+        conn.execute("INSERT INTO t VALUES (1)")
+    timer = Backups(db_path, tmp_path / "backups", every=3600, keep=5)
+    try:
+        # Both copies are asked for in one turn of the loop, the first still running: a pool of
+        # more than one thread would start a second thread for the second.
+        before = set(threading.enumerate())
+        first, second = await asyncio.gather(timer.take(), timer.take())
+        assert sorted(t.name for t in set(threading.enumerate()) - before) == ["lith-backup_0"]
+        assert timer.taken == 2 and timer.last in (first, second)
+        for copy in timer.copies():
+            report = verify(copy)
+            assert report.ok and report.checksum == "ok", report.lines()
+    finally:
+        await timer.stop()
 
 
 def test_prune_deletes_a_crashed_copys_temporary_file_once_clearly_abandoned(tmp_path: Path) -> None:

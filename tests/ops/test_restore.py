@@ -357,7 +357,11 @@ def test_without_fcntl_the_package_imports_and_only_the_lock_check_says_it_canno
     assert first.startswith("BackupError ") and "needs POSIX locks (fcntl)" in first, done.stdout
     assert "verdict    ok" in done.stdout
     assert sha(target) == before  # refused before anything was replaced
-async def test_several_processes_of_one_app_take_each_copy_once(tmp_path: Path) -> None:
+
+
+async def test_several_processes_of_one_app_take_each_copy_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """`--workers N`: every process runs the timer, one copies; when it stops, another takes over."""
     db_path = tmp_path / "app.db"
     with closing(sqlite3.connect(db_path)) as conn:
@@ -365,6 +369,11 @@ async def test_several_processes_of_one_app_take_each_copy_once(tmp_path: Path) 
         conn.execute("CREATE TABLE t (x)")
     folder = tmp_path / "backups"
     first, second = Backups(db_path, folder, every=3600, keep=5), Backups(db_path, folder, every=3600, keep=5)
+    umask = os.umask(0o022)  # the lock file's mode as made, whatever the umask this test runs under
+    try:
+        assert first.lead()  # the first process's timer takes the lock
+    finally:
+        os.umask(umask)
     await first.start()
     await second.start()
     try:
@@ -373,6 +382,11 @@ async def test_several_processes_of_one_app_take_each_copy_once(tmp_path: Path) 
                 await asyncio.sleep(0.02)
         assert (first.taken, second.taken) == (1, 0) and len(first.copies()) == 1
         assert not second.lead()  # and could not take one: the first holds the lock
+        # The second has found the lock held (its timer ran before the copy was done) and waits
+        # quietly: waiting on another process is no failure.
+        assert second.failures == 0 and "failed" not in caplog.text
+        # No other user can open the lock file, so none can hold it and stop the copies.
+        assert oct((folder / ".app-timer.lock").stat().st_mode & 0o777) == oct(0o640)
         await first.stop()  # the copying process ends: the other one leads from now on
         assert second.lead()
     finally:
