@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fastapi import Depends, FastAPI
+from fastapi import Depends, FastAPI, Header, HTTPException
 from fastapi.responses import HTMLResponse
 from markupsafe import Markup
 from sqlalchemy import text
@@ -26,6 +26,7 @@ from fastapi_lith import (
     AlreadyRunning,
     Command,
     Db,
+    LithError,
     SettingError,
     Stream,
     Tx,
@@ -497,6 +498,59 @@ async def test_max_open_never_closes_an_account_a_page_is_watching(tmp_path: Pat
         acme.lith.hub.close(stream)
         await accounts.get("globex")  # now acme is the least recently used idle one
         assert accounts.open_names() == ["globex"]
+
+
+def needs_key(x_key: str | None = Header(None)) -> None:
+    if x_key != "k1":
+        raise HTTPException(403, "no key")
+
+
+async def test_a_command_route_on_accounts_runs_its_dependencies_and_keeps_its_own_body_limit(tmp_path: Path) -> None:
+    accounts, app = make_app(tmp_path / "accounts", write_migrations(tmp_path / "m", INIT))
+    accounts.command("/keyed-add", Add, dependencies=[Depends(needs_key)], max_body=200)
+
+    add_from_body = accounts.body(Add)
+
+    @accounts.router.post("/add-body")
+    async def add_body(cmd: Add = Depends(add_from_body), writer: Writer = Depends(accounts.writer)) -> int:
+        return await writer.do(cmd)
+
+    async with accounts.lifespan(app):
+        await accounts.create("acme")
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            assert (await client.post("/a/acme/keyed-add", json={"n": 2})).status_code == 403
+            keyed = await client.post("/a/acme/keyed-add", json={"n": 2}, headers={"X-Key": "k1"})
+            assert keyed.status_code == 204, keyed.text
+            padded = b'{"n": 1, "pad": "' + b"x" * 300 + b'"}'  # past this route's 200, well within the app's
+            too_big = await client.post("/a/acme/keyed-add", content=padded, headers={"X-Key": "k1"})
+            assert too_big.status_code == 413
+            assert (await client.post("/a/acme/add-body", json={"n": 3})).json() == 5
+            assert (await client.get("/a/acme/count")).json() == 5
+
+
+async def test_a_pages_helpers_render_a_views_parameters_and_outside_a_request_say_where_they_work(tmp_path: Path) -> None:
+    accounts, app = make_app(tmp_path / "accounts", write_migrations(tmp_path / "m", INIT))
+
+    @accounts.view("times/{k}", topics={"counter"})
+    def times(db: Db, k: int) -> Markup:
+        return Markup('<p id="times-{}">{}</p>').format(k, k * db.scalar("SELECT count FROM counter"))
+
+    @accounts.router.get("/times/{k}", response_class=HTMLResponse)
+    async def page(k: int) -> str:
+        return str(await accounts.render("times/{k}", k=k)) + accounts.url("/add")
+
+    async with accounts.lifespan(app):
+        await accounts.create("acme")
+        with pytest.raises(LithError) as refused:  # say, a page's code called from a background job
+            accounts.url("/add")
+        assert str(refused.value) == (
+            "no account in this context: the route must be on accounts.router (or take Depends(accounts.current))"
+        )
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            await client.post("/a/acme/add", json={"n": 2})
+            assert (await client.get("/a/acme/times/3")).text == '<p id="times-3">6</p>/a/acme/add'
 
 
 async def test_accounts_served_twice_is_refused_and_the_first_serves_on(served: tuple[Accounts, httpx.AsyncClient]) -> None:
