@@ -19,8 +19,10 @@ import httpx
 import pytest
 
 from fastapi_lith.cli import main
+from fastapi_lith.exceptions import BackupError, InUse
 from fastapi_lith.ops import Backups, backup, restore, verify
-from fastapi_lith.ops.files import checksum_path
+from fastapi_lith.ops.files import checksum_path, mb
+from fastapi_lith.ops.locks import holders
 from tests.support import CHILD_HANG_LIMIT, REPO
 from tests.support.browser import Server
 
@@ -303,6 +305,63 @@ def test_restore_in_process_refuses_while_this_process_holds_the_database(copy: 
             restore(copy, target)
     finally:
         conn.close()
+
+
+# A process that has the database open through SQLite (a WAL connection, read and kept), and
+# one that has only the file open (a copy tool reading it), each until its stdin closes.
+HOLD_WITH_SQLITE = (
+    "import sqlite3, sys; conn = sqlite3.connect(sys.argv[1]); conn.execute('SELECT count(*) FROM note').fetchall(); "
+    "print('open', flush=True); sys.stdin.read()"
+)
+HOLD_THE_FILE = "import sys; file = open(sys.argv[1], 'rb'); print('open', flush=True); sys.stdin.read()"
+
+
+def test_restore_in_process_names_every_process_holding_the_database_then_restores_it_once_they_end(
+    copy: Path, tmp_path: Path
+) -> None:
+    target = tmp_path / "app.db"
+    before = sha(target)
+    holding = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, str(target)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        for script in (HOLD_WITH_SQLITE, HOLD_THE_FILE)
+    ]
+    try:
+        for process in holding:
+            assert process.stdout is not None and process.stdout.readline() == "open\n"
+        app, reader = holding
+        # Each named with its command line, cut at 120 characters; the one through SQLite by its
+        # locks too.
+        app_command, reader_command = (
+            f"{sys.executable} -c {script} {target}"[:120] for script in (HOLD_WITH_SQLITE, HOLD_THE_FILE)
+        )
+        found = [
+            f"pid {app.pid} ({app_command}) holds a lock on app.db, a lock on app.db-shm, an open file",
+            f"pid {reader.pid} ({reader_command}) holds an open file",
+        ]
+        assert holders(target) == found
+        with pytest.raises(InUse) as refused:
+            restore(copy, target)
+        assert str(refused.value) == (
+            f"{target} is open in another process ({'; '.join(found)}): stop the app first "
+            "(e.g. systemctl stop lith@NAME), then restore; nothing was replaced"
+        )
+        assert sha(target) == before
+    finally:
+        for process in holding:
+            process.communicate("")
+    assert holders(target) == []
+    info = restore(copy, target, keep_replaced=False)
+    assert info.replaced is None and not list(tmp_path.glob("app.db.replaced-*"))
+    assert info.summary() == f"restored {target} from {copy} (version 7, {mb(target.stat().st_size)})"
+    assert verify(target).ok and not Path(f"{target}-wal").exists()
+    with pytest.raises(BackupError) as itself:
+        restore(target, target)
+    assert str(itself.value) == f"{target} is the database itself"
+    # Into a folder not made yet, parents and all.
+    nested = tmp_path / "new" / "data" / "app.db"
+    assert restore(copy, nested).replaced is None and verify(nested).ok
 
 
 def test_restoring_twice_in_one_second_keeps_both_replaced_databases(
