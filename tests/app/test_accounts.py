@@ -34,7 +34,7 @@ from fastapi_lith import (
     ViewError,
     Writer,
 )
-from tests.support import CHILD_HANG_LIMIT, REPO
+from tests.support import CHILD_HANG_LIMIT, REPO, crash_after
 
 SAME_ORIGIN = {"Sec-Fetch-Site": "same-origin", "Datastar-Request": "true"}
 
@@ -498,6 +498,30 @@ async def test_max_open_never_closes_an_account_a_page_is_watching(tmp_path: Pat
         acme.lith.hub.close(stream)
         await accounts.get("globex")  # now acme is the least recently used idle one
         assert accounts.open_names() == ["globex"]
+
+
+async def test_deleting_an_account_closes_it_and_removes_its_files_a_crashs_wal_with_them(tmp_path: Path) -> None:
+    accounts, app = make_app(tmp_path / "accounts", write_migrations(tmp_path / "m", INIT))
+    assert accounts.names() == []  # its folder is made when the accounts are served
+    async with accounts.lifespan(app):
+        for name in ("acme", "globex", "initech"):
+            await accounts.create(name)
+        (accounts.folder / "Notes.db").touch()  # no account's name
+        (accounts.folder / "readme.txt").write_text("not an account")
+        assert accounts.names() == ["acme", "globex", "initech"]
+        assert accounts.exists("globex") and not accounts.exists("ghost")
+        await accounts.get("acme")  # open
+        await accounts.close("globex")
+        crash_after(accounts.path("globex"), "UPDATE counter SET count = 9")  # a -wal and -shm left behind
+        await accounts.close("initech")  # so that its own -wal is gone too
+        await accounts.delete("acme")  # closed first
+        await accounts.delete("globex")
+        assert accounts.open_names() == [] and accounts.names() == ["initech"] and not accounts.exists("globex")
+        assert files(accounts.folder) == ["Notes.db", "initech.db", "readme.txt"]
+        # A new account of the same name starts from nothing: no old -wal is read into it.
+        await accounts.create("globex")
+        async with accounts.use("globex") as lith:
+            assert await lith.writer.do(Add(n=1)) == 1
 
 
 def needs_key(x_key: str | None = Header(None)) -> None:

@@ -7,7 +7,6 @@ import asyncio
 import hashlib
 import json
 import os
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from fastapi_lith.exceptions import BackupError, InUse
 from fastapi_lith.ops import Backups, backup, restore, verify
 from fastapi_lith.ops.files import checksum_path, mb
 from fastapi_lith.ops.locks import holders
-from tests.support import CHILD_HANG_LIMIT, REPO
+from tests.support import CHILD_HANG_LIMIT, REPO, crash_after
 from tests.support.browser import Server
 
 SAME_ORIGIN = {"Datastar-Request": "true", "Sec-Fetch-Site": "same-origin"}
@@ -257,24 +256,13 @@ def test_restore_refuses_a_corrupt_copy_and_changes_nothing(copy: Path, tmp_path
     assert not list(tmp_path.glob(".*.tmp")) and not list(tmp_path.glob("app.db.replaced-*"))
 
 
-CRASH = """
-import os, signal, sqlite3, sys
-conn = sqlite3.connect(sys.argv[1], isolation_level=None)
-conn.execute("PRAGMA wal_autocheckpoint = 0")  # everything stays in the -wal
-conn.execute("INSERT INTO note (body) VALUES ('written just before the crash')")
-os.kill(os.getpid(), signal.SIGKILL)
-"""
-
-
 def test_restore_moves_the_stale_wal_of_a_crashed_app_aside_with_the_old_database(
     copy: Path, tmp_path: Path, run: Callable[..., subprocess.CompletedProcess[str]]
 ) -> None:
     target = tmp_path / "app.db"
     with closing(sqlite3.connect(target)) as conn:
         expected_old = conn.execute("SELECT count(*) FROM note").fetchone()[0] + 1
-    proc = subprocess.run([sys.executable, "-c", CRASH, str(target)], timeout=30)
-    assert proc.returncode == -signal.SIGKILL
-    assert Path(f"{target}-wal").stat().st_size > 0  # committed frames, never checkpointed
+    crash_after(target, "INSERT INTO note (body) VALUES ('written just before the crash')")
 
     done = run("restore", copy, target)
     assert done.returncode == 0, done.stderr

@@ -4,6 +4,9 @@ their migrations, and the board the encoder tests render."""
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -57,3 +60,20 @@ def to_the_end(lines: Iterator[str], timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     for _ in lines:
         assert time.monotonic() < deadline, "the stream did not end"
+
+
+_CRASH = """
+import os, signal, sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("PRAGMA wal_autocheckpoint = 0")  # everything stays in the -wal
+conn.execute(sys.argv[2])
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def crash_after(db_path: Path, sql: str) -> None:
+    """Commit `sql` to the WAL database `db_path` in a process then killed with SIGKILL: its
+    `-wal` and `-shm` stay as a crash leaves them, the commit never checkpointed."""
+    done = subprocess.run([sys.executable, "-c", _CRASH, str(db_path), sql], timeout=30)
+    assert done.returncode == -signal.SIGKILL
+    assert Path(f"{db_path}-wal").stat().st_size > 0
