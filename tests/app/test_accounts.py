@@ -562,7 +562,7 @@ async def test_a_pages_helpers_render_a_views_parameters_and_outside_a_request_s
 
     @accounts.router.get("/times/{k}", response_class=HTMLResponse)
     async def page(k: int) -> str:
-        return str(await accounts.render("times/{k}", k=k)) + accounts.url("/add")
+        return str(await accounts.render("times/{k}", k=k)) + accounts.url() + " " + accounts.url("/add")
 
     async with accounts.lifespan(app):
         await accounts.create("acme")
@@ -574,7 +574,7 @@ async def test_a_pages_helpers_render_a_views_parameters_and_outside_a_request_s
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             await client.post("/a/acme/add", json={"n": 2})
-            assert (await client.get("/a/acme/times/3")).text == '<p id="times-3">6</p>/a/acme/add'
+            assert (await client.get("/a/acme/times/3")).text == '<p id="times-3">6</p>/a/acme /a/acme/add'
 
 
 async def test_accounts_served_twice_is_refused_and_the_first_serves_on(served: tuple[Accounts, httpx.AsyncClient]) -> None:

@@ -344,6 +344,9 @@ def test_restore_in_process_names_every_process_holding_the_database_then_restor
     assert info.replaced is None and not list(tmp_path.glob("app.db.replaced-*"))
     assert info.summary() == f"restored {target} from {copy} (version 7, {mb(target.stat().st_size)})"
     assert verify(target).ok and not Path(f"{target}-wal").exists()
+    again = restore(copy, target)  # the database replaced is kept unless told otherwise
+    assert again.replaced is not None and verify(again.replaced).ok
+    assert again.summary().endswith(f"; the previous database is kept as {again.replaced}")
     with pytest.raises(BackupError) as itself:
         restore(target, target)
     assert str(itself.value) == f"{target} is the database itself"
