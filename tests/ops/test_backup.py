@@ -279,6 +279,8 @@ async def test_a_failed_copy_is_counted_and_logged_and_the_next_one_lands(
     await until(copied)
     await failing.stop()
     assert failing.failures >= 2 and len(failing.copies()) == 1
+    # Each failure counted once and logged once, as it happened.
+    assert caplog.messages.count(f"backup of {db_path} into {failing.folder} failed") == failing.failures
 
     nested = Backups(db_path, tmp_path / "new" / "nightly" / "backups", every=1, keep=1)
     await nested.start()  # the timer's lock is made in the folder, parents and all

@@ -22,7 +22,7 @@ from fastapi_lith.exceptions import BackupError, InUse
 from fastapi_lith.ops import Backups, backup, restore, verify
 from fastapi_lith.ops.files import checksum_path, mb
 from fastapi_lith.ops.locks import holders
-from tests.support import CHILD_HANG_LIMIT, REPO, crash_after
+from tests.support import CHILD_HANG_LIMIT, REPO, crash_after, until
 from tests.support.browser import Server
 
 SAME_ORIGIN = {"Datastar-Request": "true", "Sec-Fetch-Site": "same-origin"}
@@ -442,3 +442,30 @@ async def test_several_processes_of_one_app_take_each_copy_once(
     finally:
         await first.stop()
         await second.stop()
+
+
+async def test_when_the_process_that_copies_ends_another_takes_over_on_its_own(tmp_path: Path) -> None:
+    db_path = tmp_path / "app.db"
+    with closing(sqlite3.connect(db_path)) as conn:
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("CREATE TABLE t (x)")
+    folder = tmp_path / "backups"
+    # Every second: a process that does not hold the lock tries for it again each second.
+    first, second = Backups(db_path, folder, every=1, keep=5), Backups(db_path, folder, every=1, keep=5)
+
+    async def first_copied() -> bool:
+        return first.taken > 0
+
+    async def second_copied() -> bool:
+        return second.taken > 0
+
+    try:
+        await first.start()
+        await until(first_copied)
+        await second.start()  # finds the lock held, and waits
+        await first.stop()
+        await until(second_copied)
+    finally:
+        await first.stop()
+        await second.stop()
+    assert second.failures == 0
