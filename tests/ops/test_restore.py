@@ -394,6 +394,21 @@ sys.exit(fastapi_lith.cli.main(["verify", sys.argv[3]]))
 """
 
 
+def test_without_fcntl_the_lock_check_says_why_it_cannot_run_and_what_to_do(
+    copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In process, so that the check's own words are read where the mutants run (the test below
+    imports the package without fcntl, in a child)."""
+    target = tmp_path / "app.db"
+    monkeypatch.setitem(sys.modules, "fcntl", None)  # what a platform without it looks like
+    with pytest.raises(BackupError) as refused:
+        restore(copy, target)
+    assert str(refused.value) == (
+        "checking whether another process holds the database needs POSIX locks (fcntl), which this "
+        f"platform ({sys.platform}) does not have: stop the app and restore or migrate on a Unix system"
+    )
+
+
 @pytest.mark.timeout(CHILD_HANG_LIMIT)  # a child process imports the package (tests/support)
 def test_without_fcntl_the_package_imports_and_only_the_lock_check_says_it_cannot_run(copy: Path, tmp_path: Path) -> None:
     target = tmp_path / "app.db"
