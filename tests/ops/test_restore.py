@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import json
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -273,6 +274,31 @@ def test_restore_moves_the_stale_wal_of_a_crashed_app_aside_with_the_old_databas
     (replaced,) = tmp_path.glob("app.db.replaced-*[0-9]Z")
     with closing(sqlite3.connect(replaced)) as conn:  # the old database, whole, with its -wal
         assert conn.execute("SELECT count(*) FROM note").fetchone()[0] == expected_old
+
+
+# A rollback-journal app killed mid-transaction: its hot -journal holds the pages to put back.
+CRASH_MID_TRANSACTION = """
+import os, signal, sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("PRAGMA journal_mode = DELETE")
+conn.execute("BEGIN")
+conn.execute("DELETE FROM note")
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_restore_moves_the_hot_journal_of_a_crashed_app_aside_with_the_old_database(
+    copy: Path, tmp_path: Path
+) -> None:
+    target = tmp_path / "app.db"
+    proc = subprocess.run([sys.executable, "-c", CRASH_MID_TRANSACTION, str(target)], timeout=30)
+    assert proc.returncode == -signal.SIGKILL and Path(f"{target}-journal").stat().st_size > 0
+    info = restore(copy, target)
+    # Beside the restored file SQLite would play the old journal back into it.
+    assert not Path(f"{target}-journal").exists() and verify(target).ok
+    assert info.replaced is not None and Path(f"{info.replaced}-journal").exists()
+    with closing(sqlite3.connect(info.replaced)) as conn:  # the old database, whole: rolled back
+        assert conn.execute("SELECT count(*) FROM note").fetchone()[0] == 3000
 
 
 def test_backup_and_restore_refuse_missing_files_without_creating_any(tmp_path: Path, run: Callable[..., subprocess.CompletedProcess[str]]) -> None:
