@@ -339,11 +339,13 @@ def test_restore_in_process_names_every_process_holding_the_database_then_restor
 ) -> None:
     target = tmp_path / "app.db"
     before = sha(target)
+    # The copy tool's destination is a name in Latin-1, which its command line holds as is.
     holding = [
         subprocess.Popen(
-            [sys.executable, "-c", script, str(target)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
-        for script in (HOLD_WITH_SQLITE, HOLD_THE_FILE)
+            [sys.executable, "-c", script, str(target), *extra],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        for script, extra in ((HOLD_WITH_SQLITE, []), (HOLD_THE_FILE, [b"caf\xe9.db"]))
     ]
     try:
         for process in holding:
