@@ -135,6 +135,22 @@ async def test_backups_under_load_hold_exactly_the_commands_committed_before_the
           f"slowest batch {worst * 1000:.1f} ms")  # fmt: skip
 
 
+def test_a_copys_summary_says_what_was_written_checked_and_how_long_the_snapshot_was_held(tmp_path: Path) -> None:
+    db_path = tmp_path / "app.db"
+    with closing(sqlite3.connect(db_path)) as conn:
+        conn.execute("CREATE TABLE t (x)")
+        conn.execute("PRAGMA user_version = 3")
+        conn.commit()
+    for check, said in ((True, "quick_check ok"), (False, "not checked")):
+        info = backup(db_path, tmp_path / f"copy-{check}.db", check=check)
+        # The snapshot is one part of the whole copy's time.
+        assert 0 <= info.snapshot_seconds <= info.seconds
+        assert info.summary() == (
+            f"{info.path}: {info.size:,} bytes, version 3, {said}, backup in {info.seconds:.2f} s "
+            f"(snapshot held {info.snapshot_seconds:.2f} s)"
+        )
+
+
 # --------------------------------------------------------------------------- the timer
 
 
