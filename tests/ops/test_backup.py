@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from fastapi_lith import Command, Tx, Writer
+from fastapi_lith.exceptions import BackupError
 from fastapi_lith.ops import Backups, backup, verify
 from fastapi_lith.ops.files import checksum_path, copy_name
 from tests.support import CHILD_HANG_LIMIT, until
@@ -141,14 +142,35 @@ def test_a_copys_summary_says_what_was_written_checked_and_how_long_the_snapshot
         conn.execute("CREATE TABLE t (x)")
         conn.execute("PRAGMA user_version = 3")
         conn.commit()
-    for check, said in ((True, "quick_check ok"), (False, "not checked")):
-        info = backup(db_path, tmp_path / f"copy-{check}.db", check=check)
-        # The snapshot is one part of the whole copy's time.
-        assert 0 <= info.snapshot_seconds <= info.seconds
+    for options, said in (({}, "quick_check ok"), ({"check": False}, "not checked")):
+        started = time.perf_counter()
+        info = backup(db_path, tmp_path / f"copy-{said}.db", **options)  # type: ignore[arg-type]
+        # The snapshot is one part of the copy, and the copy one part of the call.
+        assert 0 <= info.snapshot_seconds <= info.seconds <= time.perf_counter() - started
+        assert (info.version, info.sha256) == (3, sha(info.path))
         assert info.summary() == (
             f"{info.path}: {info.size:,} bytes, version 3, {said}, backup in {info.seconds:.2f} s "
             f"(snapshot held {info.snapshot_seconds:.2f} s)"
         )
+
+
+def test_a_copy_goes_into_a_folder_made_for_it_beside_no_checksum_when_told_and_never_over_the_database(
+    tmp_path: Path,
+) -> None:
+    db_path = tmp_path / "app.db"
+    with closing(sqlite3.connect(db_path)) as conn:
+        conn.execute("CREATE TABLE t (x)")
+    # A folder named with a trailing slash, not made yet: the copy is named by the time in it.
+    first = backup(db_path, f"{tmp_path}/new/copies/")
+    assert first.path.parent == tmp_path / "new" / "copies" and first.path.name.startswith("app-")
+    again = backup(db_path, tmp_path / "new" / "copies")  # the same folder, now there
+    assert again.path.parent == first.path.parent
+    plain = backup(db_path, tmp_path / "a" / "b" / "plain.db", checksum=False)  # a file in a new folder
+    assert plain.path == tmp_path / "a" / "b" / "plain.db" and plain.sha256 == ""
+    assert not checksum_path(plain.path).exists() and verify(plain.path).checksum == "missing"
+    with pytest.raises(BackupError) as itself:
+        backup(db_path, db_path)
+    assert str(itself.value) == f"{db_path} is the database itself"
 
 
 # --------------------------------------------------------------------------- the timer
