@@ -142,16 +142,20 @@ def test_a_copys_summary_says_what_was_written_checked_and_how_long_the_snapshot
         conn.execute("CREATE TABLE t (x)")
         conn.execute("PRAGMA user_version = 3")
         conn.commit()
-    for options, said in (({}, "quick_check ok"), ({"check": False}, "not checked")):
+    checked, unchecked = ({}, "quick_check ok"), ({"check": False}, "not checked")
+    for options, said in (checked, unchecked, ({"method": "vacuum"}, "quick_check ok")):
         started = time.perf_counter()
-        info = backup(db_path, tmp_path / f"copy-{said}.db", **options)  # type: ignore[arg-type]
+        info = backup(db_path, tmp_path / f"copy-{len(options)}-{said}.db", **options)  # type: ignore[arg-type]
         # The snapshot is one part of the copy, and the copy one part of the call.
         assert 0 <= info.snapshot_seconds <= info.seconds <= time.perf_counter() - started
         assert (info.version, info.sha256) == (3, sha(info.path))
         assert info.summary() == (
-            f"{info.path}: {info.size:,} bytes, version 3, {said}, backup in {info.seconds:.2f} s "
+            f"{info.path}: {info.size:,} bytes, version 3, {said}, {info.method} in {info.seconds:.2f} s "
             f"(snapshot held {info.snapshot_seconds:.2f} s)"
         )
+    with pytest.raises(ValueError) as unknown:
+        backup(db_path, tmp_path / "copy.db", method="zip")  # type: ignore[arg-type]
+    assert str(unknown.value) == "method must be 'backup' or 'vacuum', not 'zip'"
 
 
 def test_a_copy_goes_into_a_folder_made_for_it_beside_no_checksum_when_told_and_never_over_the_database(
