@@ -524,6 +524,20 @@ async def test_deleting_an_account_closes_it_and_removes_its_files_a_crashs_wal_
             assert await lith.writer.do(Add(n=1)) == 1
 
 
+async def test_an_account_closed_while_it_is_still_opening_closes_once_it_has_opened(tmp_path: Path) -> None:
+    accounts, app = make_app(tmp_path / "accounts", write_migrations(tmp_path / "m", INIT))
+    async with accounts.lifespan(app):
+        await accounts.create("acme")
+        await accounts.close("acme")
+        opening = asyncio.ensure_future(accounts.get("acme"))
+        await asyncio.sleep(0)  # the get has begun the opening: migrate, start the writer and hub
+        assert accounts.open_names() == ["acme"]
+        await accounts.close("acme")  # say, a restore from the shell
+        account = await opening
+        # Closed after its opening, not under it: nothing of it is left running.
+        assert not account.engine.running and accounts.open_names() == [] and accounts.closed == 2
+
+
 def needs_key(x_key: str | None = Header(None)) -> None:
     if x_key != "k1":
         raise HTTPException(403, "no key")
