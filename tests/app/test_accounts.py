@@ -203,7 +203,7 @@ async def test_an_account_idle_for_idle_after_closes_and_opens_again_on_use(tmp_
             assert await lith.writer.do(Add(n=2)) == 2
 
 
-async def test_a_failed_migration_refuses_that_account_only(tmp_path: Path) -> None:
+async def test_a_failed_migration_refuses_that_account_only(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     migrations = write_migrations(tmp_path / "m", INIT)
     folder = tmp_path / "accounts"
     accounts, app = make_app(folder, migrations)
@@ -226,6 +226,7 @@ async def test_a_failed_migration_refuses_that_account_only(tmp_path: Path) -> N
             with pytest.raises(AccountUnavailable):
                 await accounts.get("bad")
             assert accounts.open_names() == ["good"]
+    assert caplog.messages[-1].startswith("account bad cannot open: migration 0002_step2.sql failed")
     with sqlite3.connect(folder / "bad.db") as conn:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == 1  # left as it was
     with sqlite3.connect(folder / "good.db") as conn:
@@ -536,6 +537,32 @@ async def test_an_account_closed_while_it_is_still_opening_closes_once_it_has_op
         account = await opening
         # Closed after its opening, not under it: nothing of it is left running.
         assert not account.engine.running and accounts.open_names() == [] and accounts.closed == 2
+
+
+async def test_one_account_over_max_open_closes_the_idle_one_and_warns_only_when_it_cannot(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    accounts, app = make_app(tmp_path / "nested" / "accounts", write_migrations(tmp_path / "m", INIT), max_open=1)
+    with pytest.raises(LithError) as early:  # before the accounts are served, into a folder not made yet
+        await accounts.create("acme")
+    assert str(early.value) == "the app is not running: use accounts.lifespan"
+    async with accounts.lifespan(app):
+        for name in ("acme", "globex"):
+            await accounts.create(name)
+        with pytest.raises(UnknownAccount) as bad:
+            await accounts.create("../escape")  # a name is never a path
+        assert str(bad.value).startswith("'../escape' is not an account name: 1 to 63 of a-z, 0-9")
+        with pytest.raises(UnknownAccount, match="^no account 'ghost'$"):
+            await accounts.get("ghost")
+        await accounts.get("acme")
+        await accounts.get("globex")  # one over the limit: acme, idle, closes
+        assert accounts.open_names() == ["globex"]
+        closing = asyncio.ensure_future(accounts.close("globex"))
+        await asyncio.sleep(0)
+        await accounts.get("globex")  # opened again only once its close is done: never two writers
+        assert closing.done() and accounts.closed == 4
+    assert "over max_open" not in caplog.text
+    assert files(tmp_path) == ["m", "nested"]
 
 
 def needs_key(x_key: str | None = Header(None)) -> None:
