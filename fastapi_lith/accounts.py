@@ -206,8 +206,9 @@ class Accounts(AccountPool):
             raise SettingError(f"admits {_name(admits)}: the parameter names {sorted(clash)} are taken")
         keyword = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in dependencies]
         admitted.__signature__ = inspect.Signature([*own, *keyword])  # type: ignore[attr-defined]
-        # FastAPI reads string annotations in the module of the function it unwraps to: admits'.
-        admitted.__wrapped__ = admits  # type: ignore[attr-defined]
+        # FastAPI reads string annotations in the module of the function it unwraps to: admits',
+        # or for an object its __call__'s (an object has no module of its own to read them in).
+        admitted.__wrapped__ = admits if hasattr(admits, "__globals__") else type(admits).__call__  # type: ignore[attr-defined]
         return admitted
 
     def _resolver(self, name_of: Callable[..., Any]) -> Callable[..., AsyncIterator[Account]]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fastapi import Depends, FastAPI
+from fastapi import Depends, FastAPI, Header, HTTPException
 from fastapi.responses import HTMLResponse
 from markupsafe import Markup
 from sqlalchemy import text
@@ -26,6 +26,7 @@ from fastapi_lith import (
     AlreadyRunning,
     Command,
     Db,
+    LithError,
     SettingError,
     Stream,
     Tx,
@@ -33,7 +34,7 @@ from fastapi_lith import (
     ViewError,
     Writer,
 )
-from tests.support import CHILD_HANG_LIMIT, REPO
+from tests.support import CHILD_HANG_LIMIT, REPO, crash_after
 
 SAME_ORIGIN = {"Sec-Fetch-Site": "same-origin", "Datastar-Request": "true"}
 
@@ -202,7 +203,7 @@ async def test_an_account_idle_for_idle_after_closes_and_opens_again_on_use(tmp_
             assert await lith.writer.do(Add(n=2)) == 2
 
 
-async def test_a_failed_migration_refuses_that_account_only(tmp_path: Path) -> None:
+async def test_a_failed_migration_refuses_that_account_only(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     migrations = write_migrations(tmp_path / "m", INIT)
     folder = tmp_path / "accounts"
     accounts, app = make_app(folder, migrations)
@@ -225,6 +226,7 @@ async def test_a_failed_migration_refuses_that_account_only(tmp_path: Path) -> N
             with pytest.raises(AccountUnavailable):
                 await accounts.get("bad")
             assert accounts.open_names() == ["good"]
+    assert caplog.messages[-1].startswith("account bad cannot open: migration 0002_step2.sql failed")
     with sqlite3.connect(folder / "bad.db") as conn:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == 1  # left as it was
     with sqlite3.connect(folder / "good.db") as conn:
@@ -497,6 +499,123 @@ async def test_max_open_never_closes_an_account_a_page_is_watching(tmp_path: Pat
         acme.lith.hub.close(stream)
         await accounts.get("globex")  # now acme is the least recently used idle one
         assert accounts.open_names() == ["globex"]
+
+
+async def test_deleting_an_account_closes_it_and_removes_its_files_a_crashs_wal_with_them(tmp_path: Path) -> None:
+    accounts, app = make_app(tmp_path / "accounts", write_migrations(tmp_path / "m", INIT))
+    assert accounts.names() == []  # its folder is made when the accounts are served
+    async with accounts.lifespan(app):
+        for name in ("acme", "globex", "initech"):
+            await accounts.create(name)
+        (accounts.folder / "Notes.db").touch()  # no account's name
+        (accounts.folder / "readme.txt").write_text("not an account")
+        assert accounts.names() == ["acme", "globex", "initech"]
+        assert accounts.exists("globex") and not accounts.exists("ghost")
+        await accounts.get("acme")  # open
+        await accounts.close("globex")
+        crash_after(accounts.path("globex"), "UPDATE counter SET count = 9")  # a -wal and -shm left behind
+        await accounts.close("initech")  # so that its own -wal is gone too
+        await accounts.delete("acme")  # closed first
+        await accounts.delete("globex")
+        assert accounts.open_names() == [] and accounts.names() == ["initech"] and not accounts.exists("globex")
+        assert files(accounts.folder) == ["Notes.db", "initech.db", "readme.txt"]
+        # A new account of the same name starts from nothing: no old -wal is read into it.
+        await accounts.create("globex")
+        async with accounts.use("globex") as lith:
+            assert await lith.writer.do(Add(n=1)) == 1
+
+
+async def test_an_account_closed_while_it_is_still_opening_closes_once_it_has_opened(tmp_path: Path) -> None:
+    accounts, app = make_app(tmp_path / "accounts", write_migrations(tmp_path / "m", INIT))
+    async with accounts.lifespan(app):
+        await accounts.create("acme")
+        await accounts.close("acme")
+        opening = asyncio.ensure_future(accounts.get("acme"))
+        await asyncio.sleep(0)  # the get has begun the opening: migrate, start the writer and hub
+        assert accounts.open_names() == ["acme"]
+        await accounts.close("acme")  # say, a restore from the shell
+        account = await opening
+        # Closed after its opening, not under it: nothing of it is left running.
+        assert not account.engine.running and accounts.open_names() == [] and accounts.closed == 2
+
+
+async def test_one_account_over_max_open_closes_the_idle_one_and_warns_only_when_it_cannot(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    accounts, app = make_app(tmp_path / "nested" / "accounts", write_migrations(tmp_path / "m", INIT), max_open=1)
+    with pytest.raises(LithError) as early:  # before the accounts are served, into a folder not made yet
+        await accounts.create("acme")
+    assert str(early.value) == "the app is not running: use accounts.lifespan"
+    async with accounts.lifespan(app):
+        for name in ("acme", "globex"):
+            await accounts.create(name)
+        with pytest.raises(UnknownAccount) as bad:
+            await accounts.create("../escape")  # a name is never a path
+        assert str(bad.value).startswith("'../escape' is not an account name: 1 to 63 of a-z, 0-9")
+        with pytest.raises(UnknownAccount, match="^no account 'ghost'$"):
+            await accounts.get("ghost")
+        await accounts.get("acme")
+        await accounts.get("globex")  # one over the limit: acme, idle, closes
+        assert accounts.open_names() == ["globex"]
+        closing = asyncio.ensure_future(accounts.close("globex"))
+        await asyncio.sleep(0)
+        await accounts.get("globex")  # opened again only once its close is done: never two writers
+        assert closing.done() and accounts.closed == 4
+    assert "over max_open" not in caplog.text
+    assert files(tmp_path) == ["m", "nested"]
+
+
+def needs_key(x_key: str | None = Header(None)) -> None:
+    if x_key != "k1":
+        raise HTTPException(403, "no key")
+
+
+async def test_a_command_route_on_accounts_runs_its_dependencies_and_keeps_its_own_body_limit(tmp_path: Path) -> None:
+    accounts, app = make_app(tmp_path / "accounts", write_migrations(tmp_path / "m", INIT))
+    accounts.command("/keyed-add", Add, dependencies=[Depends(needs_key)], max_body=200)
+
+    add_from_body = accounts.body(Add)
+
+    @accounts.router.post("/add-body")
+    async def add_body(cmd: Add = Depends(add_from_body), writer: Writer = Depends(accounts.writer)) -> int:
+        return await writer.do(cmd)
+
+    async with accounts.lifespan(app):
+        await accounts.create("acme")
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            assert (await client.post("/a/acme/keyed-add", json={"n": 2})).status_code == 403
+            keyed = await client.post("/a/acme/keyed-add", json={"n": 2}, headers={"X-Key": "k1"})
+            assert keyed.status_code == 204, keyed.text
+            padded = b'{"n": 1, "pad": "' + b"x" * 300 + b'"}'  # past this route's 200, well within the app's
+            too_big = await client.post("/a/acme/keyed-add", content=padded, headers={"X-Key": "k1"})
+            assert too_big.status_code == 413
+            assert (await client.post("/a/acme/add-body", json={"n": 3})).json() == 5
+            assert (await client.get("/a/acme/count")).json() == 5
+
+
+async def test_a_pages_helpers_render_a_views_parameters_and_outside_a_request_say_where_they_work(tmp_path: Path) -> None:
+    accounts, app = make_app(tmp_path / "accounts", write_migrations(tmp_path / "m", INIT))
+
+    @accounts.view("times/{k}", topics={"counter"})
+    def times(db: Db, k: int) -> Markup:
+        return Markup('<p id="times-{}">{}</p>').format(k, k * db.scalar("SELECT count FROM counter"))
+
+    @accounts.router.get("/times/{k}", response_class=HTMLResponse)
+    async def page(k: int) -> str:
+        return str(await accounts.render("times/{k}", k=k)) + accounts.url() + " " + accounts.url("/add")
+
+    async with accounts.lifespan(app):
+        await accounts.create("acme")
+        with pytest.raises(LithError) as refused:  # say, a page's code called from a background job
+            accounts.url("/add")
+        assert str(refused.value) == (
+            "no account in this context: the route must be on accounts.router (or take Depends(accounts.current))"
+        )
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            await client.post("/a/acme/add", json={"n": 2})
+            assert (await client.get("/a/acme/times/3")).text == '<p id="times-3">6</p>/a/acme /a/acme/add'
 
 
 async def test_accounts_served_twice_is_refused_and_the_first_serves_on(served: tuple[Accounts, httpx.AsyncClient]) -> None:

@@ -7,11 +7,11 @@ import asyncio
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
 import pytest
-from fastapi import FastAPI, Header
+from fastapi import Depends, FastAPI, Header
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.sessions import SessionMiddleware
@@ -209,15 +209,72 @@ def test_admits_needs_an_identity_and_takes_the_principal_and_the_account_first(
     def member(user: str, account: str) -> bool:
         return True
 
+    class Membership:
+        def __repr__(self) -> str:
+            return "Membership()"
+
+        def __call__(self, user: str) -> bool:
+            return True
+
+    def clashing(user: str, account: str, lith_account: str = Header("")) -> bool:
+        return True
+
+    def refused(admits: Any) -> str:
+        with pytest.raises(SettingError) as refusal:
+            Accounts(tmp_path, identity=identity, admits=admits)
+        return str(refusal.value)
+
     with pytest.raises(SettingError, match="admits needs identity="):
         Accounts(tmp_path, admits=member)
-    with pytest.raises(SettingError, match="as its first two parameters"):
-        Accounts(tmp_path, identity=identity, admits=lambda user: True)
-    with pytest.raises(SettingError, match="cannot fill its parameter 'rest'"):
-        Accounts(tmp_path, identity=identity, admits=lambda user, account, *rest: True)
-    with pytest.raises(SettingError, match="admits must be a function"):
-        Accounts(tmp_path, identity=identity, admits="members")
+    first_two = "must take the principal and the account's name as its first two parameters; FastAPI resolves any others"
+    assert refused(lambda user: True) == f"admits '<lambda>' {first_two}"
+    assert refused(Membership()) == f"admits Membership() {first_two}"  # named as it shows itself
+    assert refused(lambda user, account, *rest: True) == "admits '<lambda>': FastAPI cannot fill its parameter 'rest'"
+    assert refused(clashing) == "admits 'clashing': the parameter names ['lith_account'] are taken"
+    assert refused("members").startswith("admits must be a function")
     Accounts(tmp_path, identity=identity, admits=member)
+
+
+def role_of(x_role: str = Header("guest")) -> str:
+    return x_role
+
+
+def member_by_role(user: str, account: str, role: Annotated[str, Depends(role_of)]) -> bool:
+    """A plain function: run in the thread pool, its `role` filled by FastAPI (this module's
+    annotations are strings, read in this module)."""
+    return user == "alice" and account == "acme" and role == "member"
+
+
+class MemberByRole:
+    """An object whose `__call__` is a coroutine: awaited on the loop."""
+
+    async def __call__(self, user: str, account: str, role: Annotated[str, Depends(role_of)]) -> bool:
+        await asyncio.sleep(0)  # a real await, as a read of the app's own database would be
+        return member_by_role(user, account, role)
+
+
+@pytest.mark.parametrize("admits", [member_by_role, MemberByRole()], ids=["function", "async object"])
+async def test_admits_may_be_a_function_or_an_async_callable_object_and_reads_its_own_dependencies(
+    admits: Any, tmp_path: Path
+) -> None:
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "0001_init.sql").write_text("CREATE TABLE t (x INTEGER);")
+    accounts = Accounts(tmp_path / "accounts", migrations=tmp_path / "m", identity=identity, admits=admits)
+    app = FastAPI()
+    app.include_router(accounts.router)
+
+    @accounts.router.get("/")
+    async def page() -> str:
+        return accounts.account().name
+
+    async with accounts.lifespan(app):
+        await accounts.create("acme")
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            member = await client.get("/a/acme/", headers={"X-User": "alice", "X-Role": "member"})
+            assert (member.status_code, member.json()) == (200, "acme")
+            guest = await client.get("/a/acme/", headers={"X-User": "alice"})
+            assert (guest.status_code, guest.json()) == (404, {"detail": "no such account"})
 
 
 async def test_an_admits_that_answers_neither_true_nor_false_is_a_bug_not_a_refusal(tmp_path: Path) -> None:

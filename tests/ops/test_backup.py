@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
 import sqlite3
 import subprocess
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from fastapi_lith import Command, Tx, Writer
+from fastapi_lith.exceptions import BackupError
 from fastapi_lith.ops import Backups, backup, verify
 from fastapi_lith.ops.files import checksum_path, copy_name
 from tests.support import CHILD_HANG_LIMIT, until
@@ -134,6 +136,47 @@ async def test_backups_under_load_hold_exactly_the_commands_committed_before_the
           f"slowest batch {worst * 1000:.1f} ms")  # fmt: skip
 
 
+def test_a_copys_summary_says_what_was_written_checked_and_how_long_the_snapshot_was_held(tmp_path: Path) -> None:
+    db_path = tmp_path / "app.db"
+    with closing(sqlite3.connect(db_path)) as conn:
+        conn.execute("CREATE TABLE t (x)")
+        conn.execute("PRAGMA user_version = 3")
+        conn.commit()
+    checked, unchecked = ({}, "quick_check ok"), ({"check": False}, "not checked")
+    for options, said in (checked, unchecked, ({"method": "vacuum"}, "quick_check ok")):
+        started = time.perf_counter()
+        info = backup(db_path, tmp_path / f"copy-{len(options)}-{said}.db", **options)  # type: ignore[arg-type]
+        # The snapshot is one part of the copy, and the copy one part of the call.
+        assert 0 <= info.snapshot_seconds <= info.seconds <= time.perf_counter() - started
+        assert (info.version, info.sha256) == (3, sha(info.path))
+        assert info.summary() == (
+            f"{info.path}: {info.size:,} bytes, version 3, {said}, {info.method} in {info.seconds:.2f} s "
+            f"(snapshot held {info.snapshot_seconds:.2f} s)"
+        )
+    with pytest.raises(ValueError) as unknown:
+        backup(db_path, tmp_path / "copy.db", method="zip")  # type: ignore[arg-type]
+    assert str(unknown.value) == "method must be 'backup' or 'vacuum', not 'zip'"
+
+
+def test_a_copy_goes_into_a_folder_made_for_it_beside_no_checksum_when_told_and_never_over_the_database(
+    tmp_path: Path,
+) -> None:
+    db_path = tmp_path / "app.db"
+    with closing(sqlite3.connect(db_path)) as conn:
+        conn.execute("CREATE TABLE t (x)")
+    # A folder named with a trailing slash, not made yet: the copy is named by the time in it.
+    first = backup(db_path, f"{tmp_path}/new/copies/")
+    assert first.path.parent == tmp_path / "new" / "copies" and first.path.name.startswith("app-")
+    again = backup(db_path, tmp_path / "new" / "copies")  # the same folder, now there
+    assert again.path.parent == first.path.parent
+    plain = backup(db_path, tmp_path / "a" / "b" / "plain.db", checksum=False)  # a file in a new folder
+    assert plain.path == tmp_path / "a" / "b" / "plain.db" and plain.sha256 == ""
+    assert not checksum_path(plain.path).exists() and verify(plain.path).checksum == "missing"
+    with pytest.raises(BackupError) as itself:
+        backup(db_path, db_path)
+    assert str(itself.value) == f"{db_path} is the database itself"
+
+
 # --------------------------------------------------------------------------- the timer
 
 
@@ -145,7 +188,7 @@ def fake_copy(folder: Path, stem: str, age: timedelta, source: Path) -> Path:
 
 
 async def test_timer_names_copies_by_utc_time_keeps_the_newest_and_resumes_its_schedule(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     db_path = tmp_path / "app.db"
     with closing(sqlite3.connect(db_path)) as conn:
@@ -159,6 +202,7 @@ async def test_timer_names_copies_by_utc_time_keeps_the_newest_and_resumes_its_s
     for path in others:
         path.write_text("not ours")
 
+    checksum_path(old[0]).unlink()  # deleted by hand: the copy is still pruned
     timer = Backups(db_path, folder, every=3 * 3600, keep=3)
     assert timer.copies() == old
     newest = datetime.strptime(old[-1].name[4:-3], "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc)
@@ -181,11 +225,14 @@ async def test_timer_names_copies_by_utc_time_keeps_the_newest_and_resumes_its_s
     later = Backups(db_path, tmp_path / "fresh", every=3600, keep=1)
     now = time.time()
     assert later.next_due(now) == now
+    caplog.set_level(logging.INFO, logger="fastapi_lith.backup")
     await later.start()
-    deadline = time.monotonic() + 30
-    while not later.taken:
-        assert time.monotonic() < deadline, "the copy due at once was never taken"
-        await asyncio.sleep(0.05)
+    assert "lith-backups" in {task.get_name() for task in asyncio.all_tasks()}  # as a task dump names it
+
+    async def logged() -> bool:  # the copy is counted on its thread, then logged by the timer
+        return later.last is not None and f"backup {later.last.summary()}" in caplog.messages
+
+    await until(logged)
     await later.stop()
     assert later.taken == 1 and len(later.copies()) == 1
 
@@ -195,6 +242,29 @@ async def test_timer_names_copies_by_utc_time_keeps_the_newest_and_resumes_its_s
         Backups(db_path, folder, every=60, keep=0)
     hourly = Backups(db_path, folder)
     assert (hourly.every, hourly.keep, hourly.method) == (3600.0, 24, "backup")  # a day of hourly copies
+
+
+async def test_copies_asked_for_together_are_taken_one_after_the_other_on_one_backup_thread(tmp_path: Path) -> None:
+    """A `take()` beside the timer's waits its turn: two copies at once would read the database
+    twice over and write the same copy's name and checksum side by side."""
+    db_path = tmp_path / "app.db"
+    with closing(sqlite3.connect(db_path)) as conn:
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("CREATE TABLE t (x)")
+        conn.execute("INSERT INTO t VALUES (1)")
+    timer = Backups(db_path, tmp_path / "backups", every=3600, keep=5)
+    try:
+        # Both copies are asked for in one turn of the loop, the first still running: a pool of
+        # more than one thread would start a second thread for the second.
+        before = set(threading.enumerate())
+        first, second = await asyncio.gather(timer.take(), timer.take())
+        assert sorted(t.name for t in set(threading.enumerate()) - before) == ["lith-backup_0"]
+        assert timer.taken == 2 and timer.last in (first, second)
+        for copy in timer.copies():
+            report = verify(copy)
+            assert report.ok and report.checksum == "ok", report.lines()
+    finally:
+        await timer.stop()
 
 
 def test_prune_deletes_a_crashed_copys_temporary_file_once_clearly_abandoned(tmp_path: Path) -> None:
@@ -251,6 +321,8 @@ async def test_a_failed_copy_is_counted_and_logged_and_the_next_one_lands(
     await until(copied)
     await failing.stop()
     assert failing.failures >= 2 and len(failing.copies()) == 1
+    # Each failure counted once and logged once, as it happened.
+    assert caplog.messages.count(f"backup of {db_path} into {failing.folder} failed") == failing.failures
 
     nested = Backups(db_path, tmp_path / "new" / "nightly" / "backups", every=1, keep=1)
     await nested.start()  # the timer's lock is made in the folder, parents and all

@@ -20,9 +20,11 @@ import httpx
 import pytest
 
 from fastapi_lith.cli import main
+from fastapi_lith.exceptions import BackupError, InUse
 from fastapi_lith.ops import Backups, backup, restore, verify
-from fastapi_lith.ops.files import checksum_path, unique
-from tests.support import CHILD_HANG_LIMIT, REPO
+from fastapi_lith.ops.files import checksum_path, mb, unique
+from fastapi_lith.ops.locks import holders
+from tests.support import CHILD_HANG_LIMIT, REPO, crash_after, until
 from tests.support.browser import Server
 from tests.support.damage import index_out_of_step
 
@@ -242,24 +244,13 @@ def test_restore_refuses_a_corrupt_copy_and_changes_nothing(copy: Path, tmp_path
     assert not list(tmp_path.glob(".*.tmp")) and not list(tmp_path.glob("app.db.replaced-*"))
 
 
-CRASH = """
-import os, signal, sqlite3, sys
-conn = sqlite3.connect(sys.argv[1], isolation_level=None)
-conn.execute("PRAGMA wal_autocheckpoint = 0")  # everything stays in the -wal
-conn.execute("INSERT INTO note (body) VALUES ('written just before the crash')")
-os.kill(os.getpid(), signal.SIGKILL)
-"""
-
-
 def test_restore_moves_the_stale_wal_of_a_crashed_app_aside_with_the_old_database(
     copy: Path, tmp_path: Path, run: Callable[..., subprocess.CompletedProcess[str]]
 ) -> None:
     target = tmp_path / "app.db"
     with closing(sqlite3.connect(target)) as conn:
         expected_old = conn.execute("SELECT count(*) FROM note").fetchone()[0] + 1
-    proc = subprocess.run([sys.executable, "-c", CRASH, str(target)], timeout=30)
-    assert proc.returncode == -signal.SIGKILL
-    assert Path(f"{target}-wal").stat().st_size > 0  # committed frames, never checkpointed
+    crash_after(target, "INSERT INTO note (body) VALUES ('written just before the crash')")
 
     done = run("restore", copy, target)
     assert done.returncode == 0, done.stderr
@@ -270,6 +261,31 @@ def test_restore_moves_the_stale_wal_of_a_crashed_app_aside_with_the_old_databas
     (replaced,) = tmp_path.glob("app.db.replaced-*[0-9]Z")
     with closing(sqlite3.connect(replaced)) as conn:  # the old database, whole, with its -wal
         assert conn.execute("SELECT count(*) FROM note").fetchone()[0] == expected_old
+
+
+# A rollback-journal app killed mid-transaction: its hot -journal holds the pages to put back.
+CRASH_MID_TRANSACTION = """
+import os, signal, sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("PRAGMA journal_mode = DELETE")
+conn.execute("BEGIN")
+conn.execute("DELETE FROM note")
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_restore_moves_the_hot_journal_of_a_crashed_app_aside_with_the_old_database(
+    copy: Path, tmp_path: Path
+) -> None:
+    target = tmp_path / "app.db"
+    proc = subprocess.run([sys.executable, "-c", CRASH_MID_TRANSACTION, str(target)], timeout=30)
+    assert proc.returncode == -signal.SIGKILL and Path(f"{target}-journal").stat().st_size > 0
+    info = restore(copy, target)
+    # Beside the restored file SQLite would play the old journal back into it.
+    assert not Path(f"{target}-journal").exists() and verify(target).ok
+    assert info.replaced is not None and Path(f"{info.replaced}-journal").exists()
+    with closing(sqlite3.connect(info.replaced)) as conn:  # the old database, whole: rolled back
+        assert conn.execute("SELECT count(*) FROM note").fetchone()[0] == 3000
 
 
 def test_backup_and_restore_refuse_missing_files_without_creating_any(tmp_path: Path, run: Callable[..., subprocess.CompletedProcess[str]]) -> None:
@@ -283,13 +299,79 @@ def test_backup_and_restore_refuse_missing_files_without_creating_any(tmp_path: 
 
 def test_restore_in_process_refuses_while_this_process_holds_the_database(copy: Path, tmp_path: Path) -> None:
     target = tmp_path / "app.db"
+    # A descriptor freed below the database's, as in any process that has run a while: the
+    # check's own listing of its descriptors takes that number, and is gone once listed.
+    spare = os.open(os.devnull, os.O_RDONLY)
     conn = sqlite3.connect(target)
     conn.execute("SELECT 1 FROM sqlite_master").fetchall()
+    os.close(spare)
     try:
         with pytest.raises(Exception, match="this process has"):
             restore(copy, target)
     finally:
         conn.close()
+
+
+# A process that has the database open through SQLite (a WAL connection, read and kept), and
+# one that has only the file open (a copy tool reading it), each until its stdin closes.
+HOLD_WITH_SQLITE = (
+    "import sqlite3, sys; conn = sqlite3.connect(sys.argv[1]); conn.execute('SELECT count(*) FROM note').fetchall(); "
+    "print('open', flush=True); sys.stdin.read()"
+)
+HOLD_THE_FILE = "import sys; file = open(sys.argv[1], 'rb'); print('open', flush=True); sys.stdin.read()"
+
+
+def test_restore_in_process_names_every_process_holding_the_database_then_restores_it_once_they_end(
+    copy: Path, tmp_path: Path
+) -> None:
+    target = tmp_path / "app.db"
+    before = sha(target)
+    # The copy tool's destination is a name in Latin-1, which its command line holds as is.
+    holding = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, str(target), *extra],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        for script, extra in ((HOLD_WITH_SQLITE, []), (HOLD_THE_FILE, [b"caf\xe9.db"]))
+    ]
+    try:
+        for process in holding:
+            assert process.stdout is not None and process.stdout.readline() == "open\n"
+        app, reader = holding
+        # Each named with its command line, cut at 120 characters; the one through SQLite by its
+        # locks too.
+        app_command, reader_command = (
+            f"{sys.executable} -c {script} {target}"[:120] for script in (HOLD_WITH_SQLITE, HOLD_THE_FILE)
+        )
+        found = [
+            f"pid {app.pid} ({app_command}) holds a lock on app.db, a lock on app.db-shm, an open file",
+            f"pid {reader.pid} ({reader_command}) holds an open file",
+        ]
+        assert holders(target) == found
+        with pytest.raises(InUse) as refused:
+            restore(copy, target)
+        assert str(refused.value) == (
+            f"{target} is open in another process ({'; '.join(found)}): stop the app first "
+            "(e.g. systemctl stop lith@NAME), then restore; nothing was replaced"
+        )
+        assert sha(target) == before
+    finally:
+        for process in holding:
+            process.communicate("")
+    assert holders(target) == []
+    info = restore(copy, target, keep_replaced=False)
+    assert info.replaced is None and not list(tmp_path.glob("app.db.replaced-*"))
+    assert info.summary() == f"restored {target} from {copy} (version 7, {mb(target.stat().st_size)})"
+    assert verify(target).ok and not Path(f"{target}-wal").exists()
+    again = restore(copy, target)  # the database replaced is kept unless told otherwise
+    assert again.replaced is not None and verify(again.replaced).ok
+    assert again.summary().endswith(f"; the previous database is kept as {again.replaced}")
+    with pytest.raises(BackupError) as itself:
+        restore(target, target)
+    assert str(itself.value) == f"{target} is the database itself"
+    # Into a folder not made yet, parents and all.
+    nested = tmp_path / "new" / "data" / "app.db"
+    assert restore(copy, nested).replaced is None and verify(nested).ok
 
 
 def test_restoring_twice_in_one_second_keeps_both_replaced_databases(
@@ -369,6 +451,21 @@ sys.exit(fastapi_lith.cli.main(["verify", sys.argv[3]]))
 """
 
 
+def test_without_fcntl_the_lock_check_says_why_it_cannot_run_and_what_to_do(
+    copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In process, so that the check's own words are read where the mutants run (the test below
+    imports the package without fcntl, in a child)."""
+    target = tmp_path / "app.db"
+    monkeypatch.setitem(sys.modules, "fcntl", None)  # what a platform without it looks like
+    with pytest.raises(BackupError) as refused:
+        restore(copy, target)
+    assert str(refused.value) == (
+        "checking whether another process holds the database needs POSIX locks (fcntl), which this "
+        f"platform ({sys.platform}) does not have: stop the app and restore or migrate on a Unix system"
+    )
+
+
 @pytest.mark.timeout(CHILD_HANG_LIMIT)  # a child process imports the package (tests/support)
 def test_without_fcntl_the_package_imports_and_only_the_lock_check_says_it_cannot_run(copy: Path, tmp_path: Path) -> None:
     target = tmp_path / "app.db"
@@ -382,7 +479,11 @@ def test_without_fcntl_the_package_imports_and_only_the_lock_check_says_it_canno
     assert first.startswith("BackupError ") and "needs POSIX locks (fcntl)" in first, done.stdout
     assert "verdict    ok" in done.stdout
     assert sha(target) == before  # refused before anything was replaced
-async def test_several_processes_of_one_app_take_each_copy_once(tmp_path: Path) -> None:
+
+
+async def test_several_processes_of_one_app_take_each_copy_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """`--workers N`: every process runs the timer, one copies; when it stops, another takes over."""
     db_path = tmp_path / "app.db"
     with closing(sqlite3.connect(db_path)) as conn:
@@ -390,6 +491,11 @@ async def test_several_processes_of_one_app_take_each_copy_once(tmp_path: Path) 
         conn.execute("CREATE TABLE t (x)")
     folder = tmp_path / "backups"
     first, second = Backups(db_path, folder, every=3600, keep=5), Backups(db_path, folder, every=3600, keep=5)
+    umask = os.umask(0o022)  # the lock file's mode as made, whatever the umask this test runs under
+    try:
+        assert first.lead()  # the first process's timer takes the lock
+    finally:
+        os.umask(umask)
     await first.start()
     await second.start()
     try:
@@ -398,8 +504,40 @@ async def test_several_processes_of_one_app_take_each_copy_once(tmp_path: Path) 
                 await asyncio.sleep(0.02)
         assert (first.taken, second.taken) == (1, 0) and len(first.copies()) == 1
         assert not second.lead()  # and could not take one: the first holds the lock
+        # The second has found the lock held (its timer ran before the copy was done) and waits
+        # quietly: waiting on another process is no failure.
+        assert second.failures == 0 and "failed" not in caplog.text
+        # No other user can open the lock file, so none can hold it and stop the copies.
+        assert oct((folder / ".app-timer.lock").stat().st_mode & 0o777) == oct(0o640)
         await first.stop()  # the copying process ends: the other one leads from now on
         assert second.lead()
     finally:
         await first.stop()
         await second.stop()
+
+
+async def test_when_the_process_that_copies_ends_another_takes_over_on_its_own(tmp_path: Path) -> None:
+    db_path = tmp_path / "app.db"
+    with closing(sqlite3.connect(db_path)) as conn:
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("CREATE TABLE t (x)")
+    folder = tmp_path / "backups"
+    # Every second: a process that does not hold the lock tries for it again each second.
+    first, second = Backups(db_path, folder, every=1, keep=5), Backups(db_path, folder, every=1, keep=5)
+
+    async def first_copied() -> bool:
+        return first.taken > 0
+
+    async def second_copied() -> bool:
+        return second.taken > 0
+
+    try:
+        await first.start()
+        await until(first_copied)
+        await second.start()  # finds the lock held, and waits
+        await first.stop()
+        await until(second_copied)
+    finally:
+        await first.stop()
+        await second.stop()
+    assert second.failures == 0

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -72,3 +75,18 @@ def fill_disk(disk: Path) -> Path:
                 assert exc.errno == errno.ENOSPC
                 chunk = chunk[: len(chunk) // 2]
     return filler
+_CRASH = """
+import os, signal, sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("PRAGMA wal_autocheckpoint = 0")  # everything stays in the -wal
+conn.execute(sys.argv[2])
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def crash_after(db_path: Path, sql: str) -> None:
+    """Commit `sql` to the WAL database `db_path` in a process then killed with SIGKILL: its
+    `-wal` and `-shm` stay as a crash leaves them, the commit never checkpointed."""
+    done = subprocess.run([sys.executable, "-c", _CRASH, str(db_path), sql], timeout=30)
+    assert done.returncode == -signal.SIGKILL
+    assert Path(f"{db_path}-wal").stat().st_size > 0
