@@ -71,10 +71,14 @@ class Restock(Command):
 
 
 class Count(Command):
-    """Reads, and would swallow any error its read raised."""
+    """Reads (its first row, or exactly one), and would swallow any error its read raised."""
+
+    one: bool = False
 
     def apply(self, tx: Tx) -> Any:
         try:
+            if self.one:
+                return tx.one("SELECT count(*) FROM item")[0]
             return tx.scalar("SELECT count(*) FROM item")
         except Exception as exc:  # noqa: BLE001 - what a careless command does
             return f"caught {type(exc).__name__}"
@@ -124,12 +128,14 @@ async def test_a_failing_statement_rolls_back_only_its_command(writer: PgWriter,
     writer.subscribe(seen.append)
     answers = await one_batch(
         writer, Insert(name="a"), Insert(name="b"), Insert(name="a"), Insert(name="c"), Count(), Take(id=1, n=11),
-        Take(id=1),
+        Take(id=1), Insert(name="b"), Count(one=True),
     )
     assert answers[:2] == ["a", "b"] and answers[3] == "c"
     assert isinstance(answers[2], psycopg.errors.UniqueViolation)  # the real error, to its caller
-    assert answers[4] == 3  # the read after it saw the batch so far, and no one else's error
+    # The reads after it saw the batch so far, and no one else's error.
+    assert answers[4] == 3 and answers[8] == 3
     assert isinstance(answers[5], psycopg.errors.CheckViolation) and answers[6] == 1
+    assert isinstance(answers[7], psycopg.errors.UniqueViolation)
     assert rows(pg_url, "SELECT name FROM item ORDER BY id") == [("a",), ("b",), ("c",)]
     assert rows(pg_url, "SELECT count FROM stock WHERE id = 1") == [(9,)]
     assert seen == [frozenset({"item:a", "item:b", "item:c", "stock:1"})]  # the failed ones' topics dropped
@@ -161,3 +167,16 @@ async def test_a_command_failing_after_it_wrote_leaves_nothing(writer: PgWriter,
         assert await writer.do(Take(id=3)) == 1
     assert rows(pg_url, "SELECT name FROM item ORDER BY id") == [(f"p{k}",) for k in range(8)]
     assert rows(pg_url, "SELECT count FROM stock ORDER BY id") == [(6,), (6,), (2,)]
+
+
+async def test_a_batch_where_every_other_command_fails_answers_each_its_own(writer: PgWriter, pg_url: str) -> None:
+    # Each failure sends the batch's rest down a new pipeline, and psycopg prepares a statement
+    # once it has run it five times: here the writer's RELEASE, sent behind a failing INSERT
+    # that the server skipped the rest after. A statement counted as prepared that never was
+    # failed the whole batch ("prepared statement does not exist"), every caller with it.
+    names = [f"n{i // 2}" for i in range(12)]  # each name twice: the second fails
+    answers = await one_batch(writer, *(Insert(name=name) for name in names))
+    assert answers[::2] == names[::2]
+    assert all(isinstance(answer, psycopg.errors.UniqueViolation) for answer in answers[1::2])
+    assert rows(pg_url, "SELECT name FROM item ORDER BY id") == [(name,) for name in names[::2]]
+    assert await writer.do(Insert(name="after")) == "after"
