@@ -133,7 +133,10 @@ class PgDb(Db):
 
     def executemany(self, stmt: ClauseElement | str, rows: Iterable[Mapping[str, Any]]) -> int:
         if isinstance(stmt, str):
-            cur = self._cursor
+            # A cursor of its own: psycopg adds to the count every result the cursor takes in
+            # meanwhile, and in the writer's pipeline those of the statements sent before it on
+            # the shared cursor are still to come.
+            cur = self.conn.cursor()
             cur.executemany(stmt, rows)
             changed: int = cur.rowcount
             return changed
