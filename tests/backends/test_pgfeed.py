@@ -9,23 +9,26 @@ import psycopg
 from fastapi_lith import Frame
 from fastapi_lith.backends.postgres.db import open_postgres
 from fastapi_lith.backends.postgres.feed import LIMIT, NotifyFeed
+from fastapi_lith.backends.postgres.writer import PgWriter
 from fastapi_lith.engine.feed import Changes
 
 
 async def changes(feed: NotifyFeed, want: int = 1, timeout: float = 10.0) -> Changes:
-    """Everything the feed received until `want` topics or pushes arrived."""
+    """Everything the feed received until `want` topics, pushes or revocations arrived."""
     topics: set[str] = set()
     pushes: list = []
+    revoked: list = []
     everything = False
     async with asyncio.timeout(timeout):
-        while len(topics) + len(pushes) < want and not everything:
+        while len(topics) + len(pushes) + len(revoked) < want and not everything:
             got = feed.poll()
             if got is not None:
                 topics |= got.topics
                 pushes += got.pushes
+                revoked += got.revoked
                 everything |= got.everything
             await asyncio.sleep(0.01)
-    return Changes(frozenset(topics), tuple(pushes), everything)
+    return Changes(frozenset(topics), tuple(pushes), everything, tuple(revoked))
 
 
 async def test_topics_are_delivered_on_commit_only(pg_url: str) -> None:
@@ -107,14 +110,27 @@ async def test_revocations_reach_other_listeners_on_commit_even_when_large(pg_ur
         conn.execute("BEGIN")
         sender.publish(conn, (), (), ["alice", 42, long_id])
         conn.execute("COMMIT")
-        revoked: list[object] = []
-        async with asyncio.timeout(10):
-            while len(revoked) < 3:
-                got = listener.poll()
-                if got is not None:
-                    revoked += got.revoked
-                await asyncio.sleep(0.01)
+        revoked = (await changes(listener, want=3)).revoked
         assert sorted(revoked, key=str) == sorted(["alice", 42, long_id], key=str)  # 42 stays an int
     finally:
         conn.close()
         await listener.close()
+
+
+async def test_a_forwarded_push_and_a_revocation_reach_other_processes_through_the_writer(pg_url: str) -> None:
+    feed, listener = NotifyFeed(pg_url), NotifyFeed(pg_url)
+    writer = PgWriter(pg_url, feed=feed)
+    await writer.start()
+    await feed.start(writer)
+    await listener.start(None)  # type: ignore[arg-type]
+    try:
+        frame = Frame("lith-error", "<div id='lith-error'>elsewhere</div>", {"seen": 1})
+        feed.forward("tab7", frame)  # for a tab of another process: in the writer's next batch
+        await feed.revoke("alice")  # a batch of its own, committed when this returns
+        got = await changes(listener, want=2)
+        assert [(tab, f.key, f.html, f.signals) for tab, f in got.pushes] == [("tab7", frame.key, frame.html, {"seen": 1})]
+        assert got.revoked == ("alice",)
+    finally:
+        await listener.close()
+        await feed.close()
+        await writer.close()
