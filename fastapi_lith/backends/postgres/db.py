@@ -48,10 +48,6 @@ MIGRATION_LOCK = 0x6C697468  # "lith"
 SCHEMA_TABLE = "CREATE TABLE IF NOT EXISTS lith_schema (version integer NOT NULL)"
 
 
-def is_url(target: object) -> bool:
-    return isinstance(target, str) and target.startswith(("postgresql://", "postgresql+psycopg://", "postgres://"))
-
-
 def dsn(url: str) -> str:
     """libpq's form of a SQLAlchemy URL: `postgresql+psycopg://` loses its driver name."""
     return "postgresql://" + url.split("://", 1)[1]
