@@ -190,7 +190,7 @@ async def test_readers_see_one_state(pg_url: str, migrations: Path) -> None:
     try:
         await writer.do(Add(n=7))
         row = await readers.run(lambda db: db.one(COUNT))
-        assert row[0] == 7 and row["count"] == 7
+        assert row[0] == 7 and row["count"] == 7 and row.keys() == ["count"]  # as sqlite3.Row
         with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
             await readers.run(lambda db: db.execute(ADD, {"n": 1, "row": 1}))
 
