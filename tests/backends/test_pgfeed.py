@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 
 import psycopg
+import pytest
 
 from fastapi_lith import Frame
 from fastapi_lith.backends.postgres.db import open_postgres
@@ -47,6 +50,7 @@ async def test_topics_are_delivered_on_commit_only(pg_url: str) -> None:
         conn.execute("COMMIT")
         got = await changes(listener, want=2)
         assert got.topics == {"board:2", "tab:x"} and not got.everything
+        assert listener.received == 1  # both topics in one notification
         # One notification: how late it arrived, and how late the poll took it (the metrics').
         assert len(listener.notify_lags) == len(listener.lags) == 1
         assert 0 <= listener.notify_lags[0] <= listener.lags[0]
@@ -56,6 +60,7 @@ async def test_topics_are_delivered_on_commit_only(pg_url: str) -> None:
         sender.publish(conn, {"board:3"})
         conn.execute("COMMIT")
         assert (await changes(listener)).topics == {"board:3"}
+        assert listener.received == 2
         await asyncio.sleep(0.2)
         assert sender.poll() is None
     finally:
@@ -91,6 +96,9 @@ async def test_a_dropped_listener_reconnects_and_marks_everything(pg_url: str) -
     listener = NotifyFeed(pg_url)
     await listener.start(None)  # type: ignore[arg-type]
     try:
+        # Its thread, by name in a thread dump, does not hold up the process's exit.
+        (thread,) = [thread for thread in threading.enumerate() if thread.name == "lith-listen"]
+        assert thread.daemon
         with psycopg.connect(pg_url.replace("postgresql+psycopg", "postgresql"), autocommit=True) as admin:
             admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                           " WHERE application_name = 'lith-listen' AND datname = current_database()")
@@ -134,3 +142,36 @@ async def test_a_forwarded_push_and_a_revocation_reach_other_processes_through_t
         await listener.close()
         await feed.close()
         await writer.close()
+
+
+async def test_a_topic_too_long_for_a_notification_renders_everything(pg_url: str) -> None:
+    sender, listener = NotifyFeed(pg_url), NotifyFeed(pg_url)
+    await listener.start(None)  # type: ignore[arg-type]
+    conn = open_postgres(pg_url)
+    try:
+        sender.setup(conn)
+        conn.execute("BEGIN")
+        sender.publish(conn, {"card:" + "x" * LIMIT, "board:1"})
+        conn.execute("COMMIT")
+        got = await changes(listener, want=2)
+        assert got.everything and "board:1" in got.topics
+    finally:
+        conn.close()
+        await listener.close()
+
+
+async def test_an_unreadable_notification_is_logged_and_skipped(pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="fastapi_lith.pgfeed")
+    sender, listener = NotifyFeed(pg_url), NotifyFeed(pg_url)
+    await listener.start(None)  # type: ignore[arg-type]
+    conn = open_postgres(pg_url)
+    try:
+        conn.execute("SELECT pg_notify(%s, %s)", (listener.channel, "not json"))
+        conn.execute("BEGIN")
+        sender.publish(conn, {"board:1"})  # after it, on the same channel
+        conn.execute("COMMIT")
+        assert (await changes(listener)).topics == {"board:1"}
+        assert "feed: unreadable notification 'not json'" in caplog.messages and listener.received == 1
+    finally:
+        conn.close()
+        await listener.close()
