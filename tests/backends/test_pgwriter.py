@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import psycopg
 import pytest
@@ -73,15 +73,20 @@ class Restock(Command):
 
 
 class Count(Command):
-    """Reads (its first row, or exactly one), and would swallow any error its read raised."""
+    """Reads, each way a command can (`how`), and would swallow any error its read raised."""
 
-    one: bool = False
+    how: Literal["scalar", "one", "all", "iterate"] = "scalar"
 
     def apply(self, tx: Tx) -> Any:
+        sql = "SELECT count(*) FROM item"
         try:
-            if self.one:
-                return tx.one("SELECT count(*) FROM item")[0]
-            return tx.scalar("SELECT count(*) FROM item")
+            if self.how == "one":
+                return tx.one(sql)[0]
+            if self.how == "all":
+                return tx.all(sql)[0][0]
+            if self.how == "iterate":
+                return next(iter(tx.execute(sql)))[0]
+            return tx.scalar(sql)
         except Exception as exc:  # noqa: BLE001 - what a careless command does
             return f"caught {type(exc).__name__}"
 
@@ -152,14 +157,15 @@ async def test_a_failing_statement_rolls_back_only_its_command(writer: PgWriter,
     writer.subscribe(seen.append)
     answers = await one_batch(
         writer, Insert(name="a"), Insert(name="b"), Insert(name="a"), Insert(name="c"), Count(), Take(id=1, n=11),
-        Take(id=1), Insert(name="b"), Count(one=True),
+        Count(how="all"), Take(id=1), Insert(name="b"), Count(how="one"), Insert(name="c"), Count(how="iterate"),
     )
     assert answers[:2] == ["a", "b"] and answers[3] == "c"
     assert isinstance(answers[2], psycopg.errors.UniqueViolation)  # the real error, to its caller
-    # The reads after it saw the batch so far, and no one else's error.
-    assert answers[4] == 3 and answers[8] == 3
-    assert isinstance(answers[5], psycopg.errors.CheckViolation) and answers[6] == 1
-    assert isinstance(answers[7], psycopg.errors.UniqueViolation)
+    # Each read right after a failing statement saw the batch so far, and no one else's error.
+    assert answers[4] == answers[6] == answers[9] == answers[11] == 3
+    assert isinstance(answers[5], psycopg.errors.CheckViolation) and answers[7] == 1
+    assert isinstance(answers[8], psycopg.errors.UniqueViolation)
+    assert isinstance(answers[10], psycopg.errors.UniqueViolation)
     assert rows(pg_url, "SELECT name FROM item ORDER BY id") == [("a",), ("b",), ("c",)]
     assert rows(pg_url, "SELECT count FROM stock WHERE id = 1") == [(9,)]
     assert seen == [frozenset({"item:a", "item:b", "item:c", "stock:1"})]  # the failed ones' topics dropped
