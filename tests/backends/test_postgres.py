@@ -16,7 +16,7 @@ from pydantic import Field
 
 from fastapi_lith import Command, FirstAttemptFailed, LithError, MigrationError, Tx
 from fastapi_lith.backends.postgres.db import PgReaders, dsn
-from fastapi_lith.backends.postgres.writer import PgWriter
+from fastapi_lith.backends.postgres.writer import PgWriter, retryable
 from fastapi_lith.engine.feed import LocalFeed
 
 metadata = sa.MetaData()
@@ -381,3 +381,52 @@ async def test_a_connection_dropped_after_commit_is_reported_not_applied_twice(p
     finally:
         await writer.close()
         proxy.close()
+
+
+async def test_a_reader_keeps_its_connection_and_replaces_one_that_dropped(pg_url: str, migrations: Path) -> None:
+    writer = PgWriter(pg_url, migrations=migrations, feed=LocalFeed())
+    await writer.start()  # the schema
+    await writer.close()
+    readers = PgReaders(pg_url, size=1)
+
+    def backends() -> list[int]:
+        return [pid for (pid,) in rows(pg_url, "SELECT pid FROM pg_stat_activity WHERE application_name = 'lith'"
+                                               " AND datname = current_database()")]
+
+    try:
+        for _ in range(3):
+            assert await readers.run(lambda db: db.scalar(COUNT)) == 0
+        (first,) = backends()  # one connection, reused
+        with psycopg.connect(dsn(pg_url), autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s, 30000)", (first,))  # returns once it is gone
+        with pytest.raises(psycopg.OperationalError):  # the read that finds it gone fails
+            await readers.run(lambda db: db.scalar(COUNT))
+        assert await readers.run(lambda db: db.scalar(COUNT)) == 0  # the next opens another
+        (second,) = backends()
+        assert second != first
+    finally:
+        readers.close()
+
+
+def wrapped(inner: Exception, *, cause: bool) -> Exception:
+    """`inner` inside the error a command raised while handling it: `raise ... from` or not."""
+    try:
+        try:
+            raise inner
+        except Exception as exc:
+            if cause:
+                raise ValueError("could not apply") from exc
+            raise ValueError("could not apply")  # noqa: B904 - what a careless command does
+    except ValueError as outer:
+        return outer
+
+
+def test_a_deadlock_or_serialization_failure_is_retried_however_a_command_wrapped_it() -> None:
+    assert retryable(psycopg.errors.DeadlockDetected())
+    assert retryable(wrapped(psycopg.errors.SerializationFailure(), cause=True))
+    assert retryable(wrapped(psycopg.errors.DeadlockDetected(), cause=False))
+    assert not retryable(wrapped(psycopg.errors.UniqueViolation(), cause=True))
+    # Exceptions whose contexts form a loop: the search ends, and nothing is retried.
+    first, second = RuntimeError("first"), RuntimeError("second")
+    first.__context__, second.__context__ = second, first
+    assert not retryable(first)
