@@ -14,6 +14,8 @@ from fastapi_lith.backends.postgres.db import open_postgres
 from fastapi_lith.backends.postgres.feed import LIMIT, NotifyFeed
 from fastapi_lith.backends.postgres.writer import PgWriter
 from fastapi_lith.engine.feed import Changes
+from tests.support import until
+from tests.support.pgproxy import CutAtCommit
 
 
 async def changes(feed: NotifyFeed, want: int = 1, timeout: float = 10.0) -> Changes:
@@ -92,20 +94,68 @@ async def test_many_topics_and_a_large_push_arrive_whole(pg_url: str) -> None:
         await listener.close()
 
 
-async def test_a_dropped_listener_reconnects_and_marks_everything(pg_url: str) -> None:
+async def test_a_dropped_listener_reconnects_and_marks_everything(pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="fastapi_lith.pgfeed")
     listener = NotifyFeed(pg_url)
     await listener.start(None)  # type: ignore[arg-type]
     try:
         # Its thread, by name in a thread dump, does not hold up the process's exit.
         (thread,) = [thread for thread in threading.enumerate() if thread.name == "lith-listen"]
         assert thread.daemon
-        with psycopg.connect(pg_url.replace("postgresql+psycopg", "postgresql"), autocommit=True) as admin:
-            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                          " WHERE application_name = 'lith-listen' AND datname = current_database()")
-        got = await changes(listener)
-        assert got.everything and listener.reconnects == 1
+        for drops in (1, 2):
+            with psycopg.connect(pg_url.replace("postgresql+psycopg", "postgresql"), autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                              " WHERE application_name = 'lith-listen' AND datname = current_database()")
+            got = await changes(listener)
+            assert got.everything and listener.reconnects == drops
+        dropped = [m for m in caplog.messages if m.startswith("feed: the listening connection dropped (")]
+        assert len(dropped) == 2 and "terminat" in dropped[0]  # with the server's reason
+        assert caplog.messages.count("feed: listening again; every view renders once") == 2
     finally:
         await listener.close()
+    assert not thread.is_alive()
+
+
+async def test_a_listener_that_cannot_reach_the_server_tries_again_ever_later(
+    pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="fastapi_lith.pgfeed")
+    proxy = CutAtCommit(pg_url)
+    port, url = proxy.port, proxy.url()
+    proxy.close()  # its port refuses until a proxy takes it again
+
+    def refusals() -> list[str]:
+        return [m for m in caplog.messages if m.startswith("feed: cannot listen (")]
+
+    async def refused(times: int) -> bool:
+        return len(refusals()) >= times
+
+    listener, sender = NotifyFeed(url), NotifyFeed(pg_url)
+    starting = asyncio.create_task(listener.start(None))  # type: ignore[arg-type]
+    await until(lambda: refused(2))
+    proxy = CutAtCommit(pg_url, port)
+    await starting  # once it listens
+    conn = open_postgres(pg_url)
+    try:
+        assert "refused" in refusals()[0]  # with the reason
+        assert [m.rsplit(";", 1)[1] for m in refusals()[:2]] == [" trying again in 0.05 s", " trying again in 0.10 s"]
+        assert listener.reconnects == 0  # its first connection
+        # Lost again, and refused: it starts over from the shortest wait.
+        before = len(refusals())
+        proxy.close()
+        await until(lambda: refused(before + 1))
+        assert refusals()[before].endswith("; trying again in 0.05 s")
+        proxy = CutAtCommit(pg_url, port)
+        assert (await changes(listener)).everything and listener.reconnects == 1
+        sender.setup(conn)
+        conn.execute("BEGIN")
+        sender.publish(conn, {"board:1"})
+        conn.execute("COMMIT")
+        assert "board:1" in (await changes(listener)).topics
+    finally:
+        conn.close()
+        await listener.close()
+        proxy.close()
 
 
 async def test_revocations_reach_other_listeners_on_commit_even_when_large(pg_url: str) -> None:
