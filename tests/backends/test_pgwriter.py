@@ -197,6 +197,7 @@ async def test_a_command_failing_after_it_wrote_leaves_nothing(writer: PgWriter,
         assert await writer.do(Take(id=3)) == 1
     assert rows(pg_url, "SELECT name FROM item ORDER BY id") == [(f"p{k}",) for k in range(8)]
     assert rows(pg_url, "SELECT count FROM stock ORDER BY id") == [(6,), (6,), (2,)]
+    assert writer.reconnects == 0  # each rollback kept the connection
 
 
 async def test_many_rows_in_one_call_count_and_fail_like_one(writer: PgWriter, pg_url: str) -> None:
