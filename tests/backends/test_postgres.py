@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from pydantic import Field
 
 from fastapi_lith import Command, FirstAttemptFailed, LithError, MigrationError, Tx
 from fastapi_lith.backends.postgres.db import PgReaders, dsn
-from fastapi_lith.backends.postgres.writer import PgWriter, retryable
+from fastapi_lith.backends.postgres.writer import WRITER_NAME, PgWriter, retryable
 from fastapi_lith.engine.feed import LocalFeed
 from tests.support.pgproxy import CutAtCommit
 
@@ -279,25 +280,67 @@ async def test_lith_on_postgres_renders_what_commands_wrote(pg_url: str, migrati
                 await asyncio.sleep(0.01)
 
 
-async def test_a_dropped_write_connection_costs_no_command(pg_url: str, migrations: Path) -> None:
-    from fastapi_lith.backends.postgres.writer import WRITER_NAME
+def drop_the_write_connection(url: str) -> None:
+    """End the writer's backend, as a restart or a failover does; returns once it is gone."""
+    with psycopg.connect(dsn(url), autocommit=True) as admin:
+        killed = admin.execute(
+            "SELECT count(pg_terminate_backend(pid, 30000)) FROM pg_stat_activity"
+            " WHERE application_name = %s AND datname = current_database()", (WRITER_NAME,)
+        ).fetchone()[0]
+    assert killed == 1
 
+
+async def test_a_dropped_write_connection_costs_no_command(
+    pg_url: str, migrations: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     writer = PgWriter(pg_url, migrations=migrations, feed=LocalFeed())
     await writer.start()
     try:
         assert await writer.do(Add(n=1)) == 1
-        with psycopg.connect(dsn(pg_url), autocommit=True) as admin:
-            killed = admin.execute(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
-                " WHERE application_name = %s AND datname = current_database()", (WRITER_NAME,)
-            ).fetchone()[0]
-        assert killed == 1
+        drop_the_write_connection(pg_url)
         # Nothing of these had reached COMMIT: they run again on a new connection, no error.
         assert await asyncio.gather(*(writer.do(Add(n=1)) for _ in range(20))) == list(range(2, 22))
         assert writer.reconnects == 1
+        (said,) = [m for m in caplog.messages if m.startswith("the write connection dropped")]
+        assert re.fullmatch(r"the write connection dropped; the batch of \d+ commands runs again", said)
     finally:
         await writer.close()
     assert rows(pg_url, "SELECT count FROM counter WHERE id = 1") == [(21,)]
+
+
+async def test_a_writer_without_retries_reports_a_dropped_connection_and_reconnects_for_the_next_batch(
+    pg_url: str, migrations: Path
+) -> None:
+    writer = PgWriter(pg_url, migrations=migrations, feed=LocalFeed(), retries=0)
+    await writer.start()
+    try:
+        assert await writer.do(Add(n=1)) == 1
+        drop_the_write_connection(pg_url)
+        with pytest.raises(psycopg.OperationalError):
+            await writer.do(Add(n=1))
+        assert writer.reconnects == 0
+        assert await writer.do(Add(n=1)) == 2
+    finally:
+        await writer.close()
+
+
+async def test_a_writer_without_retries_hands_the_deadlock_to_the_loser(pg_url: str, migrations: Path) -> None:
+    a = PgWriter(pg_url, migrations=migrations, feed=LocalFeed(), take_turns=False, retries=0)
+    b = PgWriter(pg_url, migrations=migrations, feed=LocalFeed(), take_turns=False, retries=0)
+    await a.start()
+    await b.start()
+    try:
+        meeting = Meeting()
+        results = await asyncio.gather(
+            a.do(Crossing(first=1, second=2, wait=meeting)), b.do(Crossing(first=2, second=1, wait=meeting)),
+            return_exceptions=True,
+        )
+        assert sorted(map(type, results), key=str) == sorted([str, psycopg.errors.DeadlockDetected], key=str)
+        assert a.retried == b.retried == 0
+    finally:
+        await a.close()
+        await b.close()
+    assert rows(pg_url, "SELECT count FROM counter ORDER BY id") == [(1,), (1,)]  # the winner's two
 
 
 async def test_a_connection_dropped_after_commit_is_reported_not_applied_twice(pg_url: str, migrations: Path) -> None:
