@@ -26,7 +26,7 @@ def reader_threads() -> set[threading.Thread]:
 
 
 def test_a_path_opens_sqlite_and_each_postgresql_url_postgresql(tmp_path: Path) -> None:
-    for url in ("postgresql://app@db/app", "postgresql+psycopg://app@db/app", "postgres://app@db/app"):
+    for url in ("postgresql://app@db/app", "postgresql+psycopg://app@db:5432/app", "postgres://app@db/app"):
         backend = open_backend(url)  # nothing connects yet
         assert isinstance(backend, PostgresBackend) and backend.name == "postgres"
         assert backend.url == url and backend.path is None
@@ -48,7 +48,7 @@ def test_a_postgresql_url_without_psycopg_says_what_to_install(monkeypatch: pyte
     monkeypatch.setitem(sys.modules, "psycopg", None)
     said = r"^postgres URLs need psycopg: pip install 'fastapi-lith\[postgres\]' \(.*psycopg.*\)$"
     with pytest.raises(SettingError, match=said) as refused:
-        open_backend("postgres://app@db/app")
+        open_backend("postgres://app@db:5432/app")  # named by its scheme alone
     assert isinstance(refused.value.__cause__, ImportError)
 
 

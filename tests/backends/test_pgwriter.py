@@ -11,7 +11,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
-from fastapi_lith import Command, Rejected, Tx
+from fastapi_lith import Command, NotOneRow, Rejected, Tx
 from fastapi_lith.backends.postgres.db import dsn
 from fastapi_lith.backends.postgres.feed import NotifyFeed
 from fastapi_lith.backends.postgres.writer import PgWriter
@@ -89,6 +89,15 @@ class Count(Command):
             return tx.scalar(sql)
         except Exception as exc:  # noqa: BLE001 - what a careless command does
             return f"caught {type(exc).__name__}"
+
+
+class Only(Command):
+    """Exactly one row's first column, as a command that counts on one row does."""
+
+    sql: str
+
+    def apply(self, tx: Tx) -> Any:
+        return tx.one(self.sql)[0]
 
 
 class InsertMany(Command):
@@ -228,3 +237,13 @@ async def test_a_batch_where_every_other_command_fails_answers_each_its_own(writ
     assert all(isinstance(answer, psycopg.errors.UniqueViolation) for answer in answers[1::2])
     assert rows(pg_url, "SELECT name FROM item ORDER BY id") == [(name,) for name in names[::2]]
     assert await writer.do(Insert(name="after")) == "after"
+
+
+async def test_one_row_inside_a_batch_is_told_from_none_and_several(writer: PgWriter) -> None:
+    answers = await one_batch(
+        writer, Only(sql="SELECT count FROM stock WHERE id = 2"), Only(sql="SELECT id FROM stock"),
+        Only(sql="SELECT id FROM stock WHERE id = 9"),
+    )
+    assert answers[0] == 10
+    assert isinstance(answers[1], NotOneRow) and str(answers[1]) == "expected one row, got several"
+    assert isinstance(answers[2], NotOneRow) and str(answers[2]) == "expected one row, got none"
