@@ -15,7 +15,7 @@ from fastapi_lith.backends.postgres.feed import LIMIT, NotifyFeed
 from fastapi_lith.backends.postgres.writer import PgWriter
 from fastapi_lith.engine.feed import Changes
 from tests.support import until
-from tests.support.pgproxy import CutAtCommit
+from tests.support.pgproxy import CuttingProxy
 
 
 async def changes(feed: NotifyFeed, want: int = 1, timeout: float = 10.0) -> Changes:
@@ -136,7 +136,7 @@ async def test_a_listener_that_cannot_reach_the_server_tries_again_ever_later(
     pg_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="fastapi_lith.pgfeed")
-    proxy = CutAtCommit(pg_url)
+    proxy = CuttingProxy(pg_url)
     port, url = proxy.port, proxy.url()
     proxy.close()  # its port refuses until a proxy takes it again
 
@@ -149,7 +149,7 @@ async def test_a_listener_that_cannot_reach_the_server_tries_again_ever_later(
     listener, sender = NotifyFeed(url), NotifyFeed(pg_url)
     starting = asyncio.create_task(listener.start(None))  # type: ignore[arg-type]
     await until(lambda: refused(2))
-    proxy = CutAtCommit(pg_url, port)
+    proxy = CuttingProxy(pg_url, port)
     await starting  # once it listens
     conn = open_postgres(pg_url)
     try:
@@ -161,7 +161,7 @@ async def test_a_listener_that_cannot_reach_the_server_tries_again_ever_later(
         proxy.close()
         await until(lambda: refused(before + 1))
         assert refusals()[before].endswith("; trying again in 0.05 s")
-        proxy = CutAtCommit(pg_url, port)
+        proxy = CuttingProxy(pg_url, port)
         assert (await changes(listener)).everything and listener.reconnects == 1
         sender.setup(conn)
         conn.execute("BEGIN")

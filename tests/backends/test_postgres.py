@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import threading
 from pathlib import Path
@@ -13,11 +14,11 @@ import sqlalchemy as sa
 from markupsafe import Markup
 from pydantic import Field
 
-from fastapi_lith import Command, FirstAttemptFailed, LithError, MigrationError, Tx
+from fastapi_lith import Command, FirstAttemptFailed, LithError, MigrationError, Rejected, Tx
 from fastapi_lith.backends.postgres.db import PgReaders, dsn
 from fastapi_lith.backends.postgres.writer import WRITER_NAME, PgWriter, retryable
 from fastapi_lith.engine.feed import LocalFeed
-from tests.support.pgproxy import CutAtCommit
+from tests.support.pgproxy import CuttingProxy
 
 metadata = sa.MetaData()
 log_table = sa.Table("log", metadata, sa.Column("seq", sa.Integer, primary_key=True), sa.Column("value", sa.Text))
@@ -51,6 +52,14 @@ class Add(Command):
         tx.execute(ADD, {"n": self.n, "row": 1})
         tx.touch("counter")
         return tx.scalar(COUNT)
+
+
+class AddThenRefuse(Command):
+    """Writes, then refuses: the batch's first run, without savepoints, rolls back whole."""
+
+    def apply(self, tx: Tx) -> None:
+        tx.execute(ADD, {"n": 1, "row": 1})
+        raise Rejected("changed my mind")
 
 
 class Meeting:
@@ -345,7 +354,7 @@ async def test_a_writer_without_retries_hands_the_deadlock_to_the_loser(pg_url: 
 
 async def test_a_connection_dropped_after_commit_is_reported_not_applied_twice(pg_url: str, migrations: Path) -> None:
     """Past COMMIT the outcome is unknown: the caller hears so, and the batch is not run again."""
-    proxy = CutAtCommit(pg_url)
+    proxy = CuttingProxy(pg_url)
     writer = PgWriter(proxy.url(), migrations=migrations, feed=LocalFeed())
     await writer.start()
     try:
@@ -408,3 +417,22 @@ def test_a_deadlock_or_serialization_failure_is_retried_however_a_command_wrappe
     first, second = RuntimeError("first"), RuntimeError("second")
     first.__context__, second.__context__ = second, first
     assert not retryable(first)
+
+
+async def test_a_connection_dropped_at_a_rollback_is_logged_and_the_batch_runs_again(
+    pg_url: str, migrations: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    proxy = CuttingProxy(pg_url, at="ROLLBACK")
+    writer = PgWriter(proxy.url(), migrations=migrations, feed=LocalFeed())
+    await writer.start()
+    try:
+        proxy.armed.set()
+        answers = await asyncio.gather(writer.do(Add(n=2)), writer.do(AddThenRefuse()), return_exceptions=True)
+        assert answers[0] == 2 and isinstance(answers[1], Rejected)
+        assert proxy.cut.is_set() and writer.reconnects == 1
+        (said,) = [r for r in caplog.records if r.getMessage() == "rollback failed; the connection is dropped"]
+        assert said.levelno == logging.WARNING and said.exc_info  # with the error's traceback
+    finally:
+        await writer.close()
+        proxy.close()
+    assert rows(pg_url, "SELECT count FROM counter WHERE id = 1") == [(2,)]

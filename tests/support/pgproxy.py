@@ -11,12 +11,14 @@ import psycopg
 from fastapi_lith.backends.postgres.db import dsn
 
 
-class CutAtCommit:
+class CuttingProxy:
     """A TCP proxy on 127.0.0.1 (on `port`, or a free one) to the server that, once armed, passes
-    the next COMMIT on and drops the client's connection before the server's answer reaches it:
-    the batch committed, and the writer cannot know. Unarmed, it passes everything."""
+    the next statement `at` on (COMMIT: the batch committed, and the writer cannot know) and
+    drops the client's connection before the server's answer reaches it. Unarmed, it passes
+    everything."""
 
-    def __init__(self, url: str, port: int = 0) -> None:
+    def __init__(self, url: str, port: int = 0, at: str = "COMMIT") -> None:
+        self.at = at.encode() + b"\x00"  # a statement sent alone, without parameters
         self.info = psycopg.conninfo.conninfo_to_dict(dsn(url))
         self.listener = socket.create_server(("127.0.0.1", port))
         self.port = self.listener.getsockname()[1]
@@ -54,10 +56,10 @@ class CutAtCommit:
     def _pump(self, src: socket.socket, dst: socket.socket, committing: threading.Event, upstream: bool) -> None:
         try:
             while data := src.recv(65536):
-                if upstream and self.armed.is_set() and b"COMMIT\x00" in data:
+                if upstream and self.armed.is_set() and self.at in data:
                     self.armed.clear()
                     committing.set()
-                elif not upstream and committing.is_set():  # the server's answer to COMMIT
+                elif not upstream and committing.is_set():  # the server's answer to it
                     self.cut.set()
                     break
                 dst.sendall(data)
