@@ -16,7 +16,7 @@ from pydantic import Field
 
 from fastapi_lith import Command, FirstAttemptFailed, LithError, MigrationError, Rejected, Tx
 from fastapi_lith.backends.postgres.db import PgReaders, dsn
-from fastapi_lith.backends.postgres.writer import WRITER_NAME, PgWriter, retryable
+from fastapi_lith.backends.postgres.writer import WRITE_TURN, WRITER_NAME, PgWriter, retryable
 from fastapi_lith.engine.feed import LocalFeed
 from tests.support.pgproxy import CuttingProxy
 
@@ -302,19 +302,39 @@ def drop_the_write_connection(url: str) -> None:
 async def test_a_dropped_write_connection_costs_no_command(
     pg_url: str, migrations: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    writer = PgWriter(pg_url, migrations=migrations, feed=LocalFeed())
+    writer = PgWriter(pg_url, migrations=migrations, feed=LocalFeed(), retries=1)  # one run again is enough
     await writer.start()
     try:
         assert await writer.do(Add(n=1)) == 1
-        drop_the_write_connection(pg_url)
-        # Nothing of these had reached COMMIT: they run again on a new connection, no error.
-        assert await asyncio.gather(*(writer.do(Add(n=1)) for _ in range(20))) == list(range(2, 22))
-        assert writer.reconnects == 1
-        (said,) = [m for m in caplog.messages if m.startswith("the write connection dropped")]
-        assert re.fullmatch(r"the write connection dropped; the batch of \d+ commands runs again", said)
+        for drops in (1, 2):
+            drop_the_write_connection(pg_url)
+            # Nothing of these had reached COMMIT: they run again on a new connection, no error.
+            start = 2 + (drops - 1) * 10
+            assert await asyncio.gather(*(writer.do(Add(n=1)) for _ in range(10))) == list(range(start, start + 10))
+            assert writer.reconnects == drops
+        said = [m for m in caplog.messages if m.startswith("the write connection dropped")]
+        assert len(said) == 2
+        assert re.fullmatch(r"the write connection dropped; the batch of \d+ commands runs again", said[0])
     finally:
         await writer.close()
     assert rows(pg_url, "SELECT count FROM counter WHERE id = 1") == [(21,)]
+
+
+async def test_a_batch_that_fails_on_a_live_connection_is_not_run_again(pg_url: str, migrations: Path) -> None:
+    # A lock timeout is one of psycopg's OperationalErrors, as a dropped connection is; but the
+    # connection is still there, so the batch fails rather than running again on a new one.
+    url = pg_url + "?options=-c%20lock_timeout%3D100"
+    writer = PgWriter(url, migrations=migrations, feed=LocalFeed(), retries=2)
+    await writer.start()
+    try:
+        with psycopg.connect(dsn(pg_url)) as other:  # holds the writers' turn
+            other.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_TURN,))
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                await writer.do(Add(n=1))
+        assert writer.reconnects == 0
+        assert await writer.do(Add(n=1)) == 1  # its turn is free again
+    finally:
+        await writer.close()
 
 
 async def test_a_writer_without_retries_reports_a_dropped_connection_and_reconnects_for_the_next_batch(
