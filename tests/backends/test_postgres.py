@@ -320,6 +320,25 @@ async def test_a_dropped_write_connection_costs_no_command(
     assert rows(pg_url, "SELECT count FROM counter WHERE id = 1") == [(21,)]
 
 
+@pytest.mark.parametrize("drops", [2, 3])
+async def test_a_batch_runs_again_as_often_as_its_retries_allow(pg_url: str, migrations: Path, drops: int) -> None:
+    proxy = CuttingProxy(pg_url, at="BEGIN")
+    writer = PgWriter(proxy.url(), migrations=migrations, feed=LocalFeed(), retries=2)
+    await writer.start()
+    try:
+        proxy.times = drops
+        proxy.armed.set()  # each run of the batch loses its connection at BEGIN
+        if drops <= 2:
+            assert await writer.do(Add(n=1)) == 1
+        else:
+            with pytest.raises(psycopg.OperationalError):
+                await writer.do(Add(n=1))
+        assert proxy.cuts == drops and writer.reconnects == 2
+    finally:
+        await writer.close()
+        proxy.close()
+
+
 async def test_a_batch_that_fails_on_a_live_connection_is_not_run_again(pg_url: str, migrations: Path) -> None:
     # A lock timeout is one of psycopg's OperationalErrors, as a dropped connection is; but the
     # connection is still there, so the batch fails rather than running again on a new one.

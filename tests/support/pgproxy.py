@@ -14,8 +14,8 @@ from fastapi_lith.backends.postgres.db import dsn
 class CuttingProxy:
     """A TCP proxy on 127.0.0.1 (on `port`, or a free one) to the server that, once armed, passes
     the next statement `at` on (COMMIT: the batch committed, and the writer cannot know) and
-    drops the client's connection before the server's answer reaches it. Unarmed, it passes
-    everything."""
+    drops the client's connection before the server's answer reaches it; `times` such statements
+    in turn, each on its own connection. Unarmed, it passes everything."""
 
     def __init__(self, url: str, port: int = 0, at: str = "COMMIT") -> None:
         self.at = at.encode() + b"\x00"  # a statement sent alone, without parameters
@@ -23,7 +23,9 @@ class CuttingProxy:
         self.listener = socket.create_server(("127.0.0.1", port))
         self.port = self.listener.getsockname()[1]
         self.armed = threading.Event()
+        self.times = 1
         self.cut = threading.Event()
+        self.cuts = 0
         self._sockets: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -57,9 +59,12 @@ class CuttingProxy:
         try:
             while data := src.recv(65536):
                 if upstream and self.armed.is_set() and self.at in data:
-                    self.armed.clear()
+                    self.times -= 1
+                    if not self.times:
+                        self.armed.clear()
                     committing.set()
                 elif not upstream and committing.is_set():  # the server's answer to it
+                    self.cuts += 1
                     self.cut.set()
                     break
                 dst.sendall(data)
