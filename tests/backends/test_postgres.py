@@ -166,8 +166,11 @@ async def test_two_writers_share_keys(pg_url: str, migrations: Path) -> None:
 
 
 @pytest.mark.parametrize("take_turns", [False, True], ids=["free", "taking turns"])
-async def test_crossing_batches_do_not_fail(pg_url: str, migrations: Path, take_turns: bool) -> None:
+async def test_crossing_batches_do_not_fail(
+    pg_url: str, migrations: Path, take_turns: bool, caplog: pytest.LogCaptureFixture
+) -> None:
     """Without turns, one batch loses a deadlock and runs again; with them, none deadlocks."""
+    caplog.set_level(logging.DEBUG, logger="fastapi_lith.postgres")
     a = PgWriter(pg_url, migrations=migrations, feed=LocalFeed(), take_turns=take_turns)
     b = PgWriter(pg_url, migrations=migrations, feed=LocalFeed(), take_turns=take_turns)
     await a.start()
@@ -186,6 +189,8 @@ async def test_crossing_batches_do_not_fail(pg_url: str, migrations: Path, take_
         )
         assert results == ["done", "done"]
         assert a.retried + b.retried == (0 if take_turns else 1)
+        again = [m for m in caplog.messages if m.startswith("batch of 1 commands runs again: deadlock detected")]
+        assert len(again) == a.retried + b.retried
     finally:
         await a.close()
         await b.close()
