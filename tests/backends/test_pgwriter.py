@@ -247,3 +247,11 @@ async def test_one_row_inside_a_batch_is_told_from_none_and_several(writer: PgWr
     assert answers[0] == 10
     assert isinstance(answers[1], NotOneRow) and str(answers[1]) == "expected one row, got several"
     assert isinstance(answers[2], NotOneRow) and str(answers[2]) == "expected one row, got none"
+
+
+async def test_a_sql_string_with_named_parameters_is_compiled_once(writer: PgWriter) -> None:
+    assert await writer.do(Count()) == 0
+    before = writer.statements.misses
+    for _ in range(3):  # each its own batch
+        assert await writer.do(Count()) == 0
+    assert writer.statements.misses == before  # the same text, found again in the statement cache
