@@ -116,8 +116,7 @@ async def test_batches_keep_order_and_savepoints(pg_url: str, migrations: Path) 
         assert seqs == sorted(seqs)
         # Compiled once for PostgreSQL's dialect, prepared once on the write connection.
         assert writer.statements.misses == 1 and writer.statements.dialect.name == "postgresql"
-        prepared = [r[0] for r in writer.store._pg.execute("SELECT statement FROM pg_prepared_statements")]
-        assert sum(sql.startswith("INSERT INTO log") for sql in prepared) == 1
+        assert prepared(writer, "INSERT INTO log") == 1
         # A failing command rolls back alone: the duplicate, and the counter going negative.
         results = await asyncio.gather(
             writer.do(Add(n=2)), writer.do(Append(value="v1")), writer.do(Add(n=-5)), writer.do(Add(n=3)),
@@ -133,14 +132,23 @@ async def test_batches_keep_order_and_savepoints(pg_url: str, migrations: Path) 
     assert rows(pg_url, "SELECT count FROM counter WHERE id = 1") == [(5,)]
 
 
+def prepared(writer: PgWriter, sql: str) -> int:
+    """How many statements starting with `sql` the write connection has prepared."""
+    statements = writer.store._pg.execute("SELECT statement FROM pg_prepared_statements").fetchall()
+    return sum(statement.startswith(sql) for (statement,) in statements)
+
+
 async def test_a_repeated_command_applies_once(pg_url: str, migrations: Path) -> None:
     writer = PgWriter(pg_url, migrations=migrations, feed=LocalFeed())
     await writer.start()
     try:
         first = await writer.do(Add(n=4, tab="tab1", op=1))
+        # The key's claim and record are prepared at their first use, as commands' statements are.
+        assert prepared(writer, "INSERT INTO lith_outcome") == prepared(writer, "UPDATE lith_outcome") == 1
         again = await asyncio.gather(*(writer.do(Add(n=4, tab="tab1", op=1)) for _ in range(5)))
         assert first == 4 and again == [4] * 5
         assert writer.repeats == 5
+        assert prepared(writer, "SELECT outcome FROM lith_outcome") == 1  # the repeats' lookup
         with pytest.raises(psycopg.errors.CheckViolation):
             await writer.do(Add(n=-100, tab="tab1", op=2))
         with pytest.raises(FirstAttemptFailed, match="psycopg.errors.CheckViolation"):  # not applied again
