@@ -22,6 +22,7 @@ CREATE TABLE stock (id integer PRIMARY KEY, count integer NOT NULL CHECK (count 
 INSERT INTO stock VALUES (1, 10), (2, 10), (3, 10);
 """
 RESTOCK_ONE = sa.text("UPDATE stock SET count = count + 1 WHERE id = :id")
+ITEM = sa.table("item", sa.column("name"))
 
 
 class Insert(Command):
@@ -95,9 +96,20 @@ class Only(Command):
     """Exactly one row's first column, as a command that counts on one row does."""
 
     sql: str
+    params: dict[str, int] | None = None
 
     def apply(self, tx: Tx) -> Any:
-        return tx.one(self.sql)[0]
+        return tx.one(self.sql, self.params)[0]
+
+
+class AddItem(Command):
+    """An INSERT whose columns its parameters name (SQLAlchemy's `insert()` without values)."""
+
+    name: str
+
+    def apply(self, tx: Tx) -> str:
+        tx.execute(ITEM.insert(), {"name": self.name})
+        return self.name
 
 
 class InsertMany(Command):
@@ -242,9 +254,9 @@ async def test_a_batch_where_every_other_command_fails_answers_each_its_own(writ
 async def test_one_row_inside_a_batch_is_told_from_none_and_several(writer: PgWriter) -> None:
     answers = await one_batch(
         writer, Only(sql="SELECT count FROM stock WHERE id = 2"), Only(sql="SELECT id FROM stock"),
-        Only(sql="SELECT id FROM stock WHERE id = 9"),
+        Only(sql="SELECT id FROM stock WHERE id = 9"), Only(sql="SELECT count FROM stock WHERE id = :id", params={"id": 3}),
     )
-    assert answers[0] == 10
+    assert answers[0] == answers[3] == 10  # the last with a named parameter, as on SQLite
     assert isinstance(answers[1], NotOneRow) and str(answers[1]) == "expected one row, got several"
     assert isinstance(answers[2], NotOneRow) and str(answers[2]) == "expected one row, got none"
 
@@ -255,3 +267,8 @@ async def test_a_sql_string_with_named_parameters_is_compiled_once(writer: PgWri
     for _ in range(3):  # each its own batch
         assert await writer.do(Count()) == 0
     assert writer.statements.misses == before  # the same text, found again in the statement cache
+
+
+async def test_an_insert_takes_its_columns_from_its_parameters(writer: PgWriter, pg_url: str) -> None:
+    assert await one_batch(writer, AddItem(name="a"), AddItem(name="b")) == ["a", "b"]
+    assert rows(pg_url, "SELECT name FROM item ORDER BY id") == [("a",), ("b",)]

@@ -145,6 +145,7 @@ async def test_a_repeated_command_applies_once(pg_url: str, migrations: Path) ->
         first = await writer.do(Add(n=4, tab="tab1", op=1))
         # The key's claim and record are prepared at their first use, as commands' statements are.
         assert prepared(writer, "INSERT INTO lith_outcome") == prepared(writer, "UPDATE lith_outcome") == 1
+        assert prepared(writer, "UPDATE counter") == 1
         again = await asyncio.gather(*(writer.do(Add(n=4, tab="tab1", op=1)) for _ in range(5)))
         assert first == 4 and again == [4] * 5
         assert writer.repeats == 5
@@ -271,7 +272,9 @@ def test_a_postgres_writer_names_its_database_not_a_file(pg_url: str) -> None:
     from fastapi_lith.backends.postgres.feed import NotifyFeed
 
     writer = PgWriter(pg_url, feed=NotifyFeed(pg_url))
-    assert writer.path is None and writer.describe().startswith("postgresql database ") and "@" not in writer.describe()
+    name = psycopg.conninfo.conninfo_to_dict(dsn(pg_url))["dbname"]
+    assert writer.path is None and writer.describe() == f"postgresql database {name}"  # no user, no password
+    assert PgWriter("postgresql://app:secret@db").describe() == "postgresql database ?"
     # Before, its path was the URL as a file path, so Lith refused it as a writer of another database.
     lith = Lith(pg_url, writer=writer)
     assert lith.writer.writer is writer and lith.feed is writer.feed
