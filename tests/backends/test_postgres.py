@@ -214,6 +214,7 @@ async def test_readers_see_one_state(pg_url: str, migrations: Path) -> None:
         await writer.do(Add(n=7))
         row = await readers.run(lambda db: db.one(COUNT))
         assert row[0] == 7 and row["count"] == 7 and row.keys() == ["count"]  # as sqlite3.Row
+        assert type(row).__name__ == "Row" and not hasattr(row, "__dict__")  # as small as a tuple
         with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
             await readers.run(lambda db: db.execute(ADD, {"n": 1, "row": 1}))
 
