@@ -9,7 +9,7 @@ import threading
 import psycopg
 import pytest
 
-from fastapi_lith import Frame
+from fastapi_lith import Command, Frame, Tx
 from fastapi_lith.backends.postgres.db import open_postgres
 from fastapi_lith.backends.postgres.feed import LIMIT, NotifyFeed
 from fastapi_lith.backends.postgres.writer import PgWriter
@@ -249,4 +249,26 @@ async def test_an_unreadable_notification_is_logged_and_skipped(pg_url: str, cap
         assert "feed: unreadable notification 'not json'" in caplog.messages and listener.received == 1
     finally:
         conn.close()
+        await listener.close()
+
+
+class Touch(Command):
+    """Writes nothing; its topic is what other processes hear."""
+
+    topic: str
+
+    def apply(self, tx: Tx) -> None:
+        tx.touch(self.topic)
+
+
+async def test_a_commands_topics_reach_another_process_when_its_batch_commits(pg_url: str) -> None:
+    listener = NotifyFeed(pg_url)
+    await listener.start(None)  # type: ignore[arg-type]
+    writer = PgWriter(pg_url, feed=NotifyFeed(pg_url))
+    await writer.start()
+    try:
+        await writer.do(Touch(topic="board:7"))
+        assert (await changes(listener)).topics == {"board:7"}
+    finally:
+        await writer.close()
         await listener.close()
