@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import socket
+import logging
+import re
 import threading
 from pathlib import Path
-from urllib.parse import quote
 
 import psycopg
 import pytest
@@ -14,10 +14,11 @@ import sqlalchemy as sa
 from markupsafe import Markup
 from pydantic import Field
 
-from fastapi_lith import Command, FirstAttemptFailed, LithError, MigrationError, Tx
+from fastapi_lith import Command, FirstAttemptFailed, LithError, MigrationError, Rejected, Tx
 from fastapi_lith.backends.postgres.db import PgReaders, dsn
-from fastapi_lith.backends.postgres.writer import PgWriter
+from fastapi_lith.backends.postgres.writer import WRITE_TURN, WRITER_NAME, PgWriter, retryable
 from fastapi_lith.engine.feed import LocalFeed
+from tests.support.pgproxy import CuttingProxy
 
 metadata = sa.MetaData()
 log_table = sa.Table("log", metadata, sa.Column("seq", sa.Integer, primary_key=True), sa.Column("value", sa.Text))
@@ -51,6 +52,14 @@ class Add(Command):
         tx.execute(ADD, {"n": self.n, "row": 1})
         tx.touch("counter")
         return tx.scalar(COUNT)
+
+
+class AddThenRefuse(Command):
+    """Writes, then refuses: the batch's first run, without savepoints, rolls back whole."""
+
+    def apply(self, tx: Tx) -> None:
+        tx.execute(ADD, {"n": 1, "row": 1})
+        raise Rejected("changed my mind")
 
 
 class Meeting:
@@ -107,8 +116,7 @@ async def test_batches_keep_order_and_savepoints(pg_url: str, migrations: Path) 
         assert seqs == sorted(seqs)
         # Compiled once for PostgreSQL's dialect, prepared once on the write connection.
         assert writer.statements.misses == 1 and writer.statements.dialect.name == "postgresql"
-        prepared = [r[0] for r in writer.store._pg.execute("SELECT statement FROM pg_prepared_statements")]
-        assert sum(sql.startswith("INSERT INTO log") for sql in prepared) == 1
+        assert prepared(writer, "INSERT INTO log") == 1
         # A failing command rolls back alone: the duplicate, and the counter going negative.
         results = await asyncio.gather(
             writer.do(Add(n=2)), writer.do(Append(value="v1")), writer.do(Add(n=-5)), writer.do(Add(n=3)),
@@ -124,14 +132,24 @@ async def test_batches_keep_order_and_savepoints(pg_url: str, migrations: Path) 
     assert rows(pg_url, "SELECT count FROM counter WHERE id = 1") == [(5,)]
 
 
+def prepared(writer: PgWriter, sql: str) -> int:
+    """How many statements starting with `sql` the write connection has prepared."""
+    statements = writer.store._pg.execute("SELECT statement FROM pg_prepared_statements").fetchall()
+    return sum(statement.startswith(sql) for (statement,) in statements)
+
+
 async def test_a_repeated_command_applies_once(pg_url: str, migrations: Path) -> None:
     writer = PgWriter(pg_url, migrations=migrations, feed=LocalFeed())
     await writer.start()
     try:
         first = await writer.do(Add(n=4, tab="tab1", op=1))
+        # The key's claim and record are prepared at their first use, as commands' statements are.
+        assert prepared(writer, "INSERT INTO lith_outcome") == prepared(writer, "UPDATE lith_outcome") == 1
+        assert prepared(writer, "UPDATE counter") == 1
         again = await asyncio.gather(*(writer.do(Add(n=4, tab="tab1", op=1)) for _ in range(5)))
         assert first == 4 and again == [4] * 5
         assert writer.repeats == 5
+        assert prepared(writer, "SELECT outcome FROM lith_outcome") == 1  # the repeats' lookup
         with pytest.raises(psycopg.errors.CheckViolation):
             await writer.do(Add(n=-100, tab="tab1", op=2))
         with pytest.raises(FirstAttemptFailed, match="psycopg.errors.CheckViolation"):  # not applied again
@@ -157,8 +175,11 @@ async def test_two_writers_share_keys(pg_url: str, migrations: Path) -> None:
 
 
 @pytest.mark.parametrize("take_turns", [False, True], ids=["free", "taking turns"])
-async def test_crossing_batches_do_not_fail(pg_url: str, migrations: Path, take_turns: bool) -> None:
+async def test_crossing_batches_do_not_fail(
+    pg_url: str, migrations: Path, take_turns: bool, caplog: pytest.LogCaptureFixture
+) -> None:
     """Without turns, one batch loses a deadlock and runs again; with them, none deadlocks."""
+    caplog.set_level(logging.DEBUG, logger="fastapi_lith.postgres")
     a = PgWriter(pg_url, migrations=migrations, feed=LocalFeed(), take_turns=take_turns)
     b = PgWriter(pg_url, migrations=migrations, feed=LocalFeed(), take_turns=take_turns)
     await a.start()
@@ -177,6 +198,8 @@ async def test_crossing_batches_do_not_fail(pg_url: str, migrations: Path, take_
         )
         assert results == ["done", "done"]
         assert a.retried + b.retried == (0 if take_turns else 1)
+        again = [m for m in caplog.messages if m.startswith("batch of 1 commands runs again: deadlock detected")]
+        assert len(again) == a.retried + b.retried
     finally:
         await a.close()
         await b.close()
@@ -190,7 +213,8 @@ async def test_readers_see_one_state(pg_url: str, migrations: Path) -> None:
     try:
         await writer.do(Add(n=7))
         row = await readers.run(lambda db: db.one(COUNT))
-        assert row[0] == 7 and row["count"] == 7
+        assert row[0] == 7 and row["count"] == 7 and row.keys() == ["count"]  # as sqlite3.Row
+        assert type(row).__name__ == "Row" and not hasattr(row, "__dict__")  # as small as a tuple
         with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
             await readers.run(lambda db: db.execute(ADD, {"n": 1, "row": 1}))
 
@@ -249,7 +273,9 @@ def test_a_postgres_writer_names_its_database_not_a_file(pg_url: str) -> None:
     from fastapi_lith.backends.postgres.feed import NotifyFeed
 
     writer = PgWriter(pg_url, feed=NotifyFeed(pg_url))
-    assert writer.path is None and writer.describe().startswith("postgresql database ") and "@" not in writer.describe()
+    name = psycopg.conninfo.conninfo_to_dict(dsn(pg_url))["dbname"]
+    assert writer.path is None and writer.describe() == f"postgresql database {name}"  # no user, no password
+    assert PgWriter("postgresql://app:secret@db").describe() == "postgresql database ?"
     # Before, its path was the URL as a file path, so Lith refused it as a writer of another database.
     lith = Lith(pg_url, writer=writer)
     assert lith.writer.writer is writer and lith.feed is writer.feed
@@ -280,94 +306,111 @@ async def test_lith_on_postgres_renders_what_commands_wrote(pg_url: str, migrati
                 await asyncio.sleep(0.01)
 
 
-async def test_a_dropped_write_connection_costs_no_command(pg_url: str, migrations: Path) -> None:
-    from fastapi_lith.backends.postgres.writer import WRITER_NAME
+def drop_the_write_connection(url: str) -> None:
+    """End the writer's backend, as a restart or a failover does; returns once it is gone."""
+    with psycopg.connect(dsn(url), autocommit=True) as admin:
+        killed = admin.execute(
+            "SELECT count(pg_terminate_backend(pid, 30000)) FROM pg_stat_activity"
+            " WHERE application_name = %s AND datname = current_database()", (WRITER_NAME,)
+        ).fetchone()[0]
+    assert killed == 1
 
-    writer = PgWriter(pg_url, migrations=migrations, feed=LocalFeed())
+
+async def test_a_dropped_write_connection_costs_no_command(
+    pg_url: str, migrations: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    writer = PgWriter(pg_url, migrations=migrations, feed=LocalFeed(), retries=1)  # one run again is enough
     await writer.start()
     try:
         assert await writer.do(Add(n=1)) == 1
-        with psycopg.connect(dsn(pg_url), autocommit=True) as admin:
-            killed = admin.execute(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
-                " WHERE application_name = %s AND datname = current_database()", (WRITER_NAME,)
-            ).fetchone()[0]
-        assert killed == 1
-        # Nothing of these had reached COMMIT: they run again on a new connection, no error.
-        assert await asyncio.gather(*(writer.do(Add(n=1)) for _ in range(20))) == list(range(2, 22))
-        assert writer.reconnects == 1
+        for drops in (1, 2):
+            drop_the_write_connection(pg_url)
+            # Nothing of these had reached COMMIT: they run again on a new connection, no error.
+            start = 2 + (drops - 1) * 10
+            assert await asyncio.gather(*(writer.do(Add(n=1)) for _ in range(10))) == list(range(start, start + 10))
+            assert writer.reconnects == drops
+        said = [m for m in caplog.messages if m.startswith("the write connection dropped")]
+        assert len(said) == 2
+        assert re.fullmatch(r"the write connection dropped; the batch of \d+ commands runs again", said[0])
     finally:
         await writer.close()
     assert rows(pg_url, "SELECT count FROM counter WHERE id = 1") == [(21,)]
 
 
-class CutAtCommit:
-    """A TCP proxy on 127.0.0.1 to the server that, once armed, passes the next COMMIT on and
-    drops the client's connection before the server's answer reaches it: the batch committed,
-    and the writer cannot know."""
+@pytest.mark.parametrize("drops", [2, 3])
+async def test_a_batch_runs_again_as_often_as_its_retries_allow(pg_url: str, migrations: Path, drops: int) -> None:
+    proxy = CuttingProxy(pg_url, at="BEGIN")
+    writer = PgWriter(proxy.url(), migrations=migrations, feed=LocalFeed(), retries=2)
+    await writer.start()
+    try:
+        proxy.times = drops
+        proxy.armed.set()  # each run of the batch loses its connection at BEGIN
+        if drops <= 2:
+            assert await writer.do(Add(n=1)) == 1
+        else:
+            with pytest.raises(psycopg.OperationalError):
+                await writer.do(Add(n=1))
+        assert proxy.cuts == drops and writer.reconnects == 2
+    finally:
+        await writer.close()
+        proxy.close()
 
-    def __init__(self, url: str) -> None:
-        self.info = psycopg.conninfo.conninfo_to_dict(dsn(url))
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.armed = threading.Event()
-        self.cut = threading.Event()
-        self._sockets: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
 
-    def url(self) -> str:
-        user = quote(self.info.get("user") or "postgres", safe="")
-        password = self.info.get("password")
-        auth = f"{user}:{quote(password, safe='')}" if password else user
-        return f"postgresql+psycopg://{auth}@127.0.0.1:{self.port}/{self.info['dbname']}?sslmode=disable"
+async def test_a_batch_that_fails_on_a_live_connection_is_not_run_again(pg_url: str, migrations: Path) -> None:
+    # A lock timeout is one of psycopg's OperationalErrors, as a dropped connection is; but the
+    # connection is still there, so the batch fails rather than running again on a new one.
+    url = pg_url + "?options=-c%20lock_timeout%3D100"
+    writer = PgWriter(url, migrations=migrations, feed=LocalFeed(), retries=2)
+    await writer.start()
+    try:
+        with psycopg.connect(dsn(pg_url)) as other:  # holds the writers' turn
+            other.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_TURN,))
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                await writer.do(Add(n=1))
+        assert writer.reconnects == 0
+        assert await writer.do(Add(n=1)) == 1  # its turn is free again
+    finally:
+        await writer.close()
 
-    def _upstream(self) -> socket.socket:
-        host, port = self.info.get("host") or "/tmp", int(self.info.get("port") or 5432)
-        if host.startswith("/"):  # the test cluster listens on a unix socket only
-            sock = socket.socket(socket.AF_UNIX)
-            sock.connect(f"{host}/.s.PGSQL.{port}")
-            return sock
-        return socket.create_connection((host, port))
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:  # closed
-                return
-            server = self._upstream()
-            self._sockets += [client, server]
-            committing = threading.Event()
-            threading.Thread(target=self._pump, args=(client, server, committing, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(server, client, committing, False), daemon=True).start()
+async def test_a_writer_without_retries_reports_a_dropped_connection_and_reconnects_for_the_next_batch(
+    pg_url: str, migrations: Path
+) -> None:
+    writer = PgWriter(pg_url, migrations=migrations, feed=LocalFeed(), retries=0)
+    await writer.start()
+    try:
+        assert await writer.do(Add(n=1)) == 1
+        drop_the_write_connection(pg_url)
+        with pytest.raises(psycopg.OperationalError):
+            await writer.do(Add(n=1))
+        assert writer.reconnects == 0
+        assert await writer.do(Add(n=1)) == 2
+    finally:
+        await writer.close()
 
-    def _pump(self, src: socket.socket, dst: socket.socket, committing: threading.Event, upstream: bool) -> None:
-        try:
-            while data := src.recv(65536):
-                if upstream and self.armed.is_set() and b"COMMIT\x00" in data:
-                    self.armed.clear()
-                    committing.set()
-                elif not upstream and committing.is_set():  # the server's answer to COMMIT
-                    self.cut.set()
-                    break
-                dst.sendall(data)
-        except OSError:
-            pass
-        for sock in (src, dst):
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
-    def close(self) -> None:
-        self.listener.close()
-        for sock in self._sockets:
-            sock.close()
+async def test_a_writer_without_retries_hands_the_deadlock_to_the_loser(pg_url: str, migrations: Path) -> None:
+    a = PgWriter(pg_url, migrations=migrations, feed=LocalFeed(), take_turns=False, retries=0)
+    b = PgWriter(pg_url, migrations=migrations, feed=LocalFeed(), take_turns=False, retries=0)
+    await a.start()
+    await b.start()
+    try:
+        meeting = Meeting()
+        results = await asyncio.gather(
+            a.do(Crossing(first=1, second=2, wait=meeting)), b.do(Crossing(first=2, second=1, wait=meeting)),
+            return_exceptions=True,
+        )
+        assert sorted(map(type, results), key=str) == sorted([str, psycopg.errors.DeadlockDetected], key=str)
+        assert a.retried == b.retried == 0
+    finally:
+        await a.close()
+        await b.close()
+    assert rows(pg_url, "SELECT count FROM counter ORDER BY id") == [(1,), (1,)]  # the winner's two
 
 
 async def test_a_connection_dropped_after_commit_is_reported_not_applied_twice(pg_url: str, migrations: Path) -> None:
     """Past COMMIT the outcome is unknown: the caller hears so, and the batch is not run again."""
-    proxy = CutAtCommit(pg_url)
+    proxy = CuttingProxy(pg_url)
     writer = PgWriter(proxy.url(), migrations=migrations, feed=LocalFeed())
     await writer.start()
     try:
@@ -381,3 +424,71 @@ async def test_a_connection_dropped_after_commit_is_reported_not_applied_twice(p
     finally:
         await writer.close()
         proxy.close()
+
+
+async def test_a_reader_keeps_its_connection_and_replaces_one_that_dropped(pg_url: str, migrations: Path) -> None:
+    writer = PgWriter(pg_url, migrations=migrations, feed=LocalFeed())
+    await writer.start()  # the schema
+    await writer.close()
+    readers = PgReaders(pg_url, size=1)
+
+    def backends() -> list[int]:
+        return [pid for (pid,) in rows(pg_url, "SELECT pid FROM pg_stat_activity WHERE application_name = 'lith'"
+                                               " AND datname = current_database()")]
+
+    try:
+        for _ in range(3):
+            assert await readers.run(lambda db: db.scalar(COUNT)) == 0
+        (first,) = backends()  # one connection, reused
+        with psycopg.connect(dsn(pg_url), autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s, 30000)", (first,))  # returns once it is gone
+        with pytest.raises(psycopg.OperationalError):  # the read that finds it gone fails
+            await readers.run(lambda db: db.scalar(COUNT))
+        assert await readers.run(lambda db: db.scalar(COUNT)) == 0  # the next opens another
+        (second,) = backends()
+        assert second != first
+    finally:
+        readers.close()
+
+
+def wrapped(inner: Exception, *, cause: bool) -> Exception:
+    """`inner` inside the error a command raised while handling it: `raise ... from` or not."""
+    try:
+        try:
+            raise inner
+        except Exception as exc:
+            if cause:
+                raise ValueError("could not apply") from exc
+            raise ValueError("could not apply")  # noqa: B904 - what a careless command does
+    except ValueError as outer:
+        return outer
+
+
+def test_a_deadlock_or_serialization_failure_is_retried_however_a_command_wrapped_it() -> None:
+    assert retryable(psycopg.errors.DeadlockDetected())
+    assert retryable(wrapped(psycopg.errors.SerializationFailure(), cause=True))
+    assert retryable(wrapped(psycopg.errors.DeadlockDetected(), cause=False))
+    assert not retryable(wrapped(psycopg.errors.UniqueViolation(), cause=True))
+    # Exceptions whose contexts form a loop: the search ends, and nothing is retried.
+    first, second = RuntimeError("first"), RuntimeError("second")
+    first.__context__, second.__context__ = second, first
+    assert not retryable(first)
+
+
+async def test_a_connection_dropped_at_a_rollback_is_logged_and_the_batch_runs_again(
+    pg_url: str, migrations: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    proxy = CuttingProxy(pg_url, at="ROLLBACK")
+    writer = PgWriter(proxy.url(), migrations=migrations, feed=LocalFeed())
+    await writer.start()
+    try:
+        proxy.armed.set()
+        answers = await asyncio.gather(writer.do(Add(n=2)), writer.do(AddThenRefuse()), return_exceptions=True)
+        assert answers[0] == 2 and isinstance(answers[1], Rejected)
+        assert proxy.cut.is_set() and writer.reconnects == 1
+        (said,) = [r for r in caplog.records if r.getMessage() == "rollback failed; the connection is dropped"]
+        assert said.levelno == logging.WARNING and said.exc_info  # with the error's traceback
+    finally:
+        await writer.close()
+        proxy.close()
+    assert rows(pg_url, "SELECT count FROM counter WHERE id = 1") == [(2,)]

@@ -48,10 +48,6 @@ MIGRATION_LOCK = 0x6C697468  # "lith"
 SCHEMA_TABLE = "CREATE TABLE IF NOT EXISTS lith_schema (version integer NOT NULL)"
 
 
-def is_url(target: object) -> bool:
-    return isinstance(target, str) and target.startswith(("postgresql://", "postgresql+psycopg://", "postgres://"))
-
-
 def dsn(url: str) -> str:
     """libpq's form of a SQLAlchemy URL: `postgresql+psycopg://` loses its driver name."""
     return "postgresql://" + url.split("://", 1)[1]
@@ -133,7 +129,10 @@ class PgDb(Db):
 
     def executemany(self, stmt: ClauseElement | str, rows: Iterable[Mapping[str, Any]]) -> int:
         if isinstance(stmt, str):
-            cur = self._cursor
+            # A cursor of its own: psycopg adds to the count every result the cursor takes in
+            # meanwhile, and in the writer's pipeline those of the statements sent before it on
+            # the shared cursor are still to come.
+            cur = self.conn.cursor()
             cur.executemany(stmt, rows)
             changed: int = cur.rowcount
             return changed

@@ -8,7 +8,8 @@ statement failed again, waiting on each statement (see pgwriter.py).
 
 psycopg has no public hook for these, so this module reads a few of its attributes: the
 connection's `_pipeline` and its `result_queue`, the cursor's `_rowcount`, the connection's
-`_prepared` statements. tests/backends/test_pgwriter.py fails if they change meaning.
+`_prepared` statements (cleared after a pipeline the server aborted). tests/backends/test_pgwriter.py
+fails if they change meaning.
 """
 
 from __future__ import annotations
@@ -125,3 +126,15 @@ def deallocate_owed(conn: psycopg.Connection[Any]) -> None:
     if prepared._to_flush:  # noqa: SLF001
         with conn.lock:
             conn.wait(prepared.maintain_gen(conn))
+
+
+def forget_prepared(conn: psycopg.Connection[Any]) -> None:
+    """Forget every prepared statement after a pipeline the server aborted at a failing statement.
+
+    psycopg counts a statement as prepared when it sends its PREPARE, if it has run it before
+    unprepared (`prepare_threshold` times: the writer's own RELEASE soon is), and checks no
+    result: sent behind the failure, skipped by the server, it would next run by a name the
+    server never had, and fail the batch. psycopg forgets them all on a ROLLBACK only when that
+    statement's text is new to it; this has it do so after every such pipeline. The DEALLOCATE ALL goes out
+    after the rollback that follows (see `deallocate_owed`)."""
+    conn._prepared.clear()  # noqa: SLF001 - psycopg has no public way to ask

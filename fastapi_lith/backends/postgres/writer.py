@@ -32,7 +32,7 @@ from .db import (
     open_postgres,
     rollback,
 )
-from .pipeline import Replay, WriterConnection, WriterCursor, deallocate_owed
+from .pipeline import Replay, WriterConnection, WriterCursor, deallocate_owed, forget_prepared
 
 log = logging.getLogger("fastapi_lith.postgres")
 
@@ -315,6 +315,8 @@ class PgStore:
             deallocate_owed(conn)  # in error, the ROLLBACK (TO SAVEPOINT) that follows does it
             if not lost:
                 return None
+        else:
+            forget_prepared(conn)
         if error is not None and (conn.closed or retryable(error)):
             raise error
         if not savepoints:
