@@ -178,7 +178,7 @@ async def test_two_writers_share_keys(pg_url: str, migrations: Path) -> None:
 async def test_crossing_batches_do_not_fail(
     pg_url: str, migrations: Path, take_turns: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Without turns, one batch loses a deadlock and runs again; with them, none deadlocks."""
+    """Without turns, a batch loses a deadlock and runs again; with them, none deadlocks."""
     caplog.set_level(logging.DEBUG, logger="fastapi_lith.postgres")
     a = PgWriter(pg_url, migrations=migrations, feed=LocalFeed(), take_turns=take_turns)
     b = PgWriter(pg_url, migrations=migrations, feed=LocalFeed(), take_turns=take_turns)
@@ -197,9 +197,12 @@ async def test_crossing_batches_do_not_fail(
             a.do(Crossing(first=1, second=2, wait=gate)), b.do(Crossing(first=2, second=1, wait=gate)),
         )
         assert results == ["done", "done"]
-        assert a.retried + b.retried == (0 if take_turns else 1)
+        retried = a.retried + b.retried
+        # A loser run again can take its first row before the server wakes the winner's wait for
+        # it, and the two deadlock again: at least one run again, each logged.
+        assert retried == 0 if take_turns else retried >= 1
         again = [m for m in caplog.messages if m.startswith("batch of 1 commands runs again: deadlock detected")]
-        assert len(again) == a.retried + b.retried
+        assert len(again) == retried
     finally:
         await a.close()
         await b.close()
