@@ -587,6 +587,14 @@ def test_zstd_presets_compress_as_level_1_with_their_settings(make: Any, setting
     assert make().encode(event) == expected
 
 
+@pytest.mark.parametrize("quality", [0, 4, 9])
+def test_brotli_compresses_at_the_quality_it_was_given(quality: int) -> None:
+    event = b"data: " + b"".join(b"card %d in lane %d; " % (i, i % 4) for i in range(300)) + b"\n\n"
+    reference = brotli.Compressor(quality=quality, lgwin=16)
+    expected = reference.process(event) + reference.flush()
+    assert BrotliEncoder(quality=quality).encode(event) == expected
+
+
 def test_brotli_quality_2_keeps_its_window_and_gzip_keeps_its_level() -> None:
     encoder = BrotliEncoder(quality=2)
     encoder.encode(b"data: small\n\n")
