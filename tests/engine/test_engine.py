@@ -76,3 +76,13 @@ async def test_an_engine_renders_and_pushes_without_http(tmp_path: Path) -> None
         engine.push("t1", Frame("note", '<p id="note">hi</p>'))
         assert [f.key for f in stream.take()] == ["counter", "note"]
         subscription.close()
+
+
+async def test_an_engine_built_without_settings_ticks_every_50_ms_on_two_readers_of_its_own(tmp_path: Path) -> None:
+    parts = engine_on(tmp_path)
+    engine = Engine(parts.backend, parts.writer, parts.feed, parts.views)
+    before = set(threading.enumerate())  # another test's pool may still be winding down
+    async with engine.run(ticks=False):
+        readers = [t.name for t in threading.enumerate() if t not in before and t.name.startswith("lith-reader")]
+        assert sorted(readers) == ["lith-reader-0", "lith-reader-1"]
+        assert engine.hub.interval == 0.05

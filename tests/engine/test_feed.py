@@ -118,6 +118,7 @@ async def test_pushes_that_cannot_be_forwarded_are_logged_with_their_count_and_t
         # Both pushed before a's outbox runs: one feed entry for the two, and one log line.
         a.hub.push(there.id, Frame("lith-error", '<div id="lith-error">lost</div>'))
         a.hub.push(there.id, Frame("lith-error", '<div id="lith-error">lost too</div>'))
+        assert "lith-feed-forward" in {task.get_name() for task in asyncio.all_tasks()}  # as a task dump names it
 
         async def logged() -> list[logging.LogRecord]:
             return [r for r in caplog.records if r.name == "fastapi_lith.feed"]

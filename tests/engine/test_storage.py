@@ -248,6 +248,13 @@ def test_an_extended_code_counts_by_its_primary_code_and_is_named_by_sqlite(tmp_
     exc = caught.value
     assert exc.sqlite_errorcode & 0xFF == 8  # type: ignore[attr-defined]
     assert storage_cause(exc) == f"{exc.sqlite_errorname}: {exc}"  # type: ignore[attr-defined]
+    with closing(sqlite3.connect(path)) as db, pytest.raises(sqlite3.Error) as caught:
+        db.execute("INSERT INTO t VALUES (1)")
+        db.commit()
+        path.rename(tmp_path / "moved.db")  # under the open connection: the next write is refused
+        db.execute("INSERT INTO t VALUES (2)")
+    moved = caught.value
+    assert storage_cause(moved) == "SQLITE_READONLY_DBMOVED: attempt to write a readonly database"
     extended = sqlite3.OperationalError("attempt to write a readonly database")
     extended.sqlite_errorcode = 8 | (4 << 8)  # type: ignore[attr-defined]  # SQLITE_READONLY_DBMOVED
     extended.sqlite_errorname = None  # type: ignore[attr-defined]  # a build that names none: the table's name

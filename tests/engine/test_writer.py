@@ -979,17 +979,22 @@ async def test_closing_closes_the_file_and_may_be_repeated(writer: Writer, caplo
     assert not [r for r in caplog.records if r.levelname == "ERROR"]
 
 
-async def test_closing_while_another_process_holds_the_file_still_closes(writer: Writer) -> None:
+async def test_closing_while_another_process_holds_the_file_still_closes(
+    writer: Writer, caplog: pytest.LogCaptureFixture
+) -> None:
     """The close's `PRAGMA optimize` is a hint: another process writing (a second worker's
-    batch, its own close) may hold the file, and the writer still closes, promptly and clean."""
+    batch, its own close) may hold the file, and the writer still closes, promptly and clean,
+    saying what it skipped."""
     await writer.do(Add())
     other = sqlite3.connect(writer.path, isolation_level=None)
+    caplog.set_level("INFO", logger="fastapi_lith.writer")
     try:
         other.execute("BEGIN EXCLUSIVE")
         await asyncio.wait_for(writer.close(), 3)  # under the busy timeout a busy file waits out
     finally:
         other.close()
     assert rows(writer.path, "SELECT count(*) FROM counter") == [(1,)]
+    assert caplog.messages == [f"{writer.path}: PRAGMA optimize skipped at close: database is locked"]
 
 
 async def test_closing_a_writer_whose_task_failed_logs_why(
