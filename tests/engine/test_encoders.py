@@ -288,6 +288,7 @@ def test_zstd_window_follows_the_first_write(frames: list[bytes]) -> None:
     assert window(frames[0]) == 2**20
     assert window(frames[0], b"data: outcome\n\n") == 2**20  # one write of two events
     assert window(b"x" * 10_000) == 2**16
+    assert window(b"x" * 10_000, b"x" * 10_000) == 2**17  # the write's size, not its first event's
     assert window(b"x") == 2**10  # a counter's few hundred bytes: zstd's smallest window
     assert window(b"x" * 3_000_000) == 2**23
     small = ZstdEncoder()
@@ -297,6 +298,16 @@ def test_zstd_window_follows_the_first_write(frames: list[bytes]) -> None:
     small.hibernate()
     body = small.encode(b"data: a keep-alive's size\n\n")
     assert zstandard.get_frame_parameters(body).window_size == 2**16
+    decoder = ZstdDecoder()
+    decoder.feed(body)
+    decoder.feed(small.encode(b"y" * 2**14))  # a quarter of the 2^16 window: still fits, same frame
+    assert decoder.frames_ended == 0
+    decoder.feed(small.encode(b"z" * (2**14 + 1)))  # one byte more: a new frame, its window sized from it
+    assert decoder.frames_ended == 1 and small.params.window_log == 17
+    largest, decoder = ZstdEncoder(), ZstdDecoder()
+    decoder.feed(largest.encode(b"x" * 3_000_000))
+    decoder.feed(largest.encode(b"y" * 3_000_000))  # past a quarter of the largest window: no larger one
+    assert decoder.frames_ended == 0 and largest.params.window_log == 23
 
 
 def test_a_write_that_outgrows_a_sized_zstd_window_starts_a_frame_sized_from_it(frames: list[bytes]) -> None:
