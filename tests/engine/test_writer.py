@@ -484,6 +484,21 @@ async def test_a_repeated_command_returns_its_first_outcome_without_applying(wri
     assert writer.repeats == 1 + 4 + 1
 
 
+async def test_a_batch_whose_outcome_cannot_be_recorded_fails_whole_and_leaves_no_transaction_open(
+    writer: Writer,
+) -> None:
+    """The outcome's row is written outside the command's savepoint: its failure ends the batch,
+    which must roll back for the next one to begin."""
+    with sqlite3.connect(writer.path) as conn:  # SQLite refuses the outcome's row
+        conn.execute("CREATE TRIGGER refuse BEFORE INSERT ON lith_outcome BEGIN SELECT RAISE(ABORT, 'no outcome'); END")
+    with pytest.raises(sqlite3.IntegrityError, match="^no outcome$"):
+        await writer.do(Keyed(tab="t1", op=1, value="a"))
+    with sqlite3.connect(writer.path) as conn:
+        conn.execute("DROP TRIGGER refuse")
+    assert await writer.do(Add()) == 1  # not "cannot start a transaction within a transaction"
+    assert log_values(writer.path) == []
+
+
 async def test_outcomes_survive_a_restart_and_expire_after_the_window(tmp_path: Path, migrations: Path) -> None:
     path = tmp_path / "app.db"
     writer = Writer(path, migrations=migrations, repeat_window=3600)
