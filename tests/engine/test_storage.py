@@ -207,6 +207,10 @@ async def test_a_full_disk_refuses_each_batch_with_its_cause_logs_it_once_and_a_
                 await writer.do(Put(size=200_000))
             assert str(refused.value).startswith("the database cannot be written: SQLITE_FULL: "), refused.value
             assert isinstance(refused.value.__cause__, sqlite3.Error)
+        # Larger than the page cache: SQLite writes pages out while the command's statement
+        # runs, so the disk refuses the command itself, not the COMMIT; still the storage's fault.
+        with pytest.raises(StorageError, match="^the database cannot be written: SQLITE_FULL: "):
+            await writer.do(Put(size=3_000_000))
         why = await writer.probe()
         assert why is not None and "SQLITE_FULL" in why, why
         failing = [r for r in caplog.records if r.levelno == logging.ERROR]
