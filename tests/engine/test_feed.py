@@ -384,17 +384,23 @@ async def test_a_revocation_crosses_to_the_other_process_and_an_old_feed_table_g
         assert not his.stream.ended and not number.stream.ended
 
 
-def test_a_feed_built_without_settings_keeps_its_newest_4096_entries_pruned_every_256(tmp_path: Path) -> None:
-    """`SqliteFeed(path)` as an app builds it: how far behind a hub may fall and still replay."""
-    feed = SqliteFeed(tmp_path / "app.db")
+async def test_a_feed_built_without_settings_keeps_its_newest_4096_entries_and_lag_samples(tmp_path: Path) -> None:
+    """`SqliteFeed(path)` as an app builds it: how far behind a hub may fall and still replay,
+    pruned every 256 batches, and how many lag samples wait for metrics that may never drain them."""
+    feed, other = SqliteFeed(tmp_path / "app.db"), SqliteFeed(tmp_path / "app.db")
     conn = open_sqlite(tmp_path / "app.db")
     feed.setup(conn)
+    await other.start(None)  # type: ignore[arg-type]  # another process's hub, which forwards nothing
     conn.execute("BEGIN")
     for i in range(1, 4352):  # a batch apiece, up to the one before the 17th prune
         feed.publish(conn, {f"n:{i}"})
     conn.execute("COMMIT")
     # The 16 prunes so far, at seq 256, 512, ... 4096, each fell before the oldest entry.
     assert tuple(conn.execute("SELECT min(seq), count(*) FROM lith_feed").fetchone()) == (1, 4351)
+    changes = other.poll()
+    assert changes is not None and len(changes.topics) == other.reads == 4351
+    assert len(other.lags) == 4096
     feed.publish(conn, {"n:4352"})
     assert tuple(conn.execute("SELECT min(seq), count(*) FROM lith_feed").fetchone()) == (257, 4096)
+    await other.close()
     conn.close()
