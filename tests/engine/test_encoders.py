@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import re
 import statistics
 import zlib
 from collections.abc import Callable
@@ -15,6 +16,7 @@ import zstandard
 from datastar_py.sse import ServerSentEventGenerator as SSE
 
 from examples.kanban.synthetic import board_html, change_card, make_cards
+from fastapi_lith import SettingError
 from fastapi_lith.engine.encoders import (
     BrotliEncoder,
     Encoder,
@@ -625,3 +627,33 @@ def test_gzip_defaults_to_zlibs_own_level() -> None:
     from fastapi_lith.engine.encoders import GzipEncoder
 
     assert GzipEncoder().level == 6  # zlib's own default
+
+
+@pytest.mark.parametrize(
+    ("name", "bad", "message"),
+    [
+        ("zstd_window_log", 9, "an integer from 10 to 23, not 9"),
+        ("zstd_window_log", 24, "an integer from 10 to 23, not 24"),
+        ("zstd_window_log", 18.0, "an integer, not 18.0"),
+        ("brotli_quality", -1, "an integer from 0 to 11, not -1"),
+        ("brotli_quality", 12, "an integer from 0 to 11, not 12"),
+        ("brotli_quality", 4.0, "an integer, not 4.0"),
+        ("gzip_level", -1, "an integer from 0 to 9, not -1"),
+        ("gzip_level", 10, "an integer from 0 to 9, not 10"),
+        ("gzip_level", 6.0, "an integer, not 6.0"),
+    ],
+)
+def test_an_apps_compression_settings_are_checked_by_name_within_their_bounds(name: str, bad: Any, message: str) -> None:
+    from fastapi_lith.engine.encoders import encoder_settings
+
+    lowest = {"zstd_window_log": 10, "brotli_quality": 0, "gzip_level": 0}
+    highest = {"zstd_window_log": 23, "brotli_quality": 11, "gzip_level": 9}
+    for bounds in (lowest, highest):
+        assert encoder_settings(**bounds) == {
+            "zstd": {"window_log": bounds["zstd_window_log"]},
+            "br": {"quality": bounds["brotli_quality"]},
+            "gzip": {"level": bounds["gzip_level"]},
+        }
+    assert encoder_settings(**{**lowest, "zstd_window_log": None})["zstd"] == {"window_log": None}  # sized per stream
+    with pytest.raises(SettingError, match=f"^{name} must be {re.escape(message)}$"):
+        encoder_settings(**{**lowest, name: bad})
