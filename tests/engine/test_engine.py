@@ -9,6 +9,7 @@ from pathlib import Path
 from markupsafe import Markup
 
 from fastapi_lith import Command, Db, LocalFeed, Tx, open_backend
+from fastapi_lith.backends.sqlite.db import SqliteReaders
 from fastapi_lith.engine.engine import Engine, app_views, register_view
 from fastapi_lith.engine.frames import Frame
 from fastapi_lith.engine.streams import Stream
@@ -86,3 +87,15 @@ async def test_an_engine_built_without_settings_ticks_every_50_ms_on_two_readers
         readers = [t.name for t in threading.enumerate() if t not in before and t.name.startswith("lith-reader")]
         assert sorted(readers) == ["lith-reader-0", "lith-reader-1"]
         assert engine.hub.interval == 0.05
+
+
+async def test_an_engine_renders_through_the_apps_own_readers_and_leaves_them_open(tmp_path: Path) -> None:
+    parts = engine_on(tmp_path)
+    readers = SqliteReaders(tmp_path / "app.db", size=1)
+    engine = Engine(parts.backend, parts.writer, parts.feed, parts.views, readers=readers)
+    try:
+        async with engine.run(ticks=False):
+            assert await asyncio.wait_for(engine.render("counter"), 10) == '<p id="counter">0</p>'
+        assert await readers.run(lambda db: db.scalar("SELECT n FROM counter")) == 0  # still the app's to close
+    finally:
+        readers.close()
