@@ -6,6 +6,7 @@ import asyncio
 import threading
 from pathlib import Path
 
+import pytest
 from markupsafe import Markup
 
 from fastapi_lith import Command, Db, LocalFeed, Tx, open_backend
@@ -13,6 +14,7 @@ from fastapi_lith.backends.sqlite.db import SqliteReaders
 from fastapi_lith.engine.engine import Engine, app_views, register_view
 from fastapi_lith.engine.frames import Frame
 from fastapi_lith.engine.streams import Stream
+from fastapi_lith.exceptions import NotRunning
 
 
 class Hold(Command):
@@ -99,3 +101,12 @@ async def test_an_engine_renders_through_the_apps_own_readers_and_leaves_them_op
         assert await readers.run(lambda db: db.scalar("SELECT n FROM counter")) == 0  # still the app's to close
     finally:
         readers.close()
+
+
+async def test_an_engine_not_running_refuses_its_hub_and_reads_is_idle_and_drops_a_push(tmp_path: Path) -> None:
+    engine = engine_on(tmp_path)
+    for part in ("hub", "async_engine"):
+        with pytest.raises(NotRunning, match=r"^the app is not running: use lith.lifespan$"):
+            getattr(engine, part)
+    assert engine.is_idle() and not engine.running
+    engine.push("t1", Frame("note", '<p id="note">hi</p>'))  # no stream anywhere: nothing to do
