@@ -197,11 +197,11 @@ async def test_a_full_disk_refuses_each_batch_with_its_cause_logs_it_once_and_a_
     (migrations / "0001_blob.sql").write_text(BLOBS)
     writer = Writer(small_disk / "app.db", migrations=migrations)
     await writer.start()
+    caplog.set_level(logging.INFO, logger="fastapi_lith.writer")
     try:
-        await writer.do(Put(size=1000))
+        await writer.do(Put(size=1000))  # a write that never failed: no recovery to log
         assert await writer.probe() is None
         filler = fill(small_disk)
-        caplog.set_level(logging.INFO, logger="fastapi_lith.writer")
         for _ in range(3):
             with pytest.raises(StorageError) as refused:
                 await writer.do(Put(size=200_000))
