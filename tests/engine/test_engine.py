@@ -110,3 +110,11 @@ async def test_an_engine_not_running_refuses_its_hub_and_reads_is_idle_and_drops
             getattr(engine, part)
     assert engine.is_idle() and not engine.running
     engine.push("t1", Frame("note", '<p id="note">hi</p>'))  # no stream anywhere: nothing to do
+
+
+async def test_an_apps_views_built_without_a_hint_show_none_in_a_tabs_outcome(tmp_path: Path) -> None:
+    parts = engine_on(tmp_path)
+    engine = Engine(parts.backend, parts.writer, parts.feed, app_views(), readers=1)
+    async with engine.run(ticks=False):
+        outcome = await engine.render("outcome/{tab}", {"tab": "t1"})
+        assert 'id="lith-error"' in outcome and "hint" not in outcome
