@@ -236,3 +236,25 @@ async def test_threads_are_named_daemons_and_only_settled_calls_refuse_cancel(tm
         assert await held is True
     finally:
         workers.close()
+
+
+async def test_a_backends_readers_built_on_the_base_defaults_read_on_two_threads(tmp_path: Path) -> None:
+    """`Readers()` as a new backend's subclass calls it, with no size of its own."""
+    import threading
+
+    from fastapi_lith.engine.db import Db
+    from fastapi_lith.engine.readers import Readers
+
+    class FileReaders(Readers):
+        def _open(self) -> Db:
+            return Db(open_sqlite(tmp_path / "a.db", read_only=True))
+
+    open_sqlite(tmp_path / "a.db").close()
+    before = set(threading.enumerate())  # another test's pool may still be winding down
+    readers = FileReaders()
+    try:
+        mine = [t.name for t in threading.enumerate() if t not in before and t.name.startswith("lith-reader")]
+        assert sorted(mine) == ["lith-reader-0", "lith-reader-1"]
+        assert await readers.run(lambda db: db.scalar("PRAGMA query_only")) == 1
+    finally:
+        readers.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import re
 import statistics
 import zlib
 from collections.abc import Callable
@@ -15,6 +16,7 @@ import zstandard
 from datastar_py.sse import ServerSentEventGenerator as SSE
 
 from examples.kanban.synthetic import board_html, change_card, make_cards
+from fastapi_lith import SettingError
 from fastapi_lith.engine.encoders import (
     BrotliEncoder,
     Encoder,
@@ -288,6 +290,7 @@ def test_zstd_window_follows_the_first_write(frames: list[bytes]) -> None:
     assert window(frames[0]) == 2**20
     assert window(frames[0], b"data: outcome\n\n") == 2**20  # one write of two events
     assert window(b"x" * 10_000) == 2**16
+    assert window(b"x" * 10_000, b"x" * 10_000) == 2**17  # the write's size, not its first event's
     assert window(b"x") == 2**10  # a counter's few hundred bytes: zstd's smallest window
     assert window(b"x" * 3_000_000) == 2**23
     small = ZstdEncoder()
@@ -297,6 +300,16 @@ def test_zstd_window_follows_the_first_write(frames: list[bytes]) -> None:
     small.hibernate()
     body = small.encode(b"data: a keep-alive's size\n\n")
     assert zstandard.get_frame_parameters(body).window_size == 2**16
+    decoder = ZstdDecoder()
+    decoder.feed(body)
+    decoder.feed(small.encode(b"y" * 2**14))  # a quarter of the 2^16 window: still fits, same frame
+    assert decoder.frames_ended == 0
+    decoder.feed(small.encode(b"z" * (2**14 + 1)))  # one byte more: a new frame, its window sized from it
+    assert decoder.frames_ended == 1 and small.params.window_log == 17
+    largest, decoder = ZstdEncoder(), ZstdDecoder()
+    decoder.feed(largest.encode(b"x" * 3_000_000))
+    decoder.feed(largest.encode(b"y" * 3_000_000))  # past a quarter of the largest window: no larger one
+    assert decoder.frames_ended == 0 and largest.params.window_log == 23
 
 
 def test_a_write_that_outgrows_a_sized_zstd_window_starts_a_frame_sized_from_it(frames: list[bytes]) -> None:
@@ -613,6 +626,14 @@ def test_zstd_presets_compress_as_level_1_with_their_settings(make: Any, setting
     assert make().encode(event) == expected
 
 
+@pytest.mark.parametrize("quality", [0, 4, 9])
+def test_brotli_compresses_at_the_quality_it_was_given(quality: int) -> None:
+    event = b"data: " + b"".join(b"card %d in lane %d; " % (i, i % 4) for i in range(300)) + b"\n\n"
+    reference = brotli.Compressor(quality=quality, lgwin=16)
+    expected = reference.process(event) + reference.flush()
+    assert BrotliEncoder(quality=quality).encode(event) == expected
+
+
 def test_brotli_quality_2_keeps_its_window_and_gzip_keeps_its_level() -> None:
     encoder = BrotliEncoder(quality=2)
     encoder.encode(b"data: small\n\n")
@@ -632,3 +653,33 @@ def test_gzip_defaults_to_zlibs_own_level() -> None:
     from fastapi_lith.engine.encoders import GzipEncoder
 
     assert GzipEncoder().level == 6  # zlib's own default
+
+
+@pytest.mark.parametrize(
+    ("name", "bad", "message"),
+    [
+        ("zstd_window_log", 9, "an integer from 10 to 23, not 9"),
+        ("zstd_window_log", 24, "an integer from 10 to 23, not 24"),
+        ("zstd_window_log", 18.0, "an integer, not 18.0"),
+        ("brotli_quality", -1, "an integer from 0 to 11, not -1"),
+        ("brotli_quality", 12, "an integer from 0 to 11, not 12"),
+        ("brotli_quality", 4.0, "an integer, not 4.0"),
+        ("gzip_level", -1, "an integer from 0 to 9, not -1"),
+        ("gzip_level", 10, "an integer from 0 to 9, not 10"),
+        ("gzip_level", 6.0, "an integer, not 6.0"),
+    ],
+)
+def test_an_apps_compression_settings_are_checked_by_name_within_their_bounds(name: str, bad: Any, message: str) -> None:
+    from fastapi_lith.engine.encoders import encoder_settings
+
+    lowest = {"zstd_window_log": 10, "brotli_quality": 0, "gzip_level": 0}
+    highest = {"zstd_window_log": 23, "brotli_quality": 11, "gzip_level": 9}
+    for bounds in (lowest, highest):
+        assert encoder_settings(**bounds) == {
+            "zstd": {"window_log": bounds["zstd_window_log"]},
+            "br": {"quality": bounds["brotli_quality"]},
+            "gzip": {"level": bounds["gzip_level"]},
+        }
+    assert encoder_settings(**{**lowest, "zstd_window_log": None})["zstd"] == {"window_log": None}  # sized per stream
+    with pytest.raises(SettingError, match=f"^{name} must be {re.escape(message)}$"):
+        encoder_settings(**{**lowest, name: bad})

@@ -6,12 +6,15 @@ import asyncio
 import threading
 from pathlib import Path
 
+import pytest
 from markupsafe import Markup
 
 from fastapi_lith import Command, Db, LocalFeed, Tx, open_backend
+from fastapi_lith.backends.sqlite.db import SqliteReaders
 from fastapi_lith.engine.engine import Engine, app_views, register_view
 from fastapi_lith.engine.frames import Frame
 from fastapi_lith.engine.streams import Stream
+from fastapi_lith.exceptions import NotRunning
 
 
 class Hold(Command):
@@ -76,3 +79,42 @@ async def test_an_engine_renders_and_pushes_without_http(tmp_path: Path) -> None
         engine.push("t1", Frame("note", '<p id="note">hi</p>'))
         assert [f.key for f in stream.take()] == ["counter", "note"]
         subscription.close()
+
+
+async def test_an_engine_built_without_settings_ticks_every_50_ms_on_two_readers_of_its_own(tmp_path: Path) -> None:
+    parts = engine_on(tmp_path)
+    engine = Engine(parts.backend, parts.writer, parts.feed, parts.views)
+    before = set(threading.enumerate())  # another test's pool may still be winding down
+    async with engine.run(ticks=False):
+        readers = [t.name for t in threading.enumerate() if t not in before and t.name.startswith("lith-reader")]
+        assert sorted(readers) == ["lith-reader-0", "lith-reader-1"]
+        assert engine.hub.interval == 0.05
+
+
+async def test_an_engine_renders_through_the_apps_own_readers_and_leaves_them_open(tmp_path: Path) -> None:
+    parts = engine_on(tmp_path)
+    readers = SqliteReaders(tmp_path / "app.db", size=1)
+    engine = Engine(parts.backend, parts.writer, parts.feed, parts.views, readers=readers)
+    try:
+        async with engine.run(ticks=False):
+            assert await asyncio.wait_for(engine.render("counter"), 10) == '<p id="counter">0</p>'
+        assert await readers.run(lambda db: db.scalar("SELECT n FROM counter")) == 0  # still the app's to close
+    finally:
+        readers.close()
+
+
+async def test_an_engine_not_running_refuses_its_hub_and_reads_is_idle_and_drops_a_push(tmp_path: Path) -> None:
+    engine = engine_on(tmp_path)
+    for part in ("hub", "async_engine"):
+        with pytest.raises(NotRunning, match=r"^the app is not running: use lith.lifespan$"):
+            getattr(engine, part)
+    assert engine.is_idle() and not engine.running
+    engine.push("t1", Frame("note", '<p id="note">hi</p>'))  # no stream anywhere: nothing to do
+
+
+async def test_an_apps_views_built_without_a_hint_show_none_in_a_tabs_outcome(tmp_path: Path) -> None:
+    parts = engine_on(tmp_path)
+    engine = Engine(parts.backend, parts.writer, parts.feed, app_views(), readers=1)
+    async with engine.run(ticks=False):
+        outcome = await engine.render("outcome/{tab}", {"tab": "t1"})
+        assert 'id="lith-error"' in outcome and "hint" not in outcome

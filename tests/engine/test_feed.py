@@ -16,10 +16,12 @@ import htpy as h
 import pytest
 
 from fastapi_lith import Command, Db, Frame, Lith, SettingError, Tx
+from fastapi_lith.backends.sqlite.db import open_sqlite
 from fastapi_lith.backends.sqlite.feed import SqliteFeed
 from fastapi_lith.engine.feed import LocalFeed
 from fastapi_lith.engine.frames import sse_event
 from fastapi_lith.testing import Tabs
+from tests.support import until
 
 MIGRATION = """
 CREATE TABLE counter (id INTEGER PRIMARY KEY, n INTEGER NOT NULL);
@@ -60,6 +62,12 @@ def make_lith(tmp_path: Path, **kwargs: object) -> Lith:
     return lith
 
 
+def refuse_feed_entries(db: Path) -> None:
+    """SQLite refuses every new feed entry (with `IntegrityError`) until the trigger is dropped."""
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TRIGGER refuse BEFORE INSERT ON lith_feed BEGIN SELECT RAISE(ABORT, 'no feed'); END")
+
+
 async def test_a_commit_in_one_process_reaches_the_other_at_its_next_tick(tmp_path: Path) -> None:
     a, b = make_lith(tmp_path), make_lith(tmp_path)
     async with Tabs(a) as tabs_a, Tabs(b) as tabs_b:
@@ -97,6 +105,36 @@ async def test_pushes_reach_the_tab_in_the_other_process(tmp_path: Path) -> None
         assert (got.key, got.html, got.signals) == (frame.key, frame.html, frame.signals)
         assert sse_event(got) == sse_event(frame)
         assert bystander.read() == []
+
+
+async def test_pushes_that_cannot_be_forwarded_are_logged_with_their_count_and_the_next_ones_go(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    a, b = make_lith(tmp_path), make_lith(tmp_path)
+    async with Tabs(a), Tabs(b) as tabs_b:
+        there = await tabs_b.open("counter", tab="there")
+        refuse_feed_entries(tmp_path / "app.db")  # the feed entry that carries them fails
+        caplog.set_level(logging.ERROR, logger="fastapi_lith.feed")
+        # Both pushed before a's outbox runs: one feed entry for the two, and one log line.
+        a.hub.push(there.id, Frame("lith-error", '<div id="lith-error">lost</div>'))
+        a.hub.push(there.id, Frame("lith-error", '<div id="lith-error">lost too</div>'))
+        assert "lith-feed-forward" in {task.get_name() for task in asyncio.all_tasks()}  # as a task dump names it
+
+        async def logged() -> list[logging.LogRecord]:
+            return [r for r in caplog.records if r.name == "fastapi_lith.feed"]
+
+        [record] = await until(logged)
+        assert record.getMessage() == "could not forward 2 pushes"
+        assert record.exc_info is not None and isinstance(record.exc_info[1], sqlite3.IntegrityError)
+        with sqlite3.connect(tmp_path / "app.db") as conn:
+            conn.execute("DROP TRIGGER refuse")
+        a.hub.push(there.id, Frame("lith-error", '<div id="lith-error">arrived</div>'))
+
+        async def arrived() -> list[Frame]:
+            await tabs_b.tick()
+            return there.read()
+
+        assert [f.html for f in await until(arrived)] == ['<div id="lith-error">arrived</div>']
 
 
 async def test_an_idle_poll_asks_only_data_version(tmp_path: Path) -> None:
@@ -185,10 +223,7 @@ async def test_a_failing_feed_write_rolls_back_its_batch(tmp_path: Path) -> None
     a, b = make_lith(tmp_path), make_lith(tmp_path)
     async with Tabs(a) as tabs_a, Tabs(b) as tabs_b:
         there = await tabs_b.open("counter")
-        with sqlite3.connect(tmp_path / "app.db") as conn:  # a feed write that SQLite refuses
-            conn.execute(
-                "CREATE TRIGGER refuse BEFORE INSERT ON lith_feed BEGIN SELECT RAISE(ABORT, 'no feed'); END"
-            )
+        refuse_feed_entries(tmp_path / "app.db")  # a feed write that SQLite refuses
         with pytest.raises(sqlite3.IntegrityError, match="no feed"):
             await tabs_a.do(Add())
         with sqlite3.connect(tmp_path / "app.db") as conn:
@@ -347,3 +382,25 @@ async def test_a_revocation_crosses_to_the_other_process_and_an_old_feed_table_g
         await tabs_b.tick()  # revoke returned once committed: b's next poll reads it
         assert hers.stream.ended and hers.stream.revoked
         assert not his.stream.ended and not number.stream.ended
+
+
+async def test_a_feed_built_without_settings_keeps_its_newest_4096_entries_and_lag_samples(tmp_path: Path) -> None:
+    """`SqliteFeed(path)` as an app builds it: how far behind a hub may fall and still replay,
+    pruned every 256 batches, and how many lag samples wait for metrics that may never drain them."""
+    feed, other = SqliteFeed(tmp_path / "app.db"), SqliteFeed(tmp_path / "app.db")
+    conn = open_sqlite(tmp_path / "app.db")
+    feed.setup(conn)
+    await other.start(None)  # type: ignore[arg-type]  # another process's hub, which forwards nothing
+    conn.execute("BEGIN")
+    for i in range(1, 4352):  # a batch apiece, up to the one before the 17th prune
+        feed.publish(conn, {f"n:{i}"})
+    conn.execute("COMMIT")
+    # The 16 prunes so far, at seq 256, 512, ... 4096, each fell before the oldest entry.
+    assert tuple(conn.execute("SELECT min(seq), count(*) FROM lith_feed").fetchone()) == (1, 4351)
+    changes = other.poll()
+    assert changes is not None and len(changes.topics) == other.reads == 4351
+    assert len(other.lags) == 4096
+    feed.publish(conn, {"n:4352"})
+    assert tuple(conn.execute("SELECT min(seq), count(*) FROM lith_feed").fetchone()) == (257, 4096)
+    await other.close()
+    conn.close()

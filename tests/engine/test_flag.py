@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from fastapi_lith.engine.flag import Flag
 
 
@@ -58,3 +60,17 @@ async def test_a_cancelled_waiter_does_not_stop_the_set_from_waking_the_rest() -
     flag.set()
     await asyncio.wait_for(woken, 5)
     assert cancelled.cancelled()
+
+
+async def test_a_lone_wait_that_timed_out_leaves_the_flag_to_wait_on_again() -> None:
+    """A stream with nothing to send times out its waits one after another, none beside it."""
+    flag = Flag()
+    for _ in range(2):
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0):
+                await flag.wait()
+    waiting = asyncio.ensure_future(flag.wait())
+    await asyncio.sleep(0)
+    flag.set()
+    await asyncio.wait_for(waiting, 5)
+    assert flag._waiters is None  # noqa: SLF001 - nothing kept

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import threading
+import types
 from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
@@ -71,6 +72,23 @@ async def test_each_signal_with_a_servers_handler_is_relayed_whatever_the_other_
     signal.raise_signal(signal.SIGINT)
     await until(holds(lambda: ended == ["ended"]))
     assert server._captured_signals == [signal.SIGINT]
+
+
+async def test_the_servers_handler_is_called_as_the_signal_called_the_relay(handlers: None) -> None:
+    class Recording(uvicorn.Server):
+        """A server whose handler reads the frame too, as Python hands every handler."""
+
+        def handle_exit(self, sig: int, frame: types.FrameType | None) -> None:
+            heard.append((sig, frame))
+            super().handle_exit(sig, frame)
+
+    heard: list[tuple[int, types.FrameType | None]] = []
+    server = Recording(uvicorn.Config("unused:app"))
+    signal.signal(signal.SIGTERM, server.handle_exit)
+    shutdown.end_on_exit_signal(object(), lambda: None)
+    signal.raise_signal(signal.SIGTERM)
+    [(sig, frame)] = heard
+    assert sig == signal.SIGTERM and isinstance(frame, types.FrameType)
 
 
 async def test_end_all_of_one_loop_ends_that_loops_owners_only(handlers: None) -> None:

@@ -165,16 +165,20 @@ async def test_a_full_disk_refuses_each_batch_with_its_cause_logs_it_once_and_a_
     (migrations / "0001_blob.sql").write_text(BLOBS)
     writer = Writer(small_disk / "app.db", migrations=migrations)
     await writer.start()
+    caplog.set_level(logging.INFO, logger="fastapi_lith.writer")
     try:
-        await writer.do(Put(size=1000))
+        await writer.do(Put(size=1000))  # a write that never failed: no recovery to log
         assert await writer.probe() is None
         filler = fill_disk(small_disk)
-        caplog.set_level(logging.INFO, logger="fastapi_lith.writer")
         for _ in range(3):
             with pytest.raises(StorageError) as refused:
                 await writer.do(Put(size=200_000))
             assert str(refused.value).startswith("the database cannot be written: SQLITE_FULL: "), refused.value
             assert isinstance(refused.value.__cause__, sqlite3.Error)
+        # Larger than the page cache: SQLite writes pages out while the command's statement
+        # runs, so the disk refuses the command itself, not the COMMIT; still the storage's fault.
+        with pytest.raises(StorageError, match="^the database cannot be written: SQLITE_FULL: "):
+            await writer.do(Put(size=3_000_000))
         why = await writer.probe()
         assert why is not None and "SQLITE_FULL" in why, why
         failing = [r for r in caplog.records if r.levelno == logging.ERROR]
@@ -185,10 +189,8 @@ async def test_a_full_disk_refuses_each_batch_with_its_cause_logs_it_once_and_a_
         filler.unlink()
         await writer.do(Put(size=1000))
         assert await writer.probe() is None
-        back = [
-            r.getMessage() for r in caplog.records if r.levelno == logging.INFO and "succeed again" in r.getMessage()
-        ]
-        assert len(back) == 1 and "SQLITE_FULL" in back[0], back
+        back = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+        assert len(back) == 1 and back[0].startswith("writes succeed again (they failed with SQLITE_FULL: "), back
     finally:
         await writer.close()
 
@@ -216,6 +218,13 @@ def test_an_extended_code_counts_by_its_primary_code_and_is_named_by_sqlite(tmp_
     exc = caught.value
     assert exc.sqlite_errorcode & 0xFF == 8  # type: ignore[attr-defined]
     assert storage_cause(exc) == f"{exc.sqlite_errorname}: {exc}"  # type: ignore[attr-defined]
+    with closing(sqlite3.connect(path)) as db, pytest.raises(sqlite3.Error) as caught:
+        db.execute("INSERT INTO t VALUES (1)")
+        db.commit()
+        path.rename(tmp_path / "moved.db")  # under the open connection: the next write is refused
+        db.execute("INSERT INTO t VALUES (2)")
+    moved = caught.value
+    assert storage_cause(moved) == "SQLITE_READONLY_DBMOVED: attempt to write a readonly database"
     extended = sqlite3.OperationalError("attempt to write a readonly database")
     extended.sqlite_errorcode = 8 | (4 << 8)  # type: ignore[attr-defined]  # SQLITE_READONLY_DBMOVED
     extended.sqlite_errorname = None  # type: ignore[attr-defined]  # a build that names none: the table's name

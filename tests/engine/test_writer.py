@@ -484,6 +484,21 @@ async def test_a_repeated_command_returns_its_first_outcome_without_applying(wri
     assert writer.repeats == 1 + 4 + 1
 
 
+async def test_a_batch_whose_outcome_cannot_be_recorded_fails_whole_and_leaves_no_transaction_open(
+    writer: Writer,
+) -> None:
+    """The outcome's row is written outside the command's savepoint: its failure ends the batch,
+    which must roll back for the next one to begin."""
+    with sqlite3.connect(writer.path) as conn:  # SQLite refuses the outcome's row
+        conn.execute("CREATE TRIGGER refuse BEFORE INSERT ON lith_outcome BEGIN SELECT RAISE(ABORT, 'no outcome'); END")
+    with pytest.raises(sqlite3.IntegrityError, match="^no outcome$"):
+        await writer.do(Keyed(tab="t1", op=1, value="a"))
+    with sqlite3.connect(writer.path) as conn:
+        conn.execute("DROP TRIGGER refuse")
+    assert await writer.do(Add()) == 1  # not "cannot start a transaction within a transaction"
+    assert log_values(writer.path) == []
+
+
 async def test_outcomes_survive_a_restart_and_expire_after_the_window(tmp_path: Path, migrations: Path) -> None:
     path = tmp_path / "app.db"
     writer = Writer(path, migrations=migrations, repeat_window=3600)
@@ -979,17 +994,22 @@ async def test_closing_closes_the_file_and_may_be_repeated(writer: Writer, caplo
     assert not [r for r in caplog.records if r.levelname == "ERROR"]
 
 
-async def test_closing_while_another_process_holds_the_file_still_closes(writer: Writer) -> None:
+async def test_closing_while_another_process_holds_the_file_still_closes(
+    writer: Writer, caplog: pytest.LogCaptureFixture
+) -> None:
     """The close's `PRAGMA optimize` is a hint: another process writing (a second worker's
-    batch, its own close) may hold the file, and the writer still closes, promptly and clean."""
+    batch, its own close) may hold the file, and the writer still closes, promptly and clean,
+    saying what it skipped."""
     await writer.do(Add())
     other = sqlite3.connect(writer.path, isolation_level=None)
+    caplog.set_level("INFO", logger="fastapi_lith.writer")
     try:
         other.execute("BEGIN EXCLUSIVE")
         await asyncio.wait_for(writer.close(), 3)  # under the busy timeout a busy file waits out
     finally:
         other.close()
     assert rows(writer.path, "SELECT count(*) FROM counter") == [(1,)]
+    assert caplog.messages == [f"{writer.path}: PRAGMA optimize skipped at close: database is locked"]
 
 
 async def test_closing_a_writer_whose_task_failed_logs_why(

@@ -531,10 +531,13 @@ async def test_the_feed_between_two_processes_counts_its_lag_and_its_gaps(tmp_pa
     metrics = b.metrics
     async with Tabs(a) as tabs_a, Tabs(b) as tabs_b:
         await tabs_b.open("counter")
+        before = time.time()
         await tabs_a.do(Bump())
         await tabs_b.tick()  # b hears a's commit through the feed
         metrics.sample()
         assert metrics.value("lith_feed_poll_lag_seconds_count") == 1
+        # From the commit to the poll that took it: within what the test spent on both.
+        assert 0 <= metrics.value("lith_feed_poll_lag_seconds_sum") <= time.time() - before
         assert metrics.value("lith_feed_gaps_total") == 0
         for _ in range(10):  # more than the feed keeps: b finds a gap
             await tabs_a.do(Bump())
