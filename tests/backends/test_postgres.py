@@ -362,7 +362,7 @@ async def test_a_batch_runs_again_as_often_as_its_retries_allow(pg_url: str, mig
 async def test_a_batch_that_fails_on_a_live_connection_is_not_run_again(pg_url: str, migrations: Path) -> None:
     # A lock timeout is one of psycopg's OperationalErrors, as a dropped connection is; but the
     # connection is still there, so the batch fails rather than running again on a new one.
-    url = pg_url + "?options=-c%20lock_timeout%3D100"
+    url = pg_url + ("&" if "?" in pg_url else "?") + "options=-c%20lock_timeout%3D100"
     writer = PgWriter(url, migrations=migrations, feed=LocalFeed(), retries=2)
     await writer.start()
     try:
