@@ -4,16 +4,18 @@ database that a real running app holds open (refused) or not (done)."""
 from __future__ import annotations
 
 import asyncio
-import errno
 import hashlib
 import json
 import os
+import re
+import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Callable
-from contextlib import closing
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 import httpx
@@ -26,7 +28,7 @@ from fastapi_lith.ops.files import checksum_path, mb, unique
 from fastapi_lith.ops.locks import holders
 from tests.support import CHILD_HANG_LIMIT, REPO, crash_after, until
 from tests.support.browser import Server
-from tests.support.damage import index_out_of_step
+from tests.support.damage import changed_on_disk, index_out_of_step
 
 SAME_ORIGIN = {"Datastar-Request": "true", "Sec-Fetch-Site": "same-origin"}
 
@@ -239,7 +241,13 @@ def test_restore_refuses_a_corrupt_copy_and_changes_nothing(copy: Path, tmp_path
     before = sha(target)
     flip(copy, copy.stat().st_size // 2 + 1000)
     done = run("restore", copy, target)
-    assert done.returncode == 1 and "not a sound copy" in done.stderr and "checksum mismatch" in done.stderr
+    # Every problem the check found, one after the other.
+    assert done.returncode == 1 and re.fullmatch(
+        rf"error: {re.escape(str(copy))} is not a sound copy, nothing was replaced: "
+        rf"integrity_check: row \d+ missing from index note_body; "
+        rf"checksum mismatch: the file changed after the copy was taken \({re.escape(checksum_path(copy).name)}\)\n",
+        done.stderr,
+    ), done.stderr
     assert sha(target) == before
     assert not list(tmp_path.glob(".*.tmp")) and not list(tmp_path.glob("app.db.replaced-*"))
 
@@ -393,23 +401,114 @@ def test_a_restored_database_keeps_the_mode_of_the_one_it_replaces(copy: Path, t
     assert target.stat().st_mode & 0o7777 == 0o640
 
 
-def test_on_a_file_system_without_hard_links_the_replaced_database_is_kept_as_a_copy(
-    copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def user_version_8(fd: int) -> None:
+    os.pwrite(fd, (8).to_bytes(4, "big"), 60)  # the header's user_version
+
+
+def rows_damaged_in_six_pages(fd: int) -> None:
+    header = os.pread(fd, 100, 0)
+    page_size, pages = int.from_bytes(header[16:18], "big"), int.from_bytes(header[28:32], "big")
+    for page in range(pages // 2, pages // 2 + 6):
+        at = page * page_size + page_size // 2  # inside the rows: the index no longer finds them
+        os.pwrite(fd, bytes(b ^ 0xFF for b in os.pread(fd, 16, at)), at)
+
+
+@pytest.mark.parametrize(
+    ("change", "found"),
+    [
+        (user_version_8, "ok, version 8"),
+        # More problems than the message shows: the first five.
+        (rows_damaged_in_six_pages, r"(row \d+ missing from index note_body; ){4}row \d+ missing from index note_body, version 7"),
+    ],
+    ids=["another version", "damaged rows"],
+)
+def test_a_copy_that_reads_back_otherwise_than_it_was_written_replaces_nothing(
+    copy: Path, tmp_path: Path, change: Callable[[int], None], found: str
 ) -> None:
+    """The copy is read back from the target's disk before anything moves: a disk that stored
+    something else than it was given leaves the database in place and says what it read."""
     target = tmp_path / "app.db"
-    with closing(sqlite3.connect(target)) as conn, conn:
-        conn.execute("CREATE TABLE old (x)")
     before = sha(target)
+    with changed_on_disk(tmp_path, ".app-restore-*.tmp", change) as changed, pytest.raises(BackupError) as refused:
+        restore(copy, target)
+    [written] = changed
+    assert re.fullmatch(
+        rf"the copy written to {re.escape(str(tmp_path / written))} does not check out \({found}\); nothing was replaced",
+        str(refused.value),
+    ), refused.value
+    assert sha(target) == before
+    assert not list(tmp_path.glob(".*.tmp")) and not list(tmp_path.glob("app.db.replaced-*"))
 
-    def no_hard_links(src: object, dst: object) -> None:  # as on FAT or some network mounts
-        raise OSError(errno.EPERM, "Operation not permitted")
 
-    monkeypatch.setattr(os, "link", no_hard_links)
-    restore(copy, target)
-    [replaced] = tmp_path.glob("app.db.replaced-*")
-    assert sha(replaced) == before
+# A service's database, owned by the service's user and readable by its group, in a folder of
+# its own; and an operator in that group (ids no account here uses).
+SERVICE, OPERATOR = 48111, 48112
+
+
+@contextmanager
+def as_operator() -> Iterator[None]:
+    """This process acts as the operator (effective ids, no capabilities) within the block."""
+    if os.geteuid() != 0:
+        pytest.skip("acting as another user needs root")
+    groups = os.getgroups()
+    os.setgroups([SERVICE])
+    os.setegid(SERVICE)
+    os.seteuid(OPERATOR)
+    try:
+        yield
+    finally:
+        os.seteuid(0)
+        os.setegid(0)
+        os.setgroups(groups)
+
+
+@pytest.fixture
+def service(copy: Path) -> Iterator[tuple[Path, Path]]:
+    """(the copy, the service's database) where the operator can reach them: the test's own
+    folder is open to root alone."""
+    with tempfile.TemporaryDirectory() as top:
+        os.chmod(top, 0o755)
+        shared = Path(top) / copy.name
+        shutil.copyfile(copy, shared)
+        shutil.copyfile(checksum_path(copy), checksum_path(shared))
+        folder = Path(top) / "srv"
+        folder.mkdir()
+        target = folder / "app.db"
+        shutil.copyfile(copy.parent.parent / "app.db", target)
+        for path, mode in ((folder, 0o770), (target, 0o640)):
+            os.chown(path, SERVICE, SERVICE)
+            os.chmod(path, mode)
+        yield shared, target
+
+
+def test_an_operator_in_the_services_group_restores_and_keeps_the_replaced_database_as_a_copy(
+    service: tuple[Path, Path],
+) -> None:
+    """Linux refuses a hard link to a file one may not write (fs.protected_hardlinks, on by
+    default): the database it replaces is kept as a copy instead."""
+    if Path("/proc/sys/fs/protected_hardlinks").read_text().strip() != "1":
+        pytest.skip("hard links to others' files are allowed here")
+    copy, target = service
+    with closing(sqlite3.connect(target)) as conn, conn:
+        conn.execute("DELETE FROM note WHERE id > 10")
+    before = sha(target)
+    with as_operator():
+        info = restore(copy, target)
+    assert info.replaced is not None and sha(info.replaced) == before
+    assert info.replaced.stat().st_nlink == 1 and info.replaced.stat().st_uid == OPERATOR
     with closing(sqlite3.connect(f"file:{target}?mode=ro", uri=True)) as conn:
         assert conn.execute("SELECT count(*) FROM note").fetchone() == (3000,)
+
+
+def test_an_operator_who_may_not_write_the_folder_is_told_why_and_nothing_is_left_or_replaced(
+    service: tuple[Path, Path],
+) -> None:
+    copy, target = service
+    target.parent.chmod(0o750)  # the group reads the folder, only the service writes in it
+    listed, before = sorted(target.parent.iterdir()), sha(target)
+    with as_operator(), pytest.raises(sqlite3.OperationalError, match="unable to open database file"):
+        restore(copy, target)
+    assert sorted(target.parent.iterdir()) == listed and sha(target) == before
 
 
 def test_a_kept_name_taken_twice_already_gets_the_next_free_number(tmp_path: Path) -> None:
