@@ -253,10 +253,8 @@ class MemberByRole:
         return member_by_role(user, account, role)
 
 
-@pytest.mark.parametrize("admits", [member_by_role, MemberByRole()], ids=["function", "async object"])
-async def test_admits_may_be_a_function_or_an_async_callable_object_and_reads_its_own_dependencies(
-    admits: Any, tmp_path: Path
-) -> None:
+def accounts_naming_their_page(tmp_path: Path, admits: Any) -> tuple[Accounts, FastAPI]:
+    """Accounts with `admits` and a page at each account's root that answers the account's name."""
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "0001_init.sql").write_text("CREATE TABLE t (x INTEGER);")
     accounts = Accounts(tmp_path / "accounts", migrations=tmp_path / "m", identity=identity, admits=admits)
@@ -267,6 +265,14 @@ async def test_admits_may_be_a_function_or_an_async_callable_object_and_reads_it
     async def page() -> str:
         return accounts.account().name
 
+    return accounts, app
+
+
+@pytest.mark.parametrize("admits", [member_by_role, MemberByRole()], ids=["function", "async object"])
+async def test_admits_may_be_a_function_or_an_async_callable_object_and_reads_its_own_dependencies(
+    admits: Any, tmp_path: Path
+) -> None:
+    accounts, app = accounts_naming_their_page(tmp_path, admits)
     async with accounts.lifespan(app):
         await accounts.create("acme")
         transport = httpx.ASGITransport(app=app)
@@ -281,16 +287,7 @@ async def test_an_admits_that_answers_neither_true_nor_false_is_a_bug_not_a_refu
     def member(user: str, account: str) -> Any:
         return {"user": user}  # a row found, say, instead of whether one was
 
-    (tmp_path / "m").mkdir()
-    (tmp_path / "m" / "0001_init.sql").write_text("CREATE TABLE t (x INTEGER);")
-    accounts = Accounts(tmp_path / "accounts", migrations=tmp_path / "m", identity=identity, admits=member)
-    app = FastAPI()
-    app.include_router(accounts.router)
-
-    @accounts.router.get("/")
-    async def page() -> str:
-        return accounts.account().name
-
+    accounts, app = accounts_naming_their_page(tmp_path, member)
     async with accounts.lifespan(app):
         await accounts.create("acme")
         transport = httpx.ASGITransport(app=app)

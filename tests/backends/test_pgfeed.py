@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
+from collections.abc import AsyncIterator
 
 import psycopg
 import pytest
@@ -46,12 +48,29 @@ async def heard_only_others(feed: NotifyFeed, conn: psycopg.Connection) -> None:
     assert feed.received == 1  # nor read a large push of its own back from the table
 
 
-async def test_topics_are_delivered_on_commit_only(pg_url: str) -> None:
+@contextlib.asynccontextmanager
+async def sender_and_listener(
+    pg_url: str, *, sender_listens: bool = True
+) -> AsyncIterator[tuple[NotifyFeed, NotifyFeed, psycopg.Connection]]:
+    """Two processes' feeds: one that publishes on the connection given with it, and one that
+    listens. The sender listens too, unless told not to, so a test can show that its own
+    notifications never come back to it."""
     sender, listener = NotifyFeed(pg_url), NotifyFeed(pg_url)
     await listener.start(None)  # type: ignore[arg-type]
+    if sender_listens:
+        await sender.start(None)  # type: ignore[arg-type]
     conn = open_postgres(pg_url)
     try:
         sender.setup(conn)
+        yield sender, listener, conn
+    finally:
+        conn.close()
+        await listener.close()
+        await sender.close()
+
+
+async def test_topics_are_delivered_on_commit_only(pg_url: str) -> None:
+    async with sender_and_listener(pg_url, sender_listens=False) as (sender, listener, conn):
         conn.execute("BEGIN")
         sender.publish(conn, {"board:1"})
         conn.execute("ROLLBACK")
@@ -75,19 +94,10 @@ async def test_topics_are_delivered_on_commit_only(pg_url: str) -> None:
         assert listener.received == 2
         await asyncio.sleep(0.2)
         assert sender.poll() is None
-    finally:
-        conn.close()
-        await listener.close()
-        await sender.close()
 
 
 async def test_many_topics_and_large_pushes_arrive_whole_and_never_back_at_their_sender(pg_url: str) -> None:
-    sender, listener = NotifyFeed(pg_url), NotifyFeed(pg_url)
-    await listener.start(None)  # type: ignore[arg-type]
-    await sender.start(None)  # type: ignore[arg-type]
-    conn = open_postgres(pg_url)
-    try:
-        sender.setup(conn)
+    async with sender_and_listener(pg_url) as (sender, listener, conn):
         topics = {f"card:{i:06d}:lane" for i in range(3000)}  # ~60 kB: several payloads
         big = Frame("lith-error", "<div id='lith-error'>" + "x" * (3 * LIMIT) + "</div>")
         bigger = Frame("lith-error", "<div id='lith-error'>" + "y" * (4 * LIMIT) + "</div>")
@@ -104,10 +114,6 @@ async def test_many_topics_and_large_pushes_arrive_whole_and_never_back_at_their
         )
         assert sender.stored == 2  # the large ones went through the table
         await heard_only_others(sender, conn)
-    finally:
-        conn.close()
-        await listener.close()
-        await sender.close()
 
 
 async def test_a_dropped_listener_reconnects_and_marks_everything(pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
@@ -175,12 +181,7 @@ async def test_a_listener_that_cannot_reach_the_server_tries_again_ever_later(
 
 
 async def test_revocations_reach_other_listeners_on_commit_even_when_large(pg_url: str) -> None:
-    sender, listener = NotifyFeed(pg_url), NotifyFeed(pg_url)
-    await listener.start(None)  # type: ignore[arg-type]
-    await sender.start(None)  # type: ignore[arg-type]
-    conn = open_postgres(pg_url)
-    try:
-        sender.setup(conn)
+    async with sender_and_listener(pg_url) as (sender, listener, conn):
         long_id = "x" * (LIMIT + 10)  # too long for a payload: it goes through the table
         conn.execute("BEGIN")
         sender.publish(conn, (), (), ["alice", 42, long_id])
@@ -188,10 +189,6 @@ async def test_revocations_reach_other_listeners_on_commit_even_when_large(pg_ur
         revoked = (await changes(listener, want=3)).revoked
         assert sorted(revoked, key=str) == sorted(["alice", 42, long_id], key=str)  # 42 stays an int
         await heard_only_others(sender, conn)
-    finally:
-        conn.close()
-        await listener.close()
-        await sender.close()
 
 
 async def test_a_forwarded_push_and_a_revocation_reach_other_processes_through_the_writer(pg_url: str) -> None:
@@ -214,12 +211,7 @@ async def test_a_forwarded_push_and_a_revocation_reach_other_processes_through_t
 
 
 async def test_a_topic_too_long_for_a_notification_renders_everything(pg_url: str) -> None:
-    sender, listener = NotifyFeed(pg_url), NotifyFeed(pg_url)
-    await listener.start(None)  # type: ignore[arg-type]
-    await sender.start(None)  # type: ignore[arg-type]
-    conn = open_postgres(pg_url)
-    try:
-        sender.setup(conn)
+    async with sender_and_listener(pg_url) as (sender, listener, conn):
         conn.execute("BEGIN")
         sender.publish(conn, {"board:1", "card:" + "x" * LIMIT, "zone:1"})
         conn.execute("COMMIT")
@@ -229,27 +221,17 @@ async def test_a_topic_too_long_for_a_notification_renders_everything(pg_url: st
         while topics != {"board:1", "zone:1"}:  # the topics before and after it too
             topics |= (await changes(listener)).topics
         await heard_only_others(sender, conn)
-    finally:
-        conn.close()
-        await listener.close()
-        await sender.close()
 
 
 async def test_an_unreadable_notification_is_logged_and_skipped(pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="fastapi_lith.pgfeed")
-    sender, listener = NotifyFeed(pg_url), NotifyFeed(pg_url)
-    await listener.start(None)  # type: ignore[arg-type]
-    conn = open_postgres(pg_url)
-    try:
+    async with sender_and_listener(pg_url, sender_listens=False) as (sender, listener, conn):
         conn.execute("SELECT pg_notify(%s, %s)", (listener.channel, "not json"))
         conn.execute("BEGIN")
         sender.publish(conn, {"board:1"})  # after it, on the same channel
         conn.execute("COMMIT")
         assert (await changes(listener)).topics == {"board:1"}
         assert "feed: unreadable notification 'not json'" in caplog.messages and listener.received == 1
-    finally:
-        conn.close()
-        await listener.close()
 
 
 class Touch(Command):
