@@ -8,6 +8,7 @@ restore("backups/app-20261129T214501Z.db", "app.db")   # from a shell, the app s
 from __future__ import annotations
 
 import os
+import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,9 +64,12 @@ def restore(backup_path: str | Path, db_path: str | Path, *, keep_replaced: bool
     tmp = files.temp_beside(target, "restore")
     try:
         copy_snapshot(source, tmp, "backup")
-        with files.open_ro(tmp) as conn:
-            problems = files.check(conn, "integrity_check(20)")
-            version = db.user_version(conn)
+        try:
+            with files.open_ro(tmp) as conn:
+                problems = files.check(conn, "integrity_check(20)")
+                version = db.user_version(conn)
+        except sqlite3.DatabaseError as exc:  # read back as no database at all
+            raise BackupError(f"the copy written to {tmp} does not check out ({exc}); nothing was replaced") from exc
         if problems != ["ok"] or version != report.version:
             raise BackupError(f"the copy written to {tmp} does not check out "
                               f"({'; '.join(problems[:5])}, version {version}); nothing was replaced")  # fmt: skip

@@ -413,14 +413,19 @@ def rows_damaged_in_six_pages(fd: int) -> None:
         os.pwrite(fd, bytes(b ^ 0xFF for b in os.pread(fd, 16, at)), at)
 
 
+def header_overwritten(fd: int) -> None:
+    os.pwrite(fd, b"\0" * 100, 0)
+
+
 @pytest.mark.parametrize(
     ("change", "found"),
     [
         (user_version_8, "ok, version 8"),
+        (header_overwritten, "file is not a database"),
         # More problems than the message shows: the first five.
         (rows_damaged_in_six_pages, r"(row \d+ missing from index note_body; ){4}row \d+ missing from index note_body, version 7"),
     ],
-    ids=["another version", "damaged rows"],
+    ids=["another version", "damaged rows", "no database"],
 )
 def test_a_copy_that_reads_back_otherwise_than_it_was_written_replaces_nothing(
     copy: Path, tmp_path: Path, change: Callable[[int], None], found: str
