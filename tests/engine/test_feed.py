@@ -18,7 +18,7 @@ import pytest
 from fastapi_lith import Command, Db, Frame, Lith, SettingError, Tx
 from fastapi_lith.backends.sqlite.db import open_sqlite
 from fastapi_lith.backends.sqlite.feed import SqliteFeed
-from fastapi_lith.engine.feed import LocalFeed
+from fastapi_lith.engine.feed import LocalFeed, Outbox
 from fastapi_lith.engine.frames import sse_event
 from fastapi_lith.testing import Tabs
 from tests.support import until
@@ -135,6 +135,30 @@ async def test_pushes_that_cannot_be_forwarded_are_logged_with_their_count_and_t
             return there.read()
 
         assert [f.html for f in await until(arrived)] == ['<div id="lith-error">arrived</div>']
+
+
+async def test_an_outbox_stopped_before_its_sending_began_sends_everything_once_started_again(
+    tmp_path: Path,
+) -> None:
+    """A push that comes in during a stop's last await is queued, its sending never begun: the
+    next start sends it with the ones after it."""
+    a, b = make_lith(tmp_path), make_lith(tmp_path)
+    async with Tabs(a), Tabs(b) as tabs_b:
+        there = await tabs_b.open("counter", tab="there")
+        outbox = Outbox(a.feed)
+        outbox.writer = a.engine.writer
+        outbox.put(there.id, Frame("queued", '<p id="queued">queued at the stop</p>'))
+        outbox.close()
+        outbox.writer = a.engine.writer
+        outbox.put(there.id, Frame("later", '<p id="later">after the start</p>'))
+
+        async def arrived() -> list[Frame]:
+            await tabs_b.tick()
+            return there.read()
+
+        # One feed entry carries both.
+        sent = ['<p id="queued">queued at the stop</p>', '<p id="later">after the start</p>']
+        assert [f.html for f in await until(arrived)] == sent
 
 
 async def test_an_idle_poll_asks_only_data_version(tmp_path: Path) -> None:
