@@ -127,6 +127,8 @@ def check_replica(
             _compare(restored, live, result)
     except ReplicaError as exc:
         result.problems.append(str(exc))
+    except _LiveUnreadable as exc:
+        result.problems.append(f"the live database could not be read: {exc.__cause__}")
     except sqlite3.DatabaseError as exc:
         result.problems.append(f"the restored file is not a readable SQLite database: {exc}")
     finally:
@@ -182,6 +184,11 @@ def _counts(conn: sqlite3.Connection) -> dict[str, int]:
     }
 
 
+class _LiveUnreadable(Exception):
+    """The live database failed a read (its SQLite error is the cause): the fault is not the
+    replica's."""
+
+
 class _LiveEnvelope:
     """The lowest and highest row count and schema version the live database showed."""
 
@@ -195,10 +202,13 @@ class _LiveEnvelope:
     def sample(self) -> None:
         if not self.exists:
             return
-        with files.open_ro(self.path) as conn:
-            conn.execute("BEGIN")  # one snapshot for the version and every count
-            version, counts = db.user_version(conn), _counts(conn)
-            conn.execute("COMMIT")
+        try:
+            with files.open_ro(self.path) as conn:
+                conn.execute("BEGIN")  # one snapshot for the version and every count
+                version, counts = db.user_version(conn), _counts(conn)
+                conn.execute("COMMIT")
+        except sqlite3.DatabaseError as exc:
+            raise _LiveUnreadable from exc
         self.versions.append(version)
         for name, n in counts.items():
             self.low[name] = min(n, self.low.get(name, n))

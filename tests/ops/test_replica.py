@@ -668,6 +668,14 @@ async def test_a_check_of_an_empty_replica_or_without_a_live_database_says_what_
     assert not lost.parent.exists()
 
 
+def test_a_live_database_that_cannot_be_read_is_named_as_the_fault_not_the_replica(tmp_path: Path) -> None:
+    db_path = tmp_path / "app.db"
+    db_path.write_bytes(b"not a database" * 512)
+    result = check_replica(db_path, f"file://{tmp_path / 'replica'}", sync_interval=0.2)
+    assert not result.ok
+    assert result.problems == ["the live database could not be read: file is not a database"]
+
+
 async def test_a_check_under_way_when_the_app_stops_ends_and_records_nothing(tmp_path: Path) -> None:
     from fastapi_lith.ops.replica import Replica
 
