@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from . import settings
+from .engine import collector
 from .engine.engine import Engine, app_views
 from .engine.feed import Feed
 from .exceptions import AccountUnavailable, AlreadyRunning, LithError, SettingError, UnknownAccount
@@ -105,6 +106,8 @@ class AccountPool:
             )
         self.folder.mkdir(parents=True, exist_ok=True)
         self._running = True
+        # Start-up's objects frozen now, none of an account's: they would never be collected.
+        collector.freeze_startup()
         self._reaper = asyncio.ensure_future(self._reap())
         sampler: AbstractAsyncContextManager[None] = nullcontext()
         if self._metrics is not None:
@@ -289,9 +292,13 @@ class AccountPool:
         while True:
             await asyncio.sleep(min(self.idle_after / 2, 5.0))
             try:
-                now = time.monotonic()
-                for account in list(self._open.values()):
-                    if account.idle() and now - account.last_used >= self.idle_after:
-                        self._begin_close(account.name)
+                self._close_idle()
             except Exception:  # noqa: BLE001 - a broken pass must not stop the closing of idle accounts
                 log.exception("closing idle accounts failed")
+
+    def _close_idle(self) -> None:
+        # A pass of its own: no account stays referenced from the reaper while it sleeps.
+        now = time.monotonic()
+        for account in list(self._open.values()):
+            if account.idle() and now - account.last_used >= self.idle_after:
+                self._begin_close(account.name)

@@ -115,14 +115,15 @@ class Accounts(AccountPool):
                 )
             name_of = self._admission(name_of, admits, probe.principal)
         self.current = self._resolver(name_of)
-        self.router = APIRouter(
+        router = APIRouter(
             prefix=prefix, dependencies=[Depends(self.current)], include_in_schema=False, lifespan=self.lifespan
         )
         # The same web layer as one Lith's, its engine the request's account's.
         self.web = WebLayer(
             probe.web.settings, current=self._engine_dependency(), engine_of=_engine_of, views=self.views,
-            router=self.router, stream_path="/lith/stream",
+            router=router, stream_path="/lith/stream",
         )
+        self.router = self.web.router
         self.writer = self.web.writer
         self.encoder = self.web.encoder
         self.same_origin = self.web.same_origin

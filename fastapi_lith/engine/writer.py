@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import gc
 import logging
 import time
 from collections import deque
@@ -22,6 +21,7 @@ from typing import Any
 
 from .. import settings
 from ..exceptions import Rejected, StorageError, WriterClosed
+from . import collector
 from .commands import Command
 from .feed import Feed, LocalFeed
 from .statements import StatementCache
@@ -137,10 +137,7 @@ class Writer:
         self._closing = False
         self._task = asyncio.create_task(self._run(), name="lith-writer")
         self._task.add_done_callback(self._stopped)
-        # Start-up leaves many long-lived objects (fastapi, SQLAlchemy, pydantic): frozen, the
-        # collector stops walking them, its pauses under load (bench/RESULTS.md, Writer).
-        gc.collect()
-        gc.freeze()
+        collector.freeze_startup()
 
     def _open(self) -> None:
         self.store.open(self.feed, self.statements, time.time() - self.repeat_window)

@@ -132,16 +132,26 @@ class WebLayer:
         self.current = current
         self.engine_of = engine_of
         self.views = views
-        self.router = router
+        self._router = router
+        self._stream_path: str | None = stream_path
         self.writer = WriterDependency(writer, current=current, same_origin_only=config.same_origin_only)
         self.principal = principal_dependency(config.identity)
         self.body = CommandBodies(self.writer, self.principal)
         secret = config.secret
         self.tokens = StreamTokens(secret, config.stream_max_age) if secret is not None else None
-        router.add_api_route(
-            stream_path, self._stream_endpoint(), methods=["GET"], include_in_schema=False,
-            route_class_override=StreamRoute,
-        )
+
+    @property
+    def router(self) -> APIRouter:
+        """The router, its stream route added on first use. Only then: FastAPI keeps the
+        callables of every route it builds in caches of its own (thousands of them), and an
+        account's `Lith`, opened and closed by the thousand, is never served by itself."""
+        if self._stream_path is not None:
+            self._router.add_api_route(
+                self._stream_path, self._stream_endpoint(), methods=["GET"], include_in_schema=False,
+                route_class_override=StreamRoute,
+            )
+            self._stream_path = None
+        return self._router
 
     # -- the app: guard its command routes ----------------------------------------------------
 

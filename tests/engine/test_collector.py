@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -57,3 +58,21 @@ async def test_a_collector_turned_off_stays_off_with_its_thresholds(tmp_path: Pa
     async with lith_at(tmp_path).lifespan():
         assert not gc.isenabled()
         assert gc.get_threshold() == (700, 10, 10)
+
+
+async def test_only_the_first_start_in_a_process_freezes_and_a_stopped_app_is_collected(tmp_path: Path) -> None:
+    """A frozen object is never collected: a process that starts engines as it goes (one per
+    account) must not freeze, at each start, the cycles of those it stopped."""
+    for name in ("first", "second"):
+        (tmp_path / name).mkdir()
+    async with lith_at(tmp_path / "first").lifespan(ticks=False):
+        pass
+    frozen = gc.get_freeze_count()
+    assert frozen > 0
+    second = lith_at(tmp_path / "second")
+    async with second.lifespan(ticks=False):
+        assert gc.get_freeze_count() == frozen
+    stopped = weakref.ref(second)
+    del second
+    gc.collect()
+    assert stopped() is None
