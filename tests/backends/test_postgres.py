@@ -6,7 +6,9 @@ import asyncio
 import logging
 import re
 import threading
+import time
 from pathlib import Path
+from urllib.parse import quote
 
 import psycopg
 import pytest
@@ -76,12 +78,57 @@ class Meeting:
             self.met.set()
 
 
+class Rival:
+    """Another client of the database that a writer's `Crossing(first=1, second=2)` meets: at each
+    of the command's waits listed in `cross`, the rival holds row 2 and has asked for row 1, the
+    command's, before the command asks for row 2, so the two surely deadlock. The rival never looks
+    for a deadlock itself (its `deadlock_timeout` is far off): the writer's backend finds each one,
+    so the writer's batch is the one that loses. A lost batch's rollback lets the rival take row 1
+    and commit."""
+
+    def __init__(self, url: str, cross: set[int]) -> None:
+        self.cross = cross
+        self.waits = 0
+        self.conn = psycopg.connect(dsn(url), options="-c deadlock_timeout=3600000")
+        self.admin = psycopg.connect(dsn(url), autocommit=True)
+        self.asking: threading.Thread | None = None
+
+    def hold(self) -> None:
+        """Take row 2, in a transaction left open."""
+        self.conn.execute("UPDATE counter SET count = count + 1 WHERE id = 2")
+
+    def wait(self, timeout: float) -> None:
+        self.waits += 1
+        if self.waits not in self.cross:
+            return
+        if self.asking is not None:  # the last meeting's: it has row 1 by now, since the command does
+            self.asking.join(timeout)
+        if self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+            self.hold()
+        self.asking = threading.Thread(target=self._ask_for_row_1)
+        self.asking.start()
+        deadline = time.monotonic() + timeout
+        pid = self.conn.info.backend_pid
+        while self.admin.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone() != ("Lock",):
+            assert time.monotonic() < deadline, "the rival never waited for row 1"
+
+    def _ask_for_row_1(self) -> None:
+        self.conn.execute("UPDATE counter SET count = count + 1 WHERE id = 1")
+        self.conn.commit()
+
+    def close(self) -> None:
+        if self.asking is not None:
+            self.asking.join(5)
+        self.conn.close()
+        self.admin.close()
+
+
 class Crossing(Command):
     """Locks one counter row, waits, then the other: two in opposite orders deadlock."""
 
     first: int
     second: int
-    wait: threading.Event | Meeting | None = None
+    wait: threading.Event | Meeting | Rival | None = None
     model_config = {"arbitrary_types_allowed": True}
 
     def apply(self, tx: Tx) -> str:
@@ -105,6 +152,12 @@ def migrations(tmp_path: Path) -> Path:
 def rows(url: str, sql: str) -> list[tuple]:
     with psycopg.connect(dsn(url)) as conn:
         return conn.execute(sql).fetchall()
+
+
+def with_settings(url: str, **settings: int) -> str:
+    """`url` with server settings for each of its connections (the timeouts in milliseconds)."""
+    options = " ".join(f"-c {name}={value}" for name, value in settings.items())
+    return url + ("&" if "?" in url else "?") + "options=" + quote(options)
 
 
 async def test_batches_keep_order_and_savepoints(pg_url: str, migrations: Path) -> None:
@@ -362,8 +415,7 @@ async def test_a_batch_runs_again_as_often_as_its_retries_allow(pg_url: str, mig
 async def test_a_batch_that_fails_on_a_live_connection_is_not_run_again(pg_url: str, migrations: Path) -> None:
     # A lock timeout is one of psycopg's OperationalErrors, as a dropped connection is; but the
     # connection is still there, so the batch fails rather than running again on a new one.
-    url = pg_url + ("&" if "?" in pg_url else "?") + "options=-c%20lock_timeout%3D100"
-    writer = PgWriter(url, migrations=migrations, feed=LocalFeed(), retries=2)
+    writer = PgWriter(with_settings(pg_url, lock_timeout=100), migrations=migrations, feed=LocalFeed(), retries=2)
     await writer.start()
     try:
         with psycopg.connect(dsn(pg_url)) as other:  # holds the writers' turn
@@ -409,6 +461,53 @@ async def test_a_writer_without_retries_hands_the_deadlock_to_the_loser(pg_url: 
         await a.close()
         await b.close()
     assert rows(pg_url, "SELECT count FROM counter ORDER BY id") == [(1,), (1,)]  # the winner's two
+
+
+@pytest.mark.parametrize("deadlocks", [2, 3])
+async def test_a_batch_runs_again_after_each_deadlock_it_loses_as_often_as_its_retries_allow(
+    pg_url: str, migrations: Path, deadlocks: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="fastapi_lith.postgres")
+    # The writer's backend looks for a deadlock soon after it starts waiting, and finds one each time.
+    url = with_settings(pg_url, deadlock_timeout=50)
+    writer = PgWriter(url, migrations=migrations, feed=LocalFeed(), take_turns=False, retries=2)
+    await writer.start()
+    rival = Rival(pg_url, cross=set(range(1, deadlocks + 1)))  # each run of the batch meets it, up to `deadlocks`
+    try:
+        if deadlocks <= 2:
+            assert await writer.do(Crossing(first=1, second=2, wait=rival)) == "done"
+        else:
+            with pytest.raises(psycopg.errors.DeadlockDetected):
+                await writer.do(Crossing(first=1, second=2, wait=rival))
+        assert rival.waits == 3 and writer.retried == 2  # the batch ran three times: once, and twice again
+        again = [m for m in caplog.messages if m.startswith("batch of 1 commands runs again: deadlock detected")]
+        assert len(again) == 2
+    finally:
+        rival.close()
+        await writer.close()
+    ran = 1 if deadlocks <= 2 else 0
+    assert rows(pg_url, "SELECT count FROM counter ORDER BY id") == [(deadlocks + ran,), (deadlocks + ran,)]
+
+
+async def test_a_deadlock_met_by_a_command_run_again_waiting_runs_its_batch_again(pg_url: str, migrations: Path) -> None:
+    """A command whose statement failed in the pipeline runs again, each statement waiting; a
+    deadlock it meets there is raised inside its apply(), and is still the batch's to run again,
+    not the command's own error."""
+    # A lock wait ends in a lock timeout, unless it closes a deadlock, which is found long before.
+    url = with_settings(pg_url, lock_timeout=1000, deadlock_timeout=50)
+    writer = PgWriter(url, migrations=migrations, feed=LocalFeed(), take_turns=False)
+    await writer.start()
+    # The rival holds row 2 all along, so the batch's two pipelined runs (without savepoints, then
+    # with) fail on it with a lock timeout; the command's own run again, waiting, meets the rival.
+    rival = Rival(pg_url, cross={3})
+    rival.hold()
+    try:
+        assert await writer.do(Crossing(first=1, second=2, wait=rival)) == "done"
+        assert rival.waits == 4 and writer.retried == 1
+    finally:
+        rival.close()
+        await writer.close()
+    assert rows(pg_url, "SELECT count FROM counter ORDER BY id") == [(2,), (2,)]
 
 
 async def test_a_connection_dropped_after_commit_is_reported_not_applied_twice(pg_url: str, migrations: Path) -> None:
