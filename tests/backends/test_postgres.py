@@ -16,10 +16,11 @@ import sqlalchemy as sa
 from markupsafe import Markup
 from pydantic import Field
 
-from fastapi_lith import Command, FirstAttemptFailed, LithError, MigrationError, Rejected, Tx
+from fastapi_lith import Command, FirstAttemptFailed, LithError, MigrationError, Rejected, TabCommand, Tx
 from fastapi_lith.backends.postgres.db import PgReaders, dsn
 from fastapi_lith.backends.postgres.writer import WRITE_TURN, WRITER_NAME, PgWriter, retryable
 from fastapi_lith.engine.feed import LocalFeed
+from tests.support import until
 from tests.support.pgproxy import CuttingProxy
 
 metadata = sa.MetaData()
@@ -62,6 +63,18 @@ class AddThenRefuse(Command):
     def apply(self, tx: Tx) -> None:
         tx.execute(ADD, {"n": 1, "row": 1})
         raise Rejected("changed my mind")
+
+
+class Save(TabCommand):
+    """A click on a page: its tab's outcome view says what came of it."""
+
+    refuse: bool = False
+
+    def apply(self, tx: Tx) -> None:
+        tx.execute(ADD, {"n": 1, "row": 1})
+        if self.refuse:
+            raise Rejected("not now")
+        self.say("saved")
 
 
 class Meeting:
@@ -210,6 +223,66 @@ async def test_a_repeated_command_applies_once(pg_url: str, migrations: Path) ->
     finally:
         await writer.close()
     assert rows(pg_url, "SELECT count FROM counter WHERE id = 1") == [(4,)]
+
+
+def tab_outcomes(url: str) -> list[tuple]:
+    return rows(url, "SELECT tab, op, ok, message FROM lith_tab ORDER BY tab")
+
+
+async def test_each_click_tells_its_tab_what_came_of_it(pg_url: str, migrations: Path) -> None:
+    writer = PgWriter(pg_url, migrations=migrations, feed=LocalFeed())
+    await writer.start()
+    seen: list[frozenset[str]] = []
+    writer.subscribe(seen.append)
+    try:
+        with pytest.raises(Rejected):
+            await writer.do(Save(tab="tab-b", op=1, refuse=True))
+        await writer.do(Save(tab="tab-a", op=1))
+    finally:
+        await writer.close()
+    assert tab_outcomes(pg_url) == [("tab-a", 1, 1, "saved"), ("tab-b", 1, 0, "not now")]
+    assert seen == [frozenset({"tab:tab-b"}), frozenset({"tab:tab-a"})]  # each tab's outcome view renders again
+    assert rows(pg_url, "SELECT count FROM counter WHERE id = 1") == [(1,)]  # the refused click wrote nothing
+
+
+async def test_a_writer_opening_forgets_outcomes_past_its_window_and_tab_outcomes_past_a_week(
+    pg_url: str, migrations: Path
+) -> None:
+    writer = PgWriter(pg_url, migrations=migrations, feed=LocalFeed())
+    await writer.start()
+    try:
+        for op in (1, 2):
+            await writer.do(Add(tab="t1", op=op))
+        for tab in ("tab-a", "tab-b"):
+            await writer.do(Save(tab=tab, op=1))
+    finally:
+        await writer.close()
+    with psycopg.connect(dsn(pg_url)) as conn:  # as if they were sent long ago
+        conn.execute("UPDATE lith_outcome SET at = at - 2 * 3600 WHERE key = 'Add:t1:1'")
+        conn.execute("UPDATE lith_tab SET at = at - 8 * 24 * 3600 WHERE tab = 'tab-a'")
+    await writer.start()
+    await writer.close()
+    assert rows(pg_url, "SELECT key FROM lith_outcome ORDER BY key") == [("Add:t1:2",), ("Save:tab-a:1",), ("Save:tab-b:1",)]
+    assert tab_outcomes(pg_url) == [("tab-b", 1, 1, "saved")]
+
+
+async def test_a_running_writer_forgets_outcomes_past_the_window_and_keeps_tab_outcomes(
+    pg_url: str, migrations: Path
+) -> None:
+    writer = PgWriter(pg_url, migrations=migrations, feed=LocalFeed(), repeat_window=0.2)  # prunes every 0.05 s
+    await writer.start()
+    try:
+        await writer.do(Save(tab="tab-a", op=1))
+        assert rows(pg_url, "SELECT key FROM lith_outcome") == [("Save:tab-a:1",)]
+
+        async def forgotten() -> bool:
+            await writer.do(Add())  # a later batch, unkeyed, does the forgetting
+            return rows(pg_url, "SELECT count(*) FROM lith_outcome") == [(0,)]
+
+        await until(forgotten, timeout=5)
+    finally:
+        await writer.close()
+    assert tab_outcomes(pg_url) == [("tab-a", 1, 1, "saved")]  # kept for a week, whatever the window
 
 
 async def test_two_writers_share_keys(pg_url: str, migrations: Path) -> None:
