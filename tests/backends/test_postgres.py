@@ -94,13 +94,14 @@ class Meeting:
 class Rival:
     """Another client of the database that a writer's `Crossing(first=1, second=2)` meets: at each
     of the command's waits listed in `cross`, the rival holds row 2 and has asked for row 1, the
-    command's, before the command asks for row 2, so the two surely deadlock. The rival never looks
+    command's, before the command asks for row 2, so the two surely deadlock. At those in
+    `let_go`, it lets go of the row it holds. The rival never looks
     for a deadlock itself (its `deadlock_timeout` is far off): the writer's backend finds each one,
     so the writer's batch is the one that loses. A lost batch's rollback lets the rival take row 1
     and commit."""
 
-    def __init__(self, url: str, cross: set[int]) -> None:
-        self.cross = cross
+    def __init__(self, url: str, cross: set[int], let_go: set[int] | None = None) -> None:
+        self.cross, self.let_go = cross, let_go or set()
         self.waits = 0
         self.conn = psycopg.connect(dsn(url), options="-c deadlock_timeout=3600000")
         self.admin = psycopg.connect(dsn(url), autocommit=True)
@@ -112,6 +113,8 @@ class Rival:
 
     def wait(self, timeout: float) -> None:
         self.waits += 1
+        if self.waits in self.let_go:  # the row it holds is free from here on
+            self.conn.commit()
         if self.waits not in self.cross:
             return
         if self.asking is not None:  # the last meeting's: it has row 1 by now, since the command does
@@ -134,6 +137,18 @@ class Rival:
             self.asking.join(5)
         self.conn.close()
         self.admin.close()
+
+
+class Tally(Command):
+    """Adds to a counter row once `wait` lets it, and answers how many rows its UPDATE changed."""
+
+    row: int
+    wait: Rival
+    model_config = {"arbitrary_types_allowed": True}
+
+    def apply(self, tx: Tx) -> int:
+        self.wait.wait(5)
+        return tx.execute(ADD, {"n": 1, "row": self.row}).rowcount
 
 
 class Crossing(Command):
@@ -576,11 +591,31 @@ async def test_a_deadlock_met_by_a_command_run_again_waiting_runs_its_batch_agai
     rival.hold()
     try:
         assert await writer.do(Crossing(first=1, second=2, wait=rival)) == "done"
-        assert rival.waits == 4 and writer.retried == 1
+        # Run again after the deadlock (and once more should the rival still be committing past
+        # the lock timeout), the command went through.
+        assert rival.waits >= 4 and writer.retried == 1
     finally:
         rival.close()
         await writer.close()
     assert rows(pg_url, "SELECT count FROM counter ORDER BY id") == [(2,), (2,)]
+
+
+async def test_a_command_whose_row_was_held_past_the_lock_timeout_runs_again_once_it_is_free(
+    pg_url: str, migrations: Path
+) -> None:
+    writer = PgWriter(with_settings(pg_url, lock_timeout=100), migrations=migrations, feed=LocalFeed())
+    await writer.start()
+    # Another client holds row 2 through the batch's two pipelined runs (without savepoints, then
+    # with), whose UPDATE of it times out; it lets go before the command runs again, waiting.
+    rival = Rival(pg_url, cross=set(), let_go={3})
+    rival.hold()
+    try:
+        assert await writer.do(Tally(row=2, wait=rival)) == 1  # its rowcount, read outside the pipeline
+        assert rival.waits == 3 and writer.retried == writer.reconnects == 0
+    finally:
+        rival.close()
+        await writer.close()
+    assert rows(pg_url, "SELECT count FROM counter ORDER BY id") == [(0,), (2,)]
 
 
 async def test_a_connection_dropped_after_commit_is_reported_not_applied_twice(pg_url: str, migrations: Path) -> None:
