@@ -102,6 +102,7 @@ class Rival:
 
     def __init__(self, url: str, cross: set[int], let_go: set[int] | None = None) -> None:
         self.cross, self.let_go = cross, let_go or set()
+        self.spread = False  # a `Spread` waited for the writer's deadlock
         self.waits = 0
         self.conn = psycopg.connect(dsn(url), options="-c deadlock_timeout=3600000")
         self.admin = psycopg.connect(dsn(url), autocommit=True)
@@ -128,6 +129,16 @@ class Rival:
         while self.admin.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone() != ("Lock",):
             assert time.monotonic() < deadline, "the rival never waited for row 1"
 
+    def until_the_writer_lost(self, timeout: float) -> None:
+        """Wait until the writer's backend has found the deadlock: in the middle of a pipeline,
+        it no longer waits for the lock but for what the writer sends next."""
+        deadline = time.monotonic() + timeout
+        while self.admin.execute(
+            "SELECT state, wait_event FROM pg_stat_activity WHERE application_name = %s AND datname = current_database()",
+            (WRITER_NAME,),
+        ).fetchone() != ("active", "ClientRead"):
+            assert time.monotonic() < deadline, "the writer never lost"
+
     def _ask_for_row_1(self) -> None:
         self.conn.execute("UPDATE counter SET count = count + 1 WHERE id = 1")
         self.conn.commit()
@@ -149,6 +160,20 @@ class Tally(Command):
     def apply(self, tx: Tx) -> int:
         self.wait.wait(5)
         return tx.execute(ADD, {"n": 1, "row": self.row}).rowcount
+
+
+class Spread(Command):
+    """Adds to both counter rows in one call, once the writer lost a deadlock to `rival`, the first
+    time it applies: its rows go out after the server's answer to the deadlock is in."""
+
+    rival: Rival
+    model_config = {"arbitrary_types_allowed": True}
+
+    def apply(self, tx: Tx) -> int:
+        if not self.rival.spread:
+            self.rival.spread = True
+            self.rival.until_the_writer_lost(5)
+        return tx.executemany("UPDATE counter SET count = count + 1 WHERE id = %s", [(1,), (2,)])
 
 
 class Crossing(Command):
@@ -575,6 +600,25 @@ async def test_a_batch_runs_again_after_each_deadlock_it_loses_as_often_as_its_r
         await writer.close()
     ran = 1 if deadlocks <= 2 else 0
     assert rows(pg_url, "SELECT count FROM counter ORDER BY id") == [(deadlocks + ran,), (deadlocks + ran,)]
+
+
+async def test_a_deadlock_heard_of_while_a_later_command_sends_its_rows_runs_the_batch_again(
+    pg_url: str, migrations: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="fastapi_lith.postgres")
+    writer = PgWriter(with_settings(pg_url, deadlock_timeout=50), migrations=migrations, feed=LocalFeed())
+    await writer.start()
+    rival = Rival(pg_url, cross={1})
+    try:
+        # The first command's last row waits for the rival's, which waits for its first: the
+        # server finds the deadlock while the second command has yet to send its rows.
+        answers = await asyncio.gather(writer.do(Crossing(first=1, second=2, wait=rival)), writer.do(Spread(rival=rival)))
+        assert answers == ["done", 2] and writer.batches == 1 and writer.retried == 1
+        assert [m for m in caplog.messages if m.startswith("batch of 2 commands runs again: deadlock detected")]
+    finally:
+        rival.close()
+        await writer.close()
+    assert rows(pg_url, "SELECT count FROM counter ORDER BY id") == [(3,), (3,)]
 
 
 async def test_a_deadlock_met_by_a_command_run_again_waiting_runs_its_batch_again(pg_url: str, migrations: Path) -> None:
