@@ -723,6 +723,11 @@ def test_a_deadlock_or_serialization_failure_is_retried_however_a_command_wrappe
     assert retryable(wrapped(psycopg.errors.SerializationFailure(), cause=True))
     assert retryable(wrapped(psycopg.errors.DeadlockDetected(), cause=False))
     assert not retryable(wrapped(psycopg.errors.UniqueViolation(), cause=True))
+    # The search follows eight links: a deadlock wrapped seven times over is found, eight is past it.
+    deep = psycopg.errors.DeadlockDetected()
+    for depth in range(1, 9):
+        deep = wrapped(deep, cause=depth % 2 == 0)
+        assert retryable(deep) is (depth < 8)
     # Exceptions whose contexts form a loop: the search ends, and nothing is retried.
     first, second = RuntimeError("first"), RuntimeError("second")
     first.__context__, second.__context__ = second, first
