@@ -8,6 +8,7 @@ import re
 import threading
 import time
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import psycopg
@@ -16,7 +17,7 @@ import sqlalchemy as sa
 from markupsafe import Markup
 from pydantic import Field
 
-from fastapi_lith import Command, FirstAttemptFailed, LithError, MigrationError, Rejected, TabCommand, Tx
+from fastapi_lith import Command, FirstAttemptFailed, LithError, MigrationError, Rejected, SettingError, TabCommand, Tx
 from fastapi_lith.backends.postgres.db import PgReaders, dsn
 from fastapi_lith.backends.postgres.writer import WRITE_TURN, WRITER_NAME, PgWriter, retryable
 from fastapi_lith.engine.feed import LocalFeed
@@ -400,7 +401,8 @@ async def test_readers_see_one_state(pg_url: str, migrations: Path) -> None:
         await writer.close()
 
 
-async def test_migrations(pg_url: str, tmp_path: Path) -> None:
+async def test_migrations(pg_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="fastapi_lith.postgres")
     folder = tmp_path / "m"
     folder.mkdir()
     (folder / "0001_a.sql").write_text("CREATE TABLE a (x integer);")
@@ -418,6 +420,11 @@ async def test_migrations(pg_url: str, tmp_path: Path) -> None:
     for w in writers:
         await w.close()
     assert rows(pg_url, "SELECT version FROM lith_schema") == [(3,)]
+    # Said once, by the writer that migrated; the three that found nothing to do said nothing (nor
+    # the first start, which failed).
+    name = psycopg.conninfo.conninfo_to_dict(dsn(pg_url))["dbname"]
+    said = [m for m in caplog.messages if "migrated from version" in m]
+    assert said == [f"postgresql database {name}: migrated from version 1 to 3"]
     (folder / "0003_c.sql").unlink()
     older = PgWriter(pg_url, migrations=folder, feed=LocalFeed())
     with pytest.raises(MigrationError, match="database version 3 is newer than the newest migration 2"):
@@ -448,6 +455,29 @@ def test_a_postgres_writer_names_its_database_not_a_file(pg_url: str) -> None:
     # Before, its path was the URL as a file path, so Lith refused it as a writer of another database.
     lith = Lith(pg_url, writer=writer)
     assert lith.writer.writer is writer and lith.feed is writer.feed
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ({"take_turns": "yes"}, "take_turns must be True or False, not 'yes'"),
+        ({"retries": 2.5}, "retries must be an integer, not 2.5"),
+        ({"retries": -1}, "retries must be an integer at least 0, not -1"),
+        ({"backoff": 0}, "backoff must be a number at least 0.001, not 0"),
+    ],
+)
+def test_a_postgres_writers_settings_are_checked_when_built(pg_url: str, setting: dict[str, Any], message: str) -> None:
+    with pytest.raises(SettingError, match=f"^{re.escape(message)}$"):
+        PgWriter(pg_url, **setting)
+
+
+async def test_a_closed_writer_leaves_no_connection_behind(pg_url: str, migrations: Path) -> None:
+    writer = PgWriter(pg_url, migrations=migrations, feed=LocalFeed())
+    sessions = f"SELECT count(*) FROM pg_stat_activity WHERE application_name = '{WRITER_NAME}' AND datname = current_database()"
+    await writer.start()
+    assert rows(pg_url, sessions) == [(1,)]
+    await writer.close()
+    assert rows(pg_url, sessions) == [(0,)]
 
 
 async def test_lith_on_postgres_renders_what_commands_wrote(pg_url: str, migrations: Path) -> None:
