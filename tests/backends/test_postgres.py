@@ -78,6 +78,22 @@ class Save(TabCommand):
         self.say("saved")
 
 
+class Hold(Command):
+    """A keyed click that, when given a gate, waits for it before it adds: its key's claim is held
+    uncommitted meanwhile."""
+
+    tab: str
+    op: int
+    gate: threading.Event | None = None
+    model_config = {"arbitrary_types_allowed": True}
+
+    def apply(self, tx: Tx) -> int:
+        if self.gate is not None:
+            self.gate.wait(5)
+        tx.execute(ADD, {"n": 1, "row": 1})
+        return tx.scalar(COUNT)
+
+
 class Meeting:
     """Two commands meet once: each holds its first row before either asks for its second, so
     two free batches surely deadlock. A later call, a batch run again, passes at once."""
@@ -690,6 +706,35 @@ async def test_a_command_whose_row_was_held_past_the_lock_timeout_runs_again_onc
         rival.close()
         await writer.close()
     assert rows(pg_url, "SELECT count FROM counter ORDER BY id") == [(0,), (2,)]
+
+
+async def test_a_batch_whose_claim_of_a_key_fails_fails_whole_and_writes_nothing(pg_url: str, migrations: Path) -> None:
+    """A key's claim is the batch's own statement, outside any command's savepoint: when it
+    fails (here on another process's claim of the same key, held past the lock timeout), every
+    command of the batch hears of it, those before it too, and nothing is written."""
+    first = PgWriter(pg_url, migrations=migrations, feed=LocalFeed(), take_turns=False)
+    second = PgWriter(with_settings(pg_url, lock_timeout=100), migrations=migrations, feed=LocalFeed(), take_turns=False)
+    await first.start()
+    await second.start()
+    gate = threading.Event()
+    try:
+        held = asyncio.ensure_future(first.do(Hold(tab="t", op=1, gate=gate)))
+
+        async def claimed() -> bool:  # the first writer's batch waits at the gate, its claim made
+            return bool(rows(pg_url, "SELECT 1 FROM pg_stat_activity WHERE state = 'idle in transaction'"
+                                     f" AND application_name = '{WRITER_NAME}' AND datname = current_database()"))
+
+        await until(claimed, timeout=5)
+        answers = await asyncio.gather(second.do(Add(n=5)), second.do(Hold(tab="t", op=1)), return_exceptions=True)
+        assert [type(a) for a in answers] == [psycopg.errors.LockNotAvailable] * 2
+        gate.set()
+        assert await held == 1
+        assert await second.do(Hold(tab="t", op=1)) == 1  # the first outcome, once it committed
+    finally:
+        gate.set()
+        await first.close()
+        await second.close()
+    assert rows(pg_url, "SELECT count FROM counter WHERE id = 1") == [(1,)]
 
 
 async def test_a_connection_dropped_after_commit_is_reported_not_applied_twice(pg_url: str, migrations: Path) -> None:
