@@ -66,6 +66,14 @@ class AddThenRefuse(Command):
         raise Rejected("changed my mind")
 
 
+class AddManyThenRefuse(Command):
+    """Adds to both counter rows in one call, then refuses: what it wrote must not stay."""
+
+    def apply(self, tx: Tx) -> None:
+        tx.executemany("UPDATE counter SET count = count + 1 WHERE id = %s", [(1,), (2,)])
+        raise Rejected("changed my mind")
+
+
 class Save(TabCommand):
     """A click on a page: its tab's outcome view says what came of it."""
 
@@ -550,6 +558,24 @@ async def test_a_dropped_write_connection_costs_no_command(
     finally:
         await writer.close()
     assert rows(pg_url, "SELECT count FROM counter WHERE id = 1") == [(21,)]
+
+
+async def test_a_command_refusing_after_it_wrote_many_rows_on_a_new_connection_leaves_nothing(
+    pg_url: str, migrations: Path
+) -> None:
+    # Without turns, a batch's first statement on a new connection is its BEGIN: the command's
+    # rows are the second statement the connection ever sent, and must still count as sent.
+    writer = PgWriter(pg_url, migrations=migrations, feed=LocalFeed(), take_turns=False)
+    await writer.start()
+    try:
+        assert await writer.do(Add(n=1)) == 1
+        drop_the_write_connection(pg_url)
+        with pytest.raises(Rejected, match="changed my mind"):
+            await writer.do(AddManyThenRefuse())
+        assert writer.reconnects == 1
+    finally:
+        await writer.close()
+    assert rows(pg_url, "SELECT count FROM counter ORDER BY id") == [(1,), (0,)]
 
 
 @pytest.mark.parametrize("drops", [2, 3])
