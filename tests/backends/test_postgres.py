@@ -334,7 +334,7 @@ async def test_a_writer_opening_forgets_outcomes_past_its_window_and_tab_outcome
 async def test_a_running_writer_forgets_outcomes_past_the_window_and_keeps_tab_outcomes(
     pg_url: str, migrations: Path
 ) -> None:
-    writer = PgWriter(pg_url, migrations=migrations, feed=LocalFeed(), repeat_window=0.2)  # prunes every 0.05 s
+    writer = PgWriter(pg_url, migrations=migrations, feed=LocalFeed(), repeat_window=0.2)  # a window that soon passes
     await writer.start()
     try:
         await writer.do(Save(tab="tab-a", op=1))
