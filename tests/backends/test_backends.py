@@ -35,7 +35,7 @@ def test_a_path_opens_sqlite_and_each_postgresql_url_postgresql(tmp_path: Path) 
         assert isinstance(backend, SqliteBackend) and backend.name == "sqlite"
         assert backend.path == tmp_path / "app.db" and backend.url is None
     with pytest.raises(SettingError, match=r"^unknown database URL mysql://: use a file path or postgresql\+psycopg://$"):
-        open_backend("mysql://app@db/app")
+        open_backend("mysql://app@db/app?ssl_ca=https://ca.example/ca.pem")  # named by its scheme alone
 
 
 def test_a_postgresql_url_without_psycopg_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -93,11 +93,13 @@ async def test_a_postgresql_backend_builds_every_part_on_its_database(pg_url: st
         assert len(reader_threads() - before) == 3
     finally:
         readers.close()
-    engine = backend.engine()
+    # The handlers' engine connects with the URL whole, its query too (a value may hold "://").
+    engine = open_backend(pg_url + ("&" if "?" in pg_url else "?") + "application_name=lith://handlers").engine()
     try:
         async with engine.connect() as conn:
             name = psycopg.conninfo.conninfo_to_dict(pg_url.replace("+psycopg", ""))["dbname"]
             assert (await conn.execute(sa.text("SELECT current_database()"))).scalar() == name
+            assert (await conn.execute(sa.text("SHOW application_name"))).scalar() == "lith://handlers"
             with pytest.raises(DBAPIError, match="read-only transaction"):
                 await conn.execute(sa.text("CREATE TABLE t (x integer)"))
     finally:

@@ -6,7 +6,10 @@ import asyncio
 import logging
 import re
 import threading
+import time
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote
 
 import psycopg
 import pytest
@@ -14,10 +17,11 @@ import sqlalchemy as sa
 from markupsafe import Markup
 from pydantic import Field
 
-from fastapi_lith import Command, FirstAttemptFailed, LithError, MigrationError, Rejected, Tx
+from fastapi_lith import Command, FirstAttemptFailed, LithError, MigrationError, Rejected, SettingError, TabCommand, Tx
 from fastapi_lith.backends.postgres.db import PgReaders, dsn
 from fastapi_lith.backends.postgres.writer import WRITE_TURN, WRITER_NAME, PgWriter, retryable
 from fastapi_lith.engine.feed import LocalFeed
+from tests.support import until
 from tests.support.pgproxy import CuttingProxy
 
 metadata = sa.MetaData()
@@ -62,6 +66,42 @@ class AddThenRefuse(Command):
         raise Rejected("changed my mind")
 
 
+class AddManyThenRefuse(Command):
+    """Adds to both counter rows in one call, then refuses: what it wrote must not stay."""
+
+    def apply(self, tx: Tx) -> None:
+        tx.executemany("UPDATE counter SET count = count + 1 WHERE id = %s", [(1,), (2,)])
+        raise Rejected("changed my mind")
+
+
+class Save(TabCommand):
+    """A click on a page: its tab's outcome view says what came of it."""
+
+    refuse: bool = False
+
+    def apply(self, tx: Tx) -> None:
+        tx.execute(ADD, {"n": 1, "row": 1})
+        if self.refuse:
+            raise Rejected("not now")
+        self.say("saved")
+
+
+class Hold(Command):
+    """A keyed click that, when given a gate, waits for it before it adds: its key's claim is held
+    uncommitted meanwhile."""
+
+    tab: str
+    op: int
+    gate: threading.Event | None = None
+    model_config = {"arbitrary_types_allowed": True}
+
+    def apply(self, tx: Tx) -> int:
+        if self.gate is not None:
+            self.gate.wait(5)
+        tx.execute(ADD, {"n": 1, "row": 1})
+        return tx.scalar(COUNT)
+
+
 class Meeting:
     """Two commands meet once: each holds its first row before either asks for its second, so
     two free batches surely deadlock. A later call, a batch run again, passes at once."""
@@ -76,12 +116,97 @@ class Meeting:
             self.met.set()
 
 
+class Rival:
+    """Another client of the database that a writer's `Crossing(first=1, second=2)` meets: at each
+    of the command's waits listed in `cross`, the rival holds row 2 and has asked for row 1, the
+    command's, before the command asks for row 2, so the two surely deadlock. At those in
+    `let_go`, it lets go of the row it holds. The rival never looks
+    for a deadlock itself (its `deadlock_timeout` is far off): the writer's backend finds each one,
+    so the writer's batch is the one that loses. A lost batch's rollback lets the rival take row 1
+    and commit."""
+
+    def __init__(self, url: str, cross: set[int], let_go: set[int] | None = None) -> None:
+        self.cross, self.let_go = cross, let_go or set()
+        self.spread = False  # a `Spread` waited for the writer's deadlock
+        self.waits = 0
+        self.conn = psycopg.connect(dsn(url), options="-c deadlock_timeout=3600000")
+        self.admin = psycopg.connect(dsn(url), autocommit=True)
+        self.asking: threading.Thread | None = None
+
+    def hold(self) -> None:
+        """Take row 2, in a transaction left open."""
+        self.conn.execute("UPDATE counter SET count = count + 1 WHERE id = 2")
+
+    def wait(self, timeout: float) -> None:
+        self.waits += 1
+        if self.waits in self.let_go:  # the row it holds is free from here on
+            self.conn.commit()
+        if self.waits not in self.cross:
+            return
+        if self.asking is not None:  # the last meeting's: it has row 1 by now, since the command does
+            self.asking.join(timeout)
+        if self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+            self.hold()
+        self.asking = threading.Thread(target=self._ask_for_row_1)
+        self.asking.start()
+        deadline = time.monotonic() + timeout
+        pid = self.conn.info.backend_pid
+        while self.admin.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone() != ("Lock",):
+            assert time.monotonic() < deadline, "the rival never waited for row 1"
+
+    def until_the_writer_lost(self, timeout: float) -> None:
+        """Wait until the writer's backend has found the deadlock: in the middle of a pipeline,
+        it no longer waits for the lock but for what the writer sends next."""
+        deadline = time.monotonic() + timeout
+        while self.admin.execute(
+            "SELECT state, wait_event FROM pg_stat_activity WHERE application_name = %s AND datname = current_database()",
+            (WRITER_NAME,),
+        ).fetchone() != ("active", "ClientRead"):
+            assert time.monotonic() < deadline, "the writer never lost"
+
+    def _ask_for_row_1(self) -> None:
+        self.conn.execute("UPDATE counter SET count = count + 1 WHERE id = 1")
+        self.conn.commit()
+
+    def close(self) -> None:
+        if self.asking is not None:
+            self.asking.join(5)
+        self.conn.close()
+        self.admin.close()
+
+
+class Tally(Command):
+    """Adds to a counter row once `wait` lets it, and answers how many rows its UPDATE changed."""
+
+    row: int
+    wait: Rival
+    model_config = {"arbitrary_types_allowed": True}
+
+    def apply(self, tx: Tx) -> int:
+        self.wait.wait(5)
+        return tx.execute(ADD, {"n": 1, "row": self.row}).rowcount
+
+
+class Spread(Command):
+    """Adds to both counter rows in one call, once the writer lost a deadlock to `rival`, the first
+    time it applies: its rows go out after the server's answer to the deadlock is in."""
+
+    rival: Rival
+    model_config = {"arbitrary_types_allowed": True}
+
+    def apply(self, tx: Tx) -> int:
+        if not self.rival.spread:
+            self.rival.spread = True
+            self.rival.until_the_writer_lost(5)
+        return tx.executemany("UPDATE counter SET count = count + 1 WHERE id = %s", [(1,), (2,)])
+
+
 class Crossing(Command):
     """Locks one counter row, waits, then the other: two in opposite orders deadlock."""
 
     first: int
     second: int
-    wait: threading.Event | Meeting | None = None
+    wait: threading.Event | Meeting | Rival | None = None
     model_config = {"arbitrary_types_allowed": True}
 
     def apply(self, tx: Tx) -> str:
@@ -105,6 +230,12 @@ def migrations(tmp_path: Path) -> Path:
 def rows(url: str, sql: str) -> list[tuple]:
     with psycopg.connect(dsn(url)) as conn:
         return conn.execute(sql).fetchall()
+
+
+def with_settings(url: str, **settings: int) -> str:
+    """`url` with server settings for each of its connections (the timeouts in milliseconds)."""
+    options = " ".join(f"-c {name}={value}" for name, value in settings.items())
+    return url + ("&" if "?" in url else "?") + "options=" + quote(options)
 
 
 async def test_batches_keep_order_and_savepoints(pg_url: str, migrations: Path) -> None:
@@ -157,6 +288,66 @@ async def test_a_repeated_command_applies_once(pg_url: str, migrations: Path) ->
     finally:
         await writer.close()
     assert rows(pg_url, "SELECT count FROM counter WHERE id = 1") == [(4,)]
+
+
+def tab_outcomes(url: str) -> list[tuple]:
+    return rows(url, "SELECT tab, op, ok, message FROM lith_tab ORDER BY tab")
+
+
+async def test_each_click_tells_its_tab_what_came_of_it(pg_url: str, migrations: Path) -> None:
+    writer = PgWriter(pg_url, migrations=migrations, feed=LocalFeed())
+    await writer.start()
+    seen: list[frozenset[str]] = []
+    writer.subscribe(seen.append)
+    try:
+        with pytest.raises(Rejected):
+            await writer.do(Save(tab="tab-b", op=1, refuse=True))
+        await writer.do(Save(tab="tab-a", op=1))
+    finally:
+        await writer.close()
+    assert tab_outcomes(pg_url) == [("tab-a", 1, 1, "saved"), ("tab-b", 1, 0, "not now")]
+    assert seen == [frozenset({"tab:tab-b"}), frozenset({"tab:tab-a"})]  # each tab's outcome view renders again
+    assert rows(pg_url, "SELECT count FROM counter WHERE id = 1") == [(1,)]  # the refused click wrote nothing
+
+
+async def test_a_writer_opening_forgets_outcomes_past_its_window_and_tab_outcomes_past_a_week(
+    pg_url: str, migrations: Path
+) -> None:
+    writer = PgWriter(pg_url, migrations=migrations, feed=LocalFeed())
+    await writer.start()
+    try:
+        for op in (1, 2):
+            await writer.do(Add(tab="t1", op=op))
+        for tab in ("tab-a", "tab-b"):
+            await writer.do(Save(tab=tab, op=1))
+    finally:
+        await writer.close()
+    with psycopg.connect(dsn(pg_url)) as conn:  # as if they were sent long ago
+        conn.execute("UPDATE lith_outcome SET at = at - 2 * 3600 WHERE key = 'Add:t1:1'")
+        conn.execute("UPDATE lith_tab SET at = at - 8 * 24 * 3600 WHERE tab = 'tab-a'")
+    await writer.start()
+    await writer.close()
+    assert rows(pg_url, "SELECT key FROM lith_outcome ORDER BY key") == [("Add:t1:2",), ("Save:tab-a:1",), ("Save:tab-b:1",)]
+    assert tab_outcomes(pg_url) == [("tab-b", 1, 1, "saved")]
+
+
+async def test_a_running_writer_forgets_outcomes_past_the_window_and_keeps_tab_outcomes(
+    pg_url: str, migrations: Path
+) -> None:
+    writer = PgWriter(pg_url, migrations=migrations, feed=LocalFeed(), repeat_window=0.2)  # a window that soon passes
+    await writer.start()
+    try:
+        await writer.do(Save(tab="tab-a", op=1))
+        assert rows(pg_url, "SELECT key FROM lith_outcome") == [("Save:tab-a:1",)]
+
+        async def forgotten() -> bool:
+            await writer.do(Add())  # a later batch, unkeyed, does the forgetting
+            return rows(pg_url, "SELECT count(*) FROM lith_outcome") == [(0,)]
+
+        await until(forgotten, timeout=5)
+    finally:
+        await writer.close()
+    assert tab_outcomes(pg_url) == [("tab-a", 1, 1, "saved")]  # kept for a week, whatever the window
 
 
 async def test_two_writers_share_keys(pg_url: str, migrations: Path) -> None:
@@ -234,7 +425,8 @@ async def test_readers_see_one_state(pg_url: str, migrations: Path) -> None:
         await writer.close()
 
 
-async def test_migrations(pg_url: str, tmp_path: Path) -> None:
+async def test_migrations(pg_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="fastapi_lith.postgres")
     folder = tmp_path / "m"
     folder.mkdir()
     (folder / "0001_a.sql").write_text("CREATE TABLE a (x integer);")
@@ -252,6 +444,11 @@ async def test_migrations(pg_url: str, tmp_path: Path) -> None:
     for w in writers:
         await w.close()
     assert rows(pg_url, "SELECT version FROM lith_schema") == [(3,)]
+    # Said once, by the writer that migrated; the three that found nothing to do said nothing (nor
+    # the first start, which failed).
+    name = psycopg.conninfo.conninfo_to_dict(dsn(pg_url))["dbname"]
+    said = [m for m in caplog.messages if "migrated from version" in m]
+    assert said == [f"postgresql database {name}: migrated from version 1 to 3"]
     (folder / "0003_c.sql").unlink()
     older = PgWriter(pg_url, migrations=folder, feed=LocalFeed())
     with pytest.raises(MigrationError, match="database version 3 is newer than the newest migration 2"):
@@ -282,6 +479,29 @@ def test_a_postgres_writer_names_its_database_not_a_file(pg_url: str) -> None:
     # Before, its path was the URL as a file path, so Lith refused it as a writer of another database.
     lith = Lith(pg_url, writer=writer)
     assert lith.writer.writer is writer and lith.feed is writer.feed
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ({"take_turns": "yes"}, "take_turns must be True or False, not 'yes'"),
+        ({"retries": 2.5}, "retries must be an integer, not 2.5"),
+        ({"retries": -1}, "retries must be an integer at least 0, not -1"),
+        ({"backoff": 0}, "backoff must be a number at least 0.001, not 0"),
+    ],
+)
+def test_a_postgres_writers_settings_are_checked_when_built(pg_url: str, setting: dict[str, Any], message: str) -> None:
+    with pytest.raises(SettingError, match=f"^{re.escape(message)}$"):
+        PgWriter(pg_url, **setting)
+
+
+async def test_a_closed_writer_leaves_no_connection_behind(pg_url: str, migrations: Path) -> None:
+    writer = PgWriter(pg_url, migrations=migrations, feed=LocalFeed())
+    sessions = f"SELECT count(*) FROM pg_stat_activity WHERE application_name = '{WRITER_NAME}' AND datname = current_database()"
+    await writer.start()
+    assert rows(pg_url, sessions) == [(1,)]
+    await writer.close()
+    assert rows(pg_url, sessions) == [(0,)]
 
 
 async def test_lith_on_postgres_renders_what_commands_wrote(pg_url: str, migrations: Path) -> None:
@@ -340,6 +560,24 @@ async def test_a_dropped_write_connection_costs_no_command(
     assert rows(pg_url, "SELECT count FROM counter WHERE id = 1") == [(21,)]
 
 
+async def test_a_command_refusing_after_it_wrote_many_rows_on_a_new_connection_leaves_nothing(
+    pg_url: str, migrations: Path
+) -> None:
+    # Without turns, a batch's first statement on a new connection is its BEGIN: the command's
+    # rows are the second statement the connection ever sent, and must still count as sent.
+    writer = PgWriter(pg_url, migrations=migrations, feed=LocalFeed(), take_turns=False)
+    await writer.start()
+    try:
+        assert await writer.do(Add(n=1)) == 1
+        drop_the_write_connection(pg_url)
+        with pytest.raises(Rejected, match="changed my mind"):
+            await writer.do(AddManyThenRefuse())
+        assert writer.reconnects == 1
+    finally:
+        await writer.close()
+    assert rows(pg_url, "SELECT count FROM counter ORDER BY id") == [(1,), (0,)]
+
+
 @pytest.mark.parametrize("drops", [2, 3])
 async def test_a_batch_runs_again_as_often_as_its_retries_allow(pg_url: str, migrations: Path, drops: int) -> None:
     proxy = CuttingProxy(pg_url, at="BEGIN")
@@ -362,8 +600,7 @@ async def test_a_batch_runs_again_as_often_as_its_retries_allow(pg_url: str, mig
 async def test_a_batch_that_fails_on_a_live_connection_is_not_run_again(pg_url: str, migrations: Path) -> None:
     # A lock timeout is one of psycopg's OperationalErrors, as a dropped connection is; but the
     # connection is still there, so the batch fails rather than running again on a new one.
-    url = pg_url + ("&" if "?" in pg_url else "?") + "options=-c%20lock_timeout%3D100"
-    writer = PgWriter(url, migrations=migrations, feed=LocalFeed(), retries=2)
+    writer = PgWriter(with_settings(pg_url, lock_timeout=100), migrations=migrations, feed=LocalFeed(), retries=2)
     await writer.start()
     try:
         with psycopg.connect(dsn(pg_url)) as other:  # holds the writers' turn
@@ -409,6 +646,121 @@ async def test_a_writer_without_retries_hands_the_deadlock_to_the_loser(pg_url: 
         await a.close()
         await b.close()
     assert rows(pg_url, "SELECT count FROM counter ORDER BY id") == [(1,), (1,)]  # the winner's two
+
+
+@pytest.mark.parametrize("deadlocks", [2, 3])
+async def test_a_batch_runs_again_after_each_deadlock_it_loses_as_often_as_its_retries_allow(
+    pg_url: str, migrations: Path, deadlocks: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="fastapi_lith.postgres")
+    # The writer's backend looks for a deadlock soon after it starts waiting, and finds one each time.
+    url = with_settings(pg_url, deadlock_timeout=50)
+    writer = PgWriter(url, migrations=migrations, feed=LocalFeed(), take_turns=False, retries=2)
+    await writer.start()
+    rival = Rival(pg_url, cross=set(range(1, deadlocks + 1)))  # each run of the batch meets it, up to `deadlocks`
+    try:
+        if deadlocks <= 2:
+            assert await writer.do(Crossing(first=1, second=2, wait=rival)) == "done"
+        else:
+            with pytest.raises(psycopg.errors.DeadlockDetected):
+                await writer.do(Crossing(first=1, second=2, wait=rival))
+        assert rival.waits == 3 and writer.retried == 2  # the batch ran three times: once, and twice again
+        again = [m for m in caplog.messages if m.startswith("batch of 1 commands runs again: deadlock detected")]
+        assert len(again) == 2
+    finally:
+        rival.close()
+        await writer.close()
+    ran = 1 if deadlocks <= 2 else 0
+    assert rows(pg_url, "SELECT count FROM counter ORDER BY id") == [(deadlocks + ran,), (deadlocks + ran,)]
+
+
+async def test_a_deadlock_heard_of_while_a_later_command_sends_its_rows_runs_the_batch_again(
+    pg_url: str, migrations: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="fastapi_lith.postgres")
+    writer = PgWriter(with_settings(pg_url, deadlock_timeout=50), migrations=migrations, feed=LocalFeed())
+    await writer.start()
+    rival = Rival(pg_url, cross={1})
+    try:
+        # The first command's last row waits for the rival's, which waits for its first: the
+        # server finds the deadlock while the second command has yet to send its rows.
+        answers = await asyncio.gather(writer.do(Crossing(first=1, second=2, wait=rival)), writer.do(Spread(rival=rival)))
+        assert answers == ["done", 2] and writer.batches == 1 and writer.retried == 1
+        assert [m for m in caplog.messages if m.startswith("batch of 2 commands runs again: deadlock detected")]
+    finally:
+        rival.close()
+        await writer.close()
+    assert rows(pg_url, "SELECT count FROM counter ORDER BY id") == [(3,), (3,)]
+
+
+async def test_a_deadlock_met_by_a_command_run_again_waiting_runs_its_batch_again(pg_url: str, migrations: Path) -> None:
+    """A command whose statement failed in the pipeline runs again, each statement waiting; a
+    deadlock it meets there is raised inside its apply(), and is still the batch's to run again,
+    not the command's own error."""
+    # A lock wait ends in a lock timeout, unless it closes a deadlock, which is found long before.
+    url = with_settings(pg_url, lock_timeout=1000, deadlock_timeout=50)
+    writer = PgWriter(url, migrations=migrations, feed=LocalFeed(), take_turns=False)
+    await writer.start()
+    # The rival holds row 2 all along, so the batch's two pipelined runs (without savepoints, then
+    # with) fail on it with a lock timeout; the command's own run again, waiting, meets the rival.
+    rival = Rival(pg_url, cross={3})
+    rival.hold()
+    try:
+        assert await writer.do(Crossing(first=1, second=2, wait=rival)) == "done"
+        # Run again after the deadlock (and once more should the rival still be committing past
+        # the lock timeout), the command went through.
+        assert rival.waits >= 4 and writer.retried == 1
+    finally:
+        rival.close()
+        await writer.close()
+    assert rows(pg_url, "SELECT count FROM counter ORDER BY id") == [(2,), (2,)]
+
+
+async def test_a_command_whose_row_was_held_past_the_lock_timeout_runs_again_once_it_is_free(
+    pg_url: str, migrations: Path
+) -> None:
+    writer = PgWriter(with_settings(pg_url, lock_timeout=100), migrations=migrations, feed=LocalFeed())
+    await writer.start()
+    # Another client holds row 2 through the batch's two pipelined runs (without savepoints, then
+    # with), whose UPDATE of it times out; it lets go before the command runs again, waiting.
+    rival = Rival(pg_url, cross=set(), let_go={3})
+    rival.hold()
+    try:
+        assert await writer.do(Tally(row=2, wait=rival)) == 1  # its rowcount, read outside the pipeline
+        assert rival.waits == 3 and writer.retried == writer.reconnects == 0
+    finally:
+        rival.close()
+        await writer.close()
+    assert rows(pg_url, "SELECT count FROM counter ORDER BY id") == [(0,), (2,)]
+
+
+async def test_a_batch_whose_claim_of_a_key_fails_fails_whole_and_writes_nothing(pg_url: str, migrations: Path) -> None:
+    """A key's claim is the batch's own statement, outside any command's savepoint: when it
+    fails (here on another process's claim of the same key, held past the lock timeout), every
+    command of the batch hears of it, those before it too, and nothing is written."""
+    first = PgWriter(pg_url, migrations=migrations, feed=LocalFeed(), take_turns=False)
+    second = PgWriter(with_settings(pg_url, lock_timeout=100), migrations=migrations, feed=LocalFeed(), take_turns=False)
+    await first.start()
+    await second.start()
+    gate = threading.Event()
+    try:
+        held = asyncio.ensure_future(first.do(Hold(tab="t", op=1, gate=gate)))
+
+        async def claimed() -> bool:  # the first writer's batch waits at the gate, its claim made
+            return bool(rows(pg_url, "SELECT 1 FROM pg_stat_activity WHERE state = 'idle in transaction'"
+                                     f" AND application_name = '{WRITER_NAME}' AND datname = current_database()"))
+
+        await until(claimed, timeout=5)
+        answers = await asyncio.gather(second.do(Add(n=5)), second.do(Hold(tab="t", op=1)), return_exceptions=True)
+        assert [type(a) for a in answers] == [psycopg.errors.LockNotAvailable] * 2
+        gate.set()
+        assert await held == 1
+        assert await second.do(Hold(tab="t", op=1)) == 1  # the first outcome, once it committed
+    finally:
+        gate.set()
+        await first.close()
+        await second.close()
+    assert rows(pg_url, "SELECT count FROM counter WHERE id = 1") == [(1,)]
 
 
 async def test_a_connection_dropped_after_commit_is_reported_not_applied_twice(pg_url: str, migrations: Path) -> None:
@@ -472,6 +824,11 @@ def test_a_deadlock_or_serialization_failure_is_retried_however_a_command_wrappe
     assert retryable(wrapped(psycopg.errors.SerializationFailure(), cause=True))
     assert retryable(wrapped(psycopg.errors.DeadlockDetected(), cause=False))
     assert not retryable(wrapped(psycopg.errors.UniqueViolation(), cause=True))
+    # The search follows eight links: a deadlock wrapped seven times over is found, eight is past it.
+    deep = psycopg.errors.DeadlockDetected()
+    for depth in range(1, 9):
+        deep = wrapped(deep, cause=depth % 2 == 0)
+        assert retryable(deep) is (depth < 8)
     # Exceptions whose contexts form a loop: the search ends, and nothing is retried.
     first, second = RuntimeError("first"), RuntimeError("second")
     first.__context__, second.__context__ = second, first
