@@ -321,14 +321,17 @@ def pg_server() -> Any:
 
 
 @pytest.fixture
-def pg_url(pg_server: Any) -> Iterator[str]:
+def pg_url(pg_server: Any, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh, empty database on the session's server, as a `postgresql+psycopg://` URL,
-    dropped after the test."""
+    dropped after the test; what the server logged meanwhile is printed if the test fails."""
     from tests.support import pgcluster
 
+    logged = pg_server.log_size()
     url = pg_server.create_database()
     yield url
     pgcluster.drop_database(pg_server, url)
+    if _failed(request):
+        print(f"--- the PostgreSQL server's log meanwhile ---\n{pg_server.log_since(logged)}")
 
 
 @pytest.fixture

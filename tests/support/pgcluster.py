@@ -87,6 +87,16 @@ class Cluster:
             conn.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
         return self.url(name)
 
+    def log_size(self) -> int:
+        """Where the server's log ends now: `log_since` reads what comes after."""
+        log = self.dir / "log"
+        return log.stat().st_size if log.exists() else 0
+
+    def log_since(self, offset: int) -> str:
+        with open(self.dir / "log", "rb") as log:
+            log.seek(offset)
+            return log.read().decode(errors="replace")
+
     def stop(self) -> None:
         if self.data.exists():
             try:
@@ -113,6 +123,12 @@ class Existing:
         with psycopg.connect(self.base, autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
         return "postgresql+psycopg://" + self._with_db(name).split("://", 1)[1]
+
+    def log_size(self) -> int:
+        return 0
+
+    def log_since(self, offset: int) -> str:
+        return "(a server of LITH_PG_URL: its log is its own)"
 
     def stop(self) -> None:
         pass
