@@ -438,7 +438,8 @@ def test_the_app_refuses_to_start_without_credentials(tmp_path: Path, s3: str) -
     server = InProcessServer("replicaapp:app", env=app_env(tmp_path / "app.db", url, **env))
     with pytest.raises(ServerError, match="stopped before it served"):
         server.start()
-    assert "needs credentials in the environment: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in server.output
+    assert ("needs credentials in the environment: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY or "
+            "LITESTREAM_ACCESS_KEY_ID and LITESTREAM_SECRET_ACCESS_KEY\n") in server.output  # fmt: skip
     assert not (tmp_path / "app.db").exists()  # refused before anything was opened
 
 
@@ -457,6 +458,7 @@ def test_the_app_refuses_to_start_when_litestream_stops_as_it_starts(tmp_path: P
     said = f"ReplicaError: litestream stopped as it started, replicating to {url}: "
     [line] = {line for line in server.output.splitlines() if said in line}  # its last words, in the error
     assert "decode account key" in line.split(said)[1], line
+    assert "litestream exited with status 1 on stop" in server.output  # stopped with the app's start
 
 
 @pytest.mark.timeout(CHILD_HANG_LIMIT)  # a child process imports the package (tests/support)
