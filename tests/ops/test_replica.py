@@ -216,18 +216,20 @@ async def test_litestream_dying_again_at_once_waits_longer_each_time(
     caplog.set_level(logging.ERROR, logger="fastapi_lith.replica")
     await replica.start()
     try:
-        for restarts in (1, 2, 3):
+        # The shell reports a child killed by signal N as 128 + N: SIGHUP's is the lowest.
+        for restarts, sig in ((1, signal.SIGKILL), (2, signal.SIGHUP), (3, signal.SIGKILL)):
             pid = replica.pid
             assert pid is not None
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, sig)
             async with asyncio.timeout(30):  # the new process reports its pid once started
                 while replica.restarts < restarts or replica.pid in (None, pid):
                     await asyncio.sleep(0.02)
+        assert replica.health()["restarts"] == 3
     finally:
         await replica.stop()
     said = [r.getMessage() for r in caplog.records if r.msg.startswith("litestream %s; starting it again")]  # type: ignore[union-attr]
-    assert said == [f"litestream was killed by signal 9; starting it again in {wait} s (restart {n})"
-                    for n, wait in ((1, 1), (2, 2), (3, 4))]  # fmt: skip
+    assert said == [f"litestream was killed by signal {sig}; starting it again in {wait} s (restart {n})"
+                    for n, sig, wait in ((1, 9, 1), (2, 1, 2), (3, 9, 4))]  # fmt: skip
 
 
 def wal_database(db_path: Path) -> Path:
