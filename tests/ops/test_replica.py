@@ -798,3 +798,22 @@ async def test_processes_of_one_app_run_one_litestream_and_another_takes_over(
     said = [r.getMessage() for r in caplog.records]
     assert "another process replicates app.db; this one takes over if it ends" in said
     assert "took over replicating app.db from a process that ended" in said
+
+
+async def test_a_process_waiting_to_take_over_stops_at_once_and_never_replicates(tmp_path: Path) -> None:
+    """`--workers N` shutting down: a process still waiting on the lock ends its wait rather
+    than the whole of its stop, while the holder goes on replicating."""
+    from fastapi_lith.ops.replica import Replica
+
+    db_path, url = wal_database(tmp_path / "app.db"), f"file://{tmp_path / 'replica'}"
+    first = Replica(db_path, url, sync_interval=0.2, check_every=None)
+    second = Replica(db_path, url, sync_interval=0.2, check_every=None)
+    await first.start()
+    try:
+        await second.start()
+        assert not second.health()["leader"]
+        await second.stop()  # a wait that never ended would hang here
+        assert second.pid is None and not second.running and not second.health()["leader"]
+        assert first.running and first.health()["leader"]
+    finally:
+        await first.stop()
