@@ -494,15 +494,20 @@ def test_the_app_refuses_to_start_without_the_binary(tmp_path: Path) -> None:
 def test_replica_urls_and_credentials_are_checked_with_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(ReplicaError, match="the scheme must be one of file://, s3://"):
         Lith(tmp_path / "app.db", replica="ftp://host/app")
-    with pytest.raises(ReplicaError, match="credentials come from the environment, never from the URL"):
+    # The error shows the URL with its secret taken out: it goes to logs and terminals.
+    with pytest.raises(ReplicaError, match=r"^replica s3://bucket/app: credentials come from the environment, never"):
         check_url("s3://KEY:SECRET@bucket/app")
     with pytest.raises(ReplicaError, match="never from the URL"):
         check_url("s3://KEY@bucket/app")
     assert check_url("abs://account@container/app") == "abs"  # Azure's account name, not a secret
-    with pytest.raises(ReplicaError, match=r"never from the URL \(for file: none needed\)$"):
+    with pytest.raises(ReplicaError, match=r"^replica file:///mnt/replica/app: .+ never from the URL \(for file: none needed\)$"):
         check_url("file://user:secret@/mnt/replica/app")
     with pytest.raises(ReplicaError, match="bucket"):
         check_url("s3:///app")
+    with pytest.raises(ReplicaError, match="a file:// replica needs a path"):
+        check_url("file://")
+    with pytest.raises(ReplicaError, match="needs credentials in the environment"):  # half of a group
+        check_environment("s3://bucket/app", {"AWS_ACCESS_KEY_ID": "a", "LITESTREAM_SECRET_ACCESS_KEY": "b"})
     with pytest.raises(ReplicaError, match="AWS_CA_BUNDLE is set"):
         check_environment("s3://bucket/app", {"AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "b", "AWS_CA_BUNDLE": "x"})
     check_environment("s3://bucket/app", {"LITESTREAM_ACCESS_KEY_ID": "a", "LITESTREAM_SECRET_ACCESS_KEY": "b"})
