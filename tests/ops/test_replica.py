@@ -839,3 +839,29 @@ async def test_a_process_waiting_to_take_over_stops_at_once_and_never_replicates
         assert first.running and first.health()["leader"]
     finally:
         await first.stop()
+
+
+async def test_a_stop_while_litestream_waits_to_be_started_again_just_ends_the_wait(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Litestream died and the app waits out its back-off: a stop then has no Litestream to ask
+    to upload or to kill, and starts none."""
+    from fastapi_lith.ops.replica import Replica
+
+    replica = Replica(wal_database(tmp_path / "app.db"), f"file://{tmp_path / 'replica'}", check_every=None)
+    caplog.set_level(logging.WARNING, logger="fastapi_lith.replica")
+    await replica.start()
+    pid = replica.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+
+    async def waiting() -> bool:  # counted and logged, then straight into the back-off's sleep
+        return replica.restarts == 1
+
+    await until(waiting)
+    await replica.stop(timeout=0.1)  # shorter than the back-off: a stop that waited on it would give up
+    assert replica.pid == pid and not replica.running
+    assert [r.getMessage() for r in caplog.records] == [
+        "litestream was killed by signal 9; starting it again in 1 s (restart 1)",
+        "litestream was killed by signal 9 on stop",
+    ]
