@@ -833,7 +833,7 @@ async def test_a_process_waiting_to_take_over_stops_at_once_and_never_replicates
     await first.start()
     try:
         await second.start()
-        assert not second.health()["leader"]
+        assert second.health() == {"replicating": False, "leader": False, "restarts": 0, "last_check": None}
         await second.stop()  # a wait that never ended would hang here
         assert second.pid is None and not second.running and not second.health()["leader"]
         assert first.running and first.health()["leader"]
