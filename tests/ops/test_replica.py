@@ -9,6 +9,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -216,18 +217,20 @@ async def test_litestream_dying_again_at_once_waits_longer_each_time(
     caplog.set_level(logging.ERROR, logger="fastapi_lith.replica")
     await replica.start()
     try:
-        for restarts in (1, 2, 3):
+        # The shell reports a child killed by signal N as 128 + N: SIGHUP's is the lowest.
+        for restarts, sig in ((1, signal.SIGKILL), (2, signal.SIGHUP), (3, signal.SIGKILL)):
             pid = replica.pid
             assert pid is not None
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, sig)
             async with asyncio.timeout(30):  # the new process reports its pid once started
                 while replica.restarts < restarts or replica.pid in (None, pid):
                     await asyncio.sleep(0.02)
+        assert replica.health()["restarts"] == 3
     finally:
         await replica.stop()
     said = [r.getMessage() for r in caplog.records if r.msg.startswith("litestream %s; starting it again")]  # type: ignore[union-attr]
-    assert said == [f"litestream was killed by signal 9; starting it again in {wait} s (restart {n})"
-                    for n, wait in ((1, 1), (2, 2), (3, 4))]  # fmt: skip
+    assert said == [f"litestream was killed by signal {sig}; starting it again in {wait} s (restart {n})"
+                    for n, sig, wait in ((1, 9, 1), (2, 1, 2), (3, 9, 4))]  # fmt: skip
 
 
 def wal_database(db_path: Path) -> Path:
@@ -308,6 +311,22 @@ def test_a_litestream_command_that_hangs_or_fails_says_so_in_its_error(tmp_path:
     missing = tmp_path / "missing.yml"
     with pytest.raises(ReplicaError, match=f"^litestream databases failed: Error: config file not found: {missing}$"):
         litestream.run("databases", "-config", str(missing))  # its last line, not its usage text
+
+
+def test_a_restore_from_storage_that_never_answers_ends_at_its_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An S3 endpoint that takes connections and never answers: the restore gives up at the
+    time it was given rather than wait on the storage for ever."""
+    for name, value in S3_ENV.items():
+        monkeypatch.delenv(name, raising=False) if value is None else monkeypatch.setenv(name, value)
+    with socket.socket() as silent:  # connections complete in its backlog; nothing reads them
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"s3://lith/app?endpoint=http://127.0.0.1:{silent.getsockname()[1]}&region=us-east-1"
+        with pytest.raises(ReplicaError, match=r"^litestream restore took longer than 2 s$"):
+            litestream_restore(url, tmp_path / "restored.db", timeout=2)
+    assert not (tmp_path / "restored.db").exists()
 
 
 async def test_a_litestream_that_does_not_stop_in_time_is_killed(
@@ -438,7 +457,8 @@ def test_the_app_refuses_to_start_without_credentials(tmp_path: Path, s3: str) -
     server = InProcessServer("replicaapp:app", env=app_env(tmp_path / "app.db", url, **env))
     with pytest.raises(ServerError, match="stopped before it served"):
         server.start()
-    assert "needs credentials in the environment: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in server.output
+    assert ("needs credentials in the environment: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY or "
+            "LITESTREAM_ACCESS_KEY_ID and LITESTREAM_SECRET_ACCESS_KEY\n") in server.output  # fmt: skip
     assert not (tmp_path / "app.db").exists()  # refused before anything was opened
 
 
@@ -457,6 +477,7 @@ def test_the_app_refuses_to_start_when_litestream_stops_as_it_starts(tmp_path: P
     said = f"ReplicaError: litestream stopped as it started, replicating to {url}: "
     [line] = {line for line in server.output.splitlines() if said in line}  # its last words, in the error
     assert "decode account key" in line.split(said)[1], line
+    assert "litestream exited with status 1 on stop" in server.output  # stopped with the app's start
 
 
 @pytest.mark.timeout(CHILD_HANG_LIMIT)  # a child process imports the package (tests/support)
@@ -490,15 +511,20 @@ def test_the_app_refuses_to_start_without_the_binary(tmp_path: Path) -> None:
 def test_replica_urls_and_credentials_are_checked_with_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(ReplicaError, match="the scheme must be one of file://, s3://"):
         Lith(tmp_path / "app.db", replica="ftp://host/app")
-    with pytest.raises(ReplicaError, match="credentials come from the environment, never from the URL"):
+    # The error shows the URL with its secret taken out: it goes to logs and terminals.
+    with pytest.raises(ReplicaError, match=r"^replica s3://bucket/app: credentials come from the environment, never"):
         check_url("s3://KEY:SECRET@bucket/app")
     with pytest.raises(ReplicaError, match="never from the URL"):
         check_url("s3://KEY@bucket/app")
     assert check_url("abs://account@container/app") == "abs"  # Azure's account name, not a secret
-    with pytest.raises(ReplicaError, match=r"never from the URL \(for file: none needed\)$"):
+    with pytest.raises(ReplicaError, match=r"^replica file:///mnt/replica/app: .+ never from the URL \(for file: none needed\)$"):
         check_url("file://user:secret@/mnt/replica/app")
     with pytest.raises(ReplicaError, match="bucket"):
         check_url("s3:///app")
+    with pytest.raises(ReplicaError, match="a file:// replica needs a path"):
+        check_url("file://")
+    with pytest.raises(ReplicaError, match="needs credentials in the environment"):  # half of a group
+        check_environment("s3://bucket/app", {"AWS_ACCESS_KEY_ID": "a", "LITESTREAM_SECRET_ACCESS_KEY": "b"})
     with pytest.raises(ReplicaError, match="AWS_CA_BUNDLE is set"):
         check_environment("s3://bucket/app", {"AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "b", "AWS_CA_BUNDLE": "x"})
     check_environment("s3://bucket/app", {"LITESTREAM_ACCESS_KEY_ID": "a", "LITESTREAM_SECRET_ACCESS_KEY": "b"})
@@ -802,3 +828,48 @@ async def test_processes_of_one_app_run_one_litestream_and_another_takes_over(
     said = [r.getMessage() for r in caplog.records]
     assert "another process replicates app.db; this one takes over if it ends" in said
     assert "took over replicating app.db from a process that ended" in said
+
+
+async def test_a_process_waiting_to_take_over_stops_at_once_and_never_replicates(tmp_path: Path) -> None:
+    """`--workers N` shutting down: a process still waiting on the lock ends its wait rather
+    than the whole of its stop, while the holder goes on replicating."""
+    from fastapi_lith.ops.replica import Replica
+
+    db_path, url = wal_database(tmp_path / "app.db"), f"file://{tmp_path / 'replica'}"
+    first = Replica(db_path, url, sync_interval=0.2, check_every=None)
+    second = Replica(db_path, url, sync_interval=0.2, check_every=None)
+    await first.start()
+    try:
+        await second.start()
+        assert second.health() == {"replicating": False, "leader": False, "restarts": 0, "last_check": None}
+        await second.stop()  # a wait that never ended would hang here
+        assert second.pid is None and not second.running and not second.health()["leader"]
+        assert first.running and first.health()["leader"]
+    finally:
+        await first.stop()
+
+
+async def test_a_stop_while_litestream_waits_to_be_started_again_just_ends_the_wait(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Litestream died and the app waits out its back-off: a stop then has no Litestream to ask
+    to upload or to kill, and starts none."""
+    from fastapi_lith.ops.replica import Replica
+
+    replica = Replica(wal_database(tmp_path / "app.db"), f"file://{tmp_path / 'replica'}", check_every=None)
+    caplog.set_level(logging.WARNING, logger="fastapi_lith.replica")
+    await replica.start()
+    pid = replica.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+
+    async def waiting() -> bool:  # counted and logged, then straight into the back-off's sleep
+        return replica.restarts == 1
+
+    await until(waiting)
+    await replica.stop(timeout=0.1)  # shorter than the back-off: a stop that waited on it would give up
+    assert replica.pid == pid and not replica.running
+    assert [r.getMessage() for r in caplog.records] == [
+        "litestream was killed by signal 9; starting it again in 1 s (restart 1)",
+        "litestream was killed by signal 9 on stop",
+    ]
