@@ -184,9 +184,9 @@ class Position:
     at: datetime | None = None
 
 
-def replica_position(url: str, *, binary: Path | None = None) -> Position | None:
+def replica_position(url: str, *, binary: Path | None = None, timeout: float = 120) -> Position | None:
     """The newest position on the replica, or None when it holds nothing yet."""
-    listing = json.loads(run("ltx", "-json", "-level", "all", url, binary=binary, timeout=120).stdout or "[]")
+    listing = json.loads(run("ltx", "-json", "-level", "all", url, binary=binary, timeout=timeout).stdout or "[]")
     if not listing:
         return None
     newest = max(listing, key=lambda f: (int(f["max_txid"], 16), f["timestamp"]))

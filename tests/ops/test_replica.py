@@ -313,11 +313,12 @@ def test_a_litestream_command_that_hangs_or_fails_says_so_in_its_error(tmp_path:
         litestream.run("databases", "-config", str(missing))  # its last line, not its usage text
 
 
-def test_a_restore_from_storage_that_never_answers_ends_at_its_timeout(
+def test_a_restore_or_a_listing_from_storage_that_never_answers_ends_at_its_timeout(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An S3 endpoint that takes connections and never answers: the restore gives up at the
-    time it was given rather than wait on the storage for ever."""
+    """An S3 endpoint that takes connections and never answers: the restore and the listing
+    of the replica's position give up at the time they were given rather than wait on the
+    storage for ever."""
     for name, value in S3_ENV.items():
         monkeypatch.delenv(name, raising=False) if value is None else monkeypatch.setenv(name, value)
     with socket.socket() as silent:  # connections complete in its backlog; nothing reads them
@@ -326,6 +327,8 @@ def test_a_restore_from_storage_that_never_answers_ends_at_its_timeout(
         url = f"s3://lith/app?endpoint=http://127.0.0.1:{silent.getsockname()[1]}&region=us-east-1"
         with pytest.raises(ReplicaError, match=r"^litestream restore took longer than 2 s$"):
             litestream_restore(url, tmp_path / "restored.db", timeout=2)
+        with pytest.raises(ReplicaError, match=r"^litestream ltx took longer than 2 s$"):
+            replica_position(url, timeout=2)
     assert not (tmp_path / "restored.db").exists()
 
 
