@@ -559,8 +559,11 @@ async def test_one_account_over_max_open_closes_the_idle_one_and_warns_only_when
         assert accounts.open_names() == ["globex"]
         closing = asyncio.ensure_future(accounts.close("globex"))
         await asyncio.sleep(0)
-        await accounts.get("globex")  # opened again only once its close is done: never two writers
-        assert closing.done() and accounts.closed == 4
+        reopening = asyncio.ensure_future(accounts.get("globex"))
+        await asyncio.sleep(0)  # the get has begun: it waits for the close, never two writers on one file
+        assert accounts.open_names() == [] and not closing.done()
+        await reopening
+        assert closing.done() and accounts.closed == 4 and accounts.open_names() == ["globex"]
     assert "over max_open" not in caplog.text
     assert files(tmp_path) == ["m", "nested"]
 
