@@ -621,6 +621,22 @@ async def test_a_pages_helpers_render_a_views_parameters_and_outside_a_request_s
             assert (await client.get("/a/acme/times/3")).text == '<p id="times-3">6</p>/a/acme /a/acme/add'
 
 
+async def test_an_outcome_hint_shows_in_every_accounts_outcome_view_and_none_without_one(tmp_path: Path) -> None:
+    migrations = write_migrations(tmp_path / "m", INIT)
+    hinted, app = make_app(tmp_path / "hinted", migrations, outcome_hint="Nothing sent from this tab yet.")
+    plain, plain_app = make_app(tmp_path / "plain", migrations)
+    async with hinted.lifespan(app), plain.lifespan(plain_app):
+        for name in ("acme", "globex"):
+            await hinted.create(name)
+            async with hinted.use(name) as lith:
+                html = await lith.render("outcome/{tab}", tab="t1")
+            assert '<p class="message hint" data-show="$done == 0">Nothing sent from this tab yet.</p>' in html
+        await plain.create("acme")
+        async with plain.use("acme") as lith:
+            html = await lith.render("outcome/{tab}", tab="t1")
+        assert 'id="lith-error"' in html and "hint" not in html
+
+
 async def test_accounts_served_twice_is_refused_and_the_first_serves_on(served: tuple[Accounts, httpx.AsyncClient]) -> None:
     accounts, client = served
     await accounts.create("acme")
