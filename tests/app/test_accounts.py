@@ -435,7 +435,9 @@ async def test_concurrent_requests_across_more_accounts_than_max_open_lose_nothi
             assert conn.execute("SELECT count FROM counter").fetchone()[0] == 40
 
 
-async def test_max_open_never_closes_an_account_with_a_request_in_flight(tmp_path: Path) -> None:
+async def test_max_open_never_closes_an_account_with_a_request_in_flight(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     accounts, app = make_app(tmp_path / "accounts", write_migrations(tmp_path / "m", INIT), max_open=1, idle_after=60)
     entered, go = asyncio.Event(), asyncio.Event()
 
@@ -455,6 +457,7 @@ async def test_max_open_never_closes_an_account_with_a_request_in_flight(tmp_pat
                 await entered.wait()
                 await accounts.get("globex")  # over the limit, but acme is in use: it stays
                 assert accounts.open_names() == ["acme", "globex"]
+                assert "2 accounts open, over max_open=1: the others are in use" in caplog.messages
             finally:
                 go.set()
             response = await request
