@@ -408,6 +408,28 @@ async def test_each_account_replicates_to_its_own_replica(tmp_path: Path) -> Non
             assert conn.execute("SELECT count FROM counter").fetchone()[0] == n
 
 
+async def test_each_account_backs_up_into_its_own_folder_of_the_backup_folder(tmp_path: Path) -> None:
+    copies = tmp_path / "copies"
+    # As a deployment gives it, from the environment: a string.
+    accounts, app = make_app(tmp_path / "accounts", write_migrations(tmp_path / "m", INIT), backup_folder=str(copies))
+
+    async def first_copy(name: str) -> None:
+        await accounts.create(name)
+        backups = (await accounts.get(name)).lith.backups
+        assert backups is not None
+        await eventually(lambda: backups.taken >= 1, f"{name}'s first copy")  # taken as the account opens
+
+    async with accounts.lifespan(app):
+        await first_copy("acme")
+        await first_copy("globex")
+    assert files(copies) == ["acme", "globex"]
+    for name in ("acme", "globex"):
+        (copy,) = (copies / name).glob("*.db")
+        assert copy.name.startswith(f"{name}-")
+        with sqlite3.connect(copy) as conn:
+            assert conn.execute("SELECT count FROM counter").fetchone()[0] == 0
+
+
 async def test_concurrent_requests_across_more_accounts_than_max_open_lose_nothing(tmp_path: Path) -> None:
     """Accounts open, get evicted and close idle under the requests: every command lands once."""
     accounts, app = make_app(
