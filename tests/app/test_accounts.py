@@ -286,6 +286,8 @@ def test_accounts_settings_are_checked_when_built(tmp_path: Path) -> None:
         Accounts(tmp_path, feed=None)
     with pytest.raises(SettingError, match="^path is set per account by Accounts, not a setting$"):
         Accounts(tmp_path, path=tmp_path / "one.db")
+    with pytest.raises(SettingError, match="^views is set per account by Accounts, not a setting$"):
+        Accounts(tmp_path, views=None)
     with pytest.raises(SettingError, match="^idle_after must be a number at least 0.01, not 0$"):
         Accounts(tmp_path, idle_after=0)
     with pytest.raises(SettingError, match="did you mean 'synchronous'"):
