@@ -524,6 +524,12 @@ def test_a_file_written_whole_into_a_folder_the_operator_may_not_write_says_so_a
     assert sorted(target.parent.iterdir()) == listed
 
 
+def test_sizes_read_in_bytes_below_a_tenth_of_a_megabyte_and_in_megabytes_from_it() -> None:
+    """As a restore's summary and the replica check's lines show a database's size."""
+    sizes = [0, 99_999, 100_000, 1_050_000, 2_000_000_000]
+    assert [mb(n) for n in sizes] == ["0 bytes", "99,999 bytes", "0.1 MB", "1.1 MB", "2000.0 MB"]
+
+
 def test_a_kept_name_taken_twice_already_gets_the_next_free_number(tmp_path: Path) -> None:
     """Three restores within one second: each replaced database keeps a name of its own."""
     wanted = tmp_path / "app.db.replaced-20261205T012345Z"
