@@ -291,6 +291,12 @@ def test_accounts_settings_are_checked_when_built(tmp_path: Path) -> None:
         Accounts(tmp_path, prefix="/teams")
     with pytest.raises(SettingError, match="feed is set per account"):
         Accounts(tmp_path, feed=None)
+    with pytest.raises(SettingError, match="^path is set per account by Accounts, not a setting$"):
+        Accounts(tmp_path, path=tmp_path / "one.db")
+    with pytest.raises(SettingError, match="^views is set per account by Accounts, not a setting$"):
+        Accounts(tmp_path, views=None)
+    with pytest.raises(SettingError, match="^idle_after must be a number at least 0.01, not 0$"):
+        Accounts(tmp_path, idle_after=0)
     with pytest.raises(SettingError, match="did you mean 'synchronous'"):
         Accounts(tmp_path, synchronus="FULL")
 
@@ -415,6 +421,28 @@ async def test_each_account_replicates_to_its_own_replica(tmp_path: Path) -> Non
             assert conn.execute("SELECT count FROM counter").fetchone()[0] == n
 
 
+async def test_each_account_backs_up_into_its_own_folder_of_the_backup_folder(tmp_path: Path) -> None:
+    copies = tmp_path / "copies"
+    # As a deployment gives it, from the environment: a string.
+    accounts, app = make_app(tmp_path / "accounts", write_migrations(tmp_path / "m", INIT), backup_folder=str(copies))
+
+    async def first_copy(name: str) -> None:
+        await accounts.create(name)
+        backups = (await accounts.get(name)).lith.backups
+        assert backups is not None
+        await eventually(lambda: backups.taken >= 1, f"{name}'s first copy")  # taken as the account opens
+
+    async with accounts.lifespan(app):
+        await first_copy("acme")
+        await first_copy("globex")
+    assert files(copies) == ["acme", "globex"]
+    for name in ("acme", "globex"):
+        (copy,) = (copies / name).glob("*.db")
+        assert copy.name.startswith(f"{name}-")
+        with sqlite3.connect(copy) as conn:
+            assert conn.execute("SELECT count FROM counter").fetchone()[0] == 0
+
+
 async def test_concurrent_requests_across_more_accounts_than_max_open_lose_nothing(tmp_path: Path) -> None:
     """Accounts open, get evicted and close idle under the requests: every command lands once."""
     accounts, app = make_app(
@@ -442,7 +470,9 @@ async def test_concurrent_requests_across_more_accounts_than_max_open_lose_nothi
             assert conn.execute("SELECT count FROM counter").fetchone()[0] == 40
 
 
-async def test_max_open_never_closes_an_account_with_a_request_in_flight(tmp_path: Path) -> None:
+async def test_max_open_never_closes_an_account_with_a_request_in_flight(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     accounts, app = make_app(tmp_path / "accounts", write_migrations(tmp_path / "m", INIT), max_open=1, idle_after=60)
     entered, go = asyncio.Event(), asyncio.Event()
 
@@ -462,6 +492,7 @@ async def test_max_open_never_closes_an_account_with_a_request_in_flight(tmp_pat
                 await entered.wait()
                 await accounts.get("globex")  # over the limit, but acme is in use: it stays
                 assert accounts.open_names() == ["acme", "globex"]
+                assert "2 accounts open, over max_open=1: the others are in use" in caplog.messages
             finally:
                 go.set()
             response = await request
@@ -566,8 +597,11 @@ async def test_one_account_over_max_open_closes_the_idle_one_and_warns_only_when
         assert accounts.open_names() == ["globex"]
         closing = asyncio.ensure_future(accounts.close("globex"))
         await asyncio.sleep(0)
-        await accounts.get("globex")  # opened again only once its close is done: never two writers
-        assert closing.done() and accounts.closed == 4
+        reopening = asyncio.ensure_future(accounts.get("globex"))
+        await asyncio.sleep(0)  # the get has begun: it waits for the close, never two writers on one file
+        assert accounts.open_names() == [] and not closing.done()
+        await reopening
+        assert closing.done() and accounts.closed == 4 and accounts.open_names() == ["globex"]
     assert "over max_open" not in caplog.text
     assert files(tmp_path) == ["m", "nested"]
 
@@ -623,6 +657,22 @@ async def test_a_pages_helpers_render_a_views_parameters_and_outside_a_request_s
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             await client.post("/a/acme/add", json={"n": 2})
             assert (await client.get("/a/acme/times/3")).text == '<p id="times-3">6</p>/a/acme /a/acme/add'
+
+
+async def test_an_outcome_hint_shows_in_every_accounts_outcome_view_and_none_without_one(tmp_path: Path) -> None:
+    migrations = write_migrations(tmp_path / "m", INIT)
+    hinted, app = make_app(tmp_path / "hinted", migrations, outcome_hint="Nothing sent from this tab yet.")
+    plain, plain_app = make_app(tmp_path / "plain", migrations)
+    async with hinted.lifespan(app), plain.lifespan(plain_app):
+        for name in ("acme", "globex"):
+            await hinted.create(name)
+            async with hinted.use(name) as lith:
+                html = await lith.render("outcome/{tab}", tab="t1")
+            assert '<p class="message hint" data-show="$done == 0">Nothing sent from this tab yet.</p>' in html
+        await plain.create("acme")
+        async with plain.use("acme") as lith:
+            html = await lith.render("outcome/{tab}", tab="t1")
+        assert 'id="lith-error"' in html and "hint" not in html
 
 
 async def test_accounts_served_twice_is_refused_and_the_first_serves_on(served: tuple[Accounts, httpx.AsyncClient]) -> None:

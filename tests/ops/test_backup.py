@@ -331,7 +331,7 @@ async def test_a_failed_copy_is_counted_and_logged_and_the_next_one_lands(
     assert nested.failures == 0 and len(nested.copies()) == 1
 
 
-def test_copy_names_are_read_as_utc_whatever_the_local_time_zone(
+def test_copy_names_are_written_and_read_as_utc_whatever_the_local_time_zone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     db_path = tmp_path / "app.db"
@@ -344,6 +344,8 @@ def test_copy_names_are_read_as_utc_whatever_the_local_time_zone(
     time.tzset()
     try:
         assert Backups(db_path, folder, every=3 * 3600).next_due() == pytest.approx(taken + 3 * 3600)
+        at = datetime(2026, 12, 5, 1, 23, 45, tzinfo=timezone.utc)
+        assert copy_name(db_path, at) == copy_name(db_path, at.astimezone()) == "app-20261205T012345Z.db"
     finally:
         monkeypatch.undo()
         time.tzset()

@@ -790,6 +790,23 @@ def test_the_next_check_is_due_a_period_after_the_last_recorded_one_and_never_wi
         ReplicaChecks(replicated, every=0.5)
 
 
+def test_a_check_during_writes_and_a_migration_shows_the_live_range_it_saw() -> None:
+    """The live side read several times over a check: a count or version that moved shows as a
+    range, one that did not as a number, a table only on one side as missing."""
+    result = CheckResult(
+        at="2026-12-05T01:23:45+00:00", replica="file:///r", ok=True, version=2, live_versions=[1, 2],
+        tables={"notes": [6, 5, 7], "tags": [3, 3, 3], "old": [4, None, None], "new": [None, 0, 0]},
+    )  # fmt: skip
+    assert result.lines() == [
+        "replica check of file:///r at 2026-12-05T01:23:45+00:00: ok",
+        "  version    2 (live 1-2)",
+        "  new        missing rows (live 0)",
+        "  notes      6 rows (live 5 to 7)",
+        "  old        4 rows (live missing)",
+        "  tags       3 rows (live 3)",
+    ]
+
+
 @pytest.mark.timeout(CHILD_HANG_LIMIT)  # a child process imports the package (tests/support)
 def test_replica_restore_refuses_a_running_app_and_leaves_litestreams_folder_alone(tmp_path: Path, run: Run) -> None:
     db_path = tmp_path / "app.db"

@@ -24,7 +24,7 @@ import pytest
 from fastapi_lith.cli import main
 from fastapi_lith.exceptions import BackupError, InUse
 from fastapi_lith.ops import Backups, backup, restore, verify
-from fastapi_lith.ops.files import checksum_path, mb, unique
+from fastapi_lith.ops.files import checksum_path, mb, unique, write_atomic
 from fastapi_lith.ops.locks import holders
 from tests.support import CHILD_HANG_LIMIT, REPO, crash_after, until
 from tests.support.browser import Server
@@ -514,6 +514,25 @@ def test_an_operator_who_may_not_write_the_folder_is_told_why_and_nothing_is_lef
     with as_operator(), pytest.raises(sqlite3.OperationalError, match="unable to open database file"):
         restore(copy, target)
     assert sorted(target.parent.iterdir()) == listed and sha(target) == before
+
+
+def test_a_file_written_whole_into_a_folder_the_operator_may_not_write_says_so_and_leaves_nothing(
+    service: tuple[Path, Path],
+) -> None:
+    """The checksum beside a copy, the replica check's record: a file replaced at once, through a
+    temporary file beside it, which here cannot even be made."""
+    _, target = service
+    target.parent.chmod(0o750)
+    listed = sorted(target.parent.iterdir())
+    with as_operator(), pytest.raises(PermissionError):
+        write_atomic(checksum_path(target), b"0" * 64 + b"  app.db\n")
+    assert sorted(target.parent.iterdir()) == listed
+
+
+def test_sizes_read_in_bytes_below_a_tenth_of_a_megabyte_and_in_megabytes_from_it() -> None:
+    """As a restore's summary and the replica check's lines show a database's size."""
+    sizes = [0, 99_999, 100_000, 1_050_000, 2_000_000_000]
+    assert [mb(n) for n in sizes] == ["0 bytes", "99,999 bytes", "0.1 MB", "1.1 MB", "2000.0 MB"]
 
 
 def test_a_kept_name_taken_twice_already_gets_the_next_free_number(tmp_path: Path) -> None:

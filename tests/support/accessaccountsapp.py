@@ -14,10 +14,12 @@ import htpy as h
 from fastapi import Depends, FastAPI, Header
 from fastapi.responses import PlainTextResponse
 
-from fastapi_lith import Accounts, Db
+from fastapi_lith import Accounts, Command, Db, Tx, Writer
 
 migrations = Path(tempfile.mkdtemp(prefix="lith-accessaccounts-"))
-(migrations / "0001_tasks.sql").write_text("CREATE TABLE tasks (owner TEXT NOT NULL, title TEXT NOT NULL);")
+(migrations / "0001_tasks.sql").write_text(
+    "CREATE TABLE tasks (owner TEXT NOT NULL, title TEXT NOT NULL); CREATE TABLE members (user TEXT PRIMARY KEY);"
+)
 
 
 async def current_user(x_user: str | None = Header(None)) -> str | None:
@@ -35,9 +37,31 @@ def tasks(db: Db, principal: str) -> h.Element:
     return h.ul(id="tasks")[(h.li[r["title"]] for r in db.all("SELECT title FROM tasks WHERE owner = ?", (principal,)))]
 
 
+def is_member(db: Db, principal: str | None) -> bool:
+    return db.scalar("SELECT 1 FROM members WHERE user = ?", (principal,)) is not None
+
+
+@accounts.view("board", topics={"board"}, access=is_member)
+def board(db: Db) -> h.Element:
+    return h.ul(id="board")[(h.li[r["user"]] for r in db.all("SELECT user FROM members ORDER BY user"))]
+
+
+class Join(Command):
+    user: str
+
+    def apply(self, tx: Tx) -> None:
+        tx.execute("INSERT OR IGNORE INTO members VALUES (?)", (self.user,))
+        tx.touch("board")
+
+
 @accounts.router.get("/connect", response_class=PlainTextResponse)
-async def connect(tab: str, principal: Any = Depends(accounts.principal)) -> str:
-    return accounts.connect("tasks/{principal}", tab=tab).split("'")[1]
+async def connect(tab: str, keys: str = "tasks/{principal}", principal: Any = Depends(accounts.principal)) -> str:
+    return accounts.connect(keys, tab=tab).split("'")[1]
+
+
+@accounts.router.post("/members", status_code=204)
+async def join(cmd: Join, writer: Writer = Depends(accounts.writer)) -> None:
+    await writer.do(cmd)
 
 
 app = FastAPI()

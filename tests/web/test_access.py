@@ -382,3 +382,29 @@ def test_under_accounts_a_token_opens_its_own_accounts_stream_only_and_revoke_re
         assert httpx.post(f"{server.url}/revoke/alice").json() == {"ended": 2}
         first.until_end()
         second.until_end()
+
+
+def test_under_accounts_a_views_access_rule_is_asked_in_the_requests_own_account(
+    app_server: Callable[..., InProcessServer], tmp_path: Path
+) -> None:
+    server = app_server("accessaccountsapp:app", env={"ACCESS_ACCOUNTS": str(tmp_path / "accounts")})
+    for name in ("acme", "other"):
+        assert httpx.post(f"{server.url}/accounts/{name}").status_code == 204
+    alice = {"X-User": "alice", "Accept-Encoding": "identity"}
+
+    def board(name: str) -> str:
+        response = httpx.get(f"{server.url}/a/{name}/connect", params={"tab": "t1", "keys": "board"}, headers=alice)
+        assert response.status_code == 200, response.text
+        return server.url + response.text
+
+    def status(url: str) -> int:
+        with httpx.stream("GET", url, headers=alice, timeout=10) as response:
+            return response.status_code
+
+    assert status(board("acme")) == 403  # a member of neither account yet
+    joined = httpx.post(f"{server.url}/a/acme/members", json={"user": "alice"}, headers={**alice, **DATASTAR})
+    assert joined.status_code == 204, joined.text
+    with httpx.stream("GET", board("acme"), headers=alice, timeout=10) as response:
+        assert response.status_code == 200
+        assert "<li>alice</li>" in Events(response).next()
+    assert status(board("other")) == 403  # the rule read other's members, where she is not one
