@@ -448,6 +448,34 @@ async def test_a_route_taking_the_writer_that_was_not_guarded_fails_loudly(tmp_p
     )
 
 
+async def test_a_route_added_between_two_starts_is_guarded_at_the_second(tmp_path: Path) -> None:
+    """Each start guards the routes that take the writer: those it wrapped stay as they are,
+    and one added while the app was stopped is wrapped too, wherever it comes in the app."""
+    from fastapi import Depends, FastAPI
+
+    from fastapi_lith import Lith, Writer
+
+    lith = Lith(tmp_path / "app.db", same_origin_only=False)
+    app = FastAPI()
+    app.include_router(lith.router)
+
+    @app.post("/first", status_code=204)
+    async def first(writer: Writer = Depends(lith.writer)) -> None:
+        return None
+
+    async with lith.lifespan(app):
+        pass
+
+    @app.post("/second", status_code=204)
+    async def second(writer: Writer = Depends(lith.writer)) -> None:
+        return None
+
+    transport = httpx.ASGITransport(app=app)
+    async with lith.lifespan(app), httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        assert (await client.post("/first")).status_code == 204
+        assert (await client.post("/second")).status_code == 204
+
+
 SECRET_REFUSED = (
     "secret must be a string of at least 16 characters, or a list of them (the oldest first, the newest signs), "
     "not a shorter or other value"

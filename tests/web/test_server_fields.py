@@ -252,13 +252,17 @@ async def test_a_route_reading_such_a_command_whole_from_its_body_is_refused_at_
     app = FastAPI()
     app.include_router(lith.router)
 
-    @app.post("/claims", status_code=204)
+    @app.api_route("/claims", methods=["POST", "PUT"], status_code=204)
     async def claim(cmd: Claim, writer: Writer = Depends(lith.writer)) -> None:
         await writer.do(cmd)
 
-    with pytest.raises(LithError, match=re.escape("POST /claims takes Claim as its body, so its FromServer fields")):
+    with pytest.raises(LithError) as refused:
         async with lith.lifespan(app):
             pass
+    assert str(refused.value) == (  # the whole of it: the fix is in the message
+        "POST PUT /claims takes Claim as its body, so its FromServer fields would come from the client: "
+        "take cmd: Annotated[Claim, Depends(lith.body(Claim))]"
+    )
 
 
 def test_a_misplaced_from_server_is_refused_where_the_command_is_written() -> None:
