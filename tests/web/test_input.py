@@ -286,6 +286,18 @@ def test_an_upload_over_its_own_limit_or_with_a_bad_field_tells_its_tab(
     assert "Traceback" not in server.output
 
 
+def test_a_route_with_its_own_limit_and_no_writer_is_bounded_too(served: tuple[InProcessServer, Path]) -> None:
+    """`MaxBody` alone guards a route: an upload the app keeps out of the database."""
+    server, _ = served
+
+    def avatar(size: int) -> httpx.Response:
+        return httpx.post(f"{server.url}/avatar", files={"file": ("me.png", b"\x89" * size, "image/png")})
+
+    assert avatar(500).json() == {"size": 500}
+    big = avatar(2000)
+    assert big.status_code == 413 and "at most 1024 bytes" in big.text
+
+
 def test_a_declared_length_over_the_limit_is_refused_before_the_body(served: tuple[InProcessServer, Path]) -> None:
     """Without Datastar there is no tab to tell: 413 before a byte of the body is read."""
     server, _ = served
