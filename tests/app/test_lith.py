@@ -341,12 +341,16 @@ def test_install_leaves_the_apps_own_handlers_to_what_is_no_command_request(
     assert (refused.status_code, refused.text) == (409, "the app's own refusal: Notes cannot say no.")
     invalid = httpx.post(f"{server.url}/nightly", params={"text": ""})
     assert (invalid.status_code, invalid.text) == (400, "the app's own invalid model")
+    members = httpx.get(f"{server.url}/members")  # any other HTTP error: the app's handler of them all
+    assert (members.status_code, members.text) == (403, "the app's own 403: Members only.")
     # As Datastar sends them: the library's HTML, for the page to show.
     datastar = {"Datastar-Request": "true"}
     refused = httpx.post(f"{server.url}/nightly", params={"text": "no"}, headers=datastar)
     assert refused.status_code == 409 and "<li>Notes cannot say no.</li>" in refused.text, refused.text
     invalid = httpx.post(f"{server.url}/nightly", params={"text": ""}, headers=datastar)
     assert invalid.status_code == 422 and invalid.text.startswith('<div id="lith-error"'), invalid.text
+    members = httpx.get(f"{server.url}/members", headers=datastar)
+    assert members.status_code == 403 and "<li>Members only.</li>" in members.text, members.text
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT text FROM note").fetchall() == [("job",)]
 

@@ -1,4 +1,4 @@
-"""A host app with its own middleware, its own handlers (validation, a refusal, a model that does
+"""A host app with its own middleware, its own handlers (validation, any HTTP error, a refusal, a model that does
 not validate), pages for 400 and 404 and an HTTP error of its own, and a command route in a prefixed router behind a nested dependency:
 what `lith.install(app)` must leave alone, and what it must still guard. Served by uvicorn in
 tests/app/test_lith.py.
@@ -55,6 +55,11 @@ async def own_error_page(request: Request, exc: HTTPException) -> PlainTextRespo
     return PlainTextResponse(f"the app's own {exc.status_code}", status_code=exc.status_code)
 
 
+@app.exception_handler(HTTPException)
+async def own_http_error(request: Request, exc: HTTPException) -> PlainTextResponse:
+    return PlainTextResponse(f"the app's own {exc.status_code}: {exc.detail}", status_code=exc.status_code)
+
+
 @app.exception_handler(Maintenance)
 async def maintenance_handler(request: Request, exc: Maintenance) -> PlainTextResponse:
     return PlainTextResponse("down for maintenance", status_code=503)
@@ -106,6 +111,12 @@ async def nightly(text: str) -> None:
     """Not a command route: a job's route that builds its command and applies it with the app's
     writer, outside any guard, so its errors are the app's to answer."""
     await lith.writer.do(Note.model_validate({"text": text or None}))
+
+
+@app.get("/members")
+async def members() -> None:
+    """Not a command route: its refusal is the app's own to answer."""
+    raise HTTPException(403, "Members only.")
 
 
 class Text(BaseModel):

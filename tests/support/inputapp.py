@@ -9,7 +9,7 @@ from pathlib import Path
 import htpy as h
 from fastapi import Depends, FastAPI, File, Form, Query, UploadFile
 from fastapi.responses import HTMLResponse
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from fastapi_lith import (
     Command,
@@ -123,6 +123,18 @@ async def upload(
 async def avatar(file: UploadFile = File()) -> dict[str, int]:
     """An upload kept out of the database (a file store's): no writer, its own limit all the same."""
     return {"size": len(await file.read())}
+
+
+class Preview(BaseModel):
+    tab: str
+    op: int
+    text: str = Field(max_length=20)
+
+
+@app.post("/notes/preview", response_class=HTMLResponse)
+async def preview(draft: Preview) -> str:
+    """A page's own route, no writer and no guard: Datastar sends it the tab's signals all the same."""
+    return f"<p id=\"preview\">{len(draft.text)} characters</p>"
 
 
 @lith.view("uploads", topics={"uploads"})

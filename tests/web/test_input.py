@@ -286,6 +286,20 @@ def test_an_upload_over_its_own_limit_or_with_a_bad_field_tells_its_tab(
     assert "Traceback" not in server.output
 
 
+def test_a_datastar_request_to_a_route_without_the_writer_tells_its_tab_what_was_wrong(
+    served: tuple[InProcessServer, Path], stream: TabStream
+) -> None:
+    """Not a command route, but Datastar sent it: the refusal names the field and reaches the
+    tab, with `done`, as a command route's does."""
+    server, _ = served
+    tab = stream.tab  # type: ignore[attr-defined]
+    ok = httpx.post(f"{server.url}/notes/preview", json={"tab": tab, "op": 1, "text": "hi"}, headers=SAME_ORIGIN)
+    assert ok.text == '<p id="preview">2 characters</p>'
+    long = httpx.post(f"{server.url}/notes/preview", json={"tab": tab, "op": 2, "text": "x" * 30}, headers=SAME_ORIGIN)
+    assert long.status_code == 422 and "<strong>text</strong>: String should have at most 20 characters" in long.text
+    stream.told("String should have at most 20 characters", 2)
+
+
 def test_a_route_with_its_own_limit_and_no_writer_is_bounded_too(served: tuple[InProcessServer, Path]) -> None:
     """`MaxBody` alone guards a route: an upload the app keeps out of the database."""
     server, _ = served
