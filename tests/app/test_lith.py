@@ -301,7 +301,7 @@ def test_install_leaves_the_host_app_alone(host: tuple[InProcessServer, Path]) -
         assert httpx.post(f"{server.url}/echo", json={"text": "hi"}).json() == 2
     assert httpx.get(f"{server.url}/builds").json() == 1  # its middleware was built once
     refused = httpx.post(f"{server.url}/echo", json={"nope": 1})
-    assert (refused.status_code, refused.text) == (422, "the app's own 422")  # its own handler
+    assert (refused.status_code, refused.text) == (422, "the app's own 422 at /echo: 1 error(s)")  # its own handler
     assert httpx.post(f"{server.url}/echo", json={"text": "x" * 5000}).json() == 5000  # no bound here
 
 
@@ -338,11 +338,11 @@ def test_install_leaves_the_apps_own_handlers_to_what_is_no_command_request(
     server, db = host
     assert httpx.post(f"{server.url}/nightly", params={"text": "job"}).status_code == 204
     refused = httpx.post(f"{server.url}/nightly", params={"text": "no"})
-    assert (refused.status_code, refused.text) == (409, "the app's own refusal: Notes cannot say no.")
+    assert (refused.status_code, refused.text) == (409, "the app's own refusal at /nightly: Notes cannot say no.")
     invalid = httpx.post(f"{server.url}/nightly", params={"text": ""})
-    assert (invalid.status_code, invalid.text) == (400, "the app's own invalid model")
+    assert (invalid.status_code, invalid.text) == (400, "the app's own invalid model at /nightly: 1 error(s)")
     members = httpx.get(f"{server.url}/members")  # any other HTTP error: the app's handler of them all
-    assert (members.status_code, members.text) == (403, "the app's own 403: Members only.")
+    assert (members.status_code, members.text) == (403, "the app's own 403 at /members: Members only.")
     # As Datastar sends them: the library's HTML, for the page to show.
     datastar = {"Datastar-Request": "true"}
     refused = httpx.post(f"{server.url}/nightly", params={"text": "no"}, headers=datastar)

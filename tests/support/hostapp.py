@@ -39,7 +39,7 @@ app.add_middleware(CountBuilds)
 
 @app.exception_handler(RequestValidationError)
 async def own_validation_handler(request: Request, exc: RequestValidationError) -> PlainTextResponse:
-    return PlainTextResponse("the app's own 422", status_code=422)
+    return PlainTextResponse(f"the app's own 422 at {request.url.path}: {len(exc.errors())} error(s)", status_code=422)
 
 
 class Maintenance(HTTPException):
@@ -57,7 +57,7 @@ async def own_error_page(request: Request, exc: HTTPException) -> PlainTextRespo
 
 @app.exception_handler(HTTPException)
 async def own_http_error(request: Request, exc: HTTPException) -> PlainTextResponse:
-    return PlainTextResponse(f"the app's own {exc.status_code}: {exc.detail}", status_code=exc.status_code)
+    return PlainTextResponse(f"the app's own {exc.status_code} at {request.url.path}: {exc.detail}", status_code=exc.status_code)
 
 
 @app.exception_handler(Maintenance)
@@ -67,12 +67,12 @@ async def maintenance_handler(request: Request, exc: Maintenance) -> PlainTextRe
 
 @app.exception_handler(Rejected)
 async def own_refusal(request: Request, exc: Rejected) -> PlainTextResponse:
-    return PlainTextResponse(f"the app's own refusal: {exc}", status_code=409)
+    return PlainTextResponse(f"the app's own refusal at {request.url.path}: {exc}", status_code=409)
 
 
 @app.exception_handler(ValidationError)
 async def own_invalid_model(request: Request, exc: ValidationError) -> PlainTextResponse:
-    return PlainTextResponse("the app's own invalid model", status_code=400)
+    return PlainTextResponse(f"the app's own invalid model at {request.url.path}: {exc.error_count()} error(s)", status_code=400)
 
 
 lith.install(app)

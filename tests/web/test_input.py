@@ -300,6 +300,22 @@ def test_a_datastar_request_to_a_route_without_the_writer_tells_its_tab_what_was
     stream.told("String should have at most 20 characters", 2)
 
 
+def test_a_refusal_without_an_op_tells_the_tab_and_leaves_its_done_signal_alone(
+    served: tuple[InProcessServer, Path], stream: TabStream
+) -> None:
+    """No op, no click to end: `done` keeps the last click's number, so no button that waits on
+    `$op != $done` turns pending."""
+    server, _ = served
+    tab = stream.tab  # type: ignore[attr-defined]
+    unnumbered = httpx.post(f"{server.url}/notes", json={"tab": tab, "text": ""}, headers=SAME_ORIGIN)
+    assert unnumbered.status_code == 422
+    stream.wait_for('data: elements <div id="lith-error"[^\n]*String should have at least 1 character')
+    numbered = httpx.post(f"{server.url}/notes", json={"tab": tab, "op": 7}, headers=SAME_ORIGIN)
+    assert numbered.status_code == 422
+    stream.told("Field required", 7)  # the stream's frames come in order: the first's were all sent
+    assert stream.data.count(b"datastar-patch-signals") == 1, stream.data
+
+
 def test_a_route_with_its_own_limit_and_no_writer_is_bounded_too(served: tuple[InProcessServer, Path]) -> None:
     """`MaxBody` alone guards a route: an upload the app keeps out of the database."""
     server, _ = served
