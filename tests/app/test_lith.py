@@ -301,7 +301,7 @@ def test_install_leaves_the_host_app_alone(host: tuple[InProcessServer, Path]) -
         assert httpx.post(f"{server.url}/echo", json={"text": "hi"}).json() == 2
     assert httpx.get(f"{server.url}/builds").json() == 1  # its middleware was built once
     refused = httpx.post(f"{server.url}/echo", json={"nope": 1})
-    assert (refused.status_code, refused.text) == (422, "the app's own 422")  # its own handler
+    assert (refused.status_code, refused.text) == (422, "the app's own 422 at /echo: 1 error(s)")  # its own handler
     assert httpx.post(f"{server.url}/echo", json={"text": "x" * 5000}).json() == 5000  # no bound here
 
 
@@ -338,15 +338,19 @@ def test_install_leaves_the_apps_own_handlers_to_what_is_no_command_request(
     server, db = host
     assert httpx.post(f"{server.url}/nightly", params={"text": "job"}).status_code == 204
     refused = httpx.post(f"{server.url}/nightly", params={"text": "no"})
-    assert (refused.status_code, refused.text) == (409, "the app's own refusal: Notes cannot say no.")
+    assert (refused.status_code, refused.text) == (409, "the app's own refusal at /nightly: Notes cannot say no.")
     invalid = httpx.post(f"{server.url}/nightly", params={"text": ""})
-    assert (invalid.status_code, invalid.text) == (400, "the app's own invalid model")
+    assert (invalid.status_code, invalid.text) == (400, "the app's own invalid model at /nightly: 1 error(s)")
+    members = httpx.get(f"{server.url}/members")  # any other HTTP error: the app's handler of them all
+    assert (members.status_code, members.text) == (403, "the app's own 403 at /members: Members only.")
     # As Datastar sends them: the library's HTML, for the page to show.
     datastar = {"Datastar-Request": "true"}
     refused = httpx.post(f"{server.url}/nightly", params={"text": "no"}, headers=datastar)
     assert refused.status_code == 409 and "<li>Notes cannot say no.</li>" in refused.text, refused.text
     invalid = httpx.post(f"{server.url}/nightly", params={"text": ""}, headers=datastar)
     assert invalid.status_code == 422 and invalid.text.startswith('<div id="lith-error"'), invalid.text
+    members = httpx.get(f"{server.url}/members", headers=datastar)
+    assert members.status_code == 403 and "<li>Members only.</li>" in members.text, members.text
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT text FROM note").fetchall() == [("job",)]
 
@@ -446,6 +450,34 @@ async def test_a_route_taking_the_writer_that_was_not_guarded_fails_loudly(tmp_p
         "(or accounts.router) in the app that serves it, app.include_router(lith.router), and add its routes "
         "before the app starts"
     )
+
+
+async def test_a_route_added_between_two_starts_is_guarded_at_the_second(tmp_path: Path) -> None:
+    """Each start guards the routes that take the writer: those it wrapped stay as they are,
+    and one added while the app was stopped is wrapped too, wherever it comes in the app."""
+    from fastapi import Depends, FastAPI
+
+    from fastapi_lith import Lith, Writer
+
+    lith = Lith(tmp_path / "app.db", same_origin_only=False)
+    app = FastAPI()
+    app.include_router(lith.router)
+
+    @app.post("/first", status_code=204)
+    async def first(writer: Writer = Depends(lith.writer)) -> None:
+        return None
+
+    async with lith.lifespan(app):
+        pass
+
+    @app.post("/second", status_code=204)
+    async def second(writer: Writer = Depends(lith.writer)) -> None:
+        return None
+
+    transport = httpx.ASGITransport(app=app)
+    async with lith.lifespan(app), httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        assert (await client.post("/first")).status_code == 204
+        assert (await client.post("/second")).status_code == 204
 
 
 SECRET_REFUSED = (

@@ -289,10 +289,19 @@ async def test_lith_writer_outside_a_request_applies_a_keyed_command_once(tmp_pa
 
 def test_accounts_writer_outside_a_request_names_the_way_to_one(tmp_path: Path) -> None:
     accounts = Accounts(tmp_path / "accounts", migrations=MIGRATIONS)
-    with pytest.raises(LithError, match=re.escape(
-        "accounts.writer has no writer of its own outside a request: use accounts.use(name)"
-    )):
+    with pytest.raises(LithError) as refused:
         accounts.writer.commands  # noqa: B018  # any use of it
+    assert str(refused.value) == "accounts.writer has no writer of its own outside a request: use accounts.use(name)"
+
+
+def test_a_dunder_probed_on_accounts_writer_is_missing_by_its_name(tmp_path: Path) -> None:
+    """copy, pickle and inspect look for dunders such as `__wrapped__`: none is the writer's,
+    so the probe finds nothing, and says which name it missed, not that no writer is open."""
+    accounts = Accounts(tmp_path / "accounts", migrations=MIGRATIONS)
+    assert not hasattr(accounts.writer, "__wrapped__")
+    with pytest.raises(AttributeError) as missing:
+        accounts.writer.__wrapped__  # noqa: B018
+    assert str(missing.value) == "__wrapped__"
 
 
 # -- routes ---------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""A host app with its own middleware, its own handlers (validation, a refusal, a model that does
+"""A host app with its own middleware, its own handlers (validation, any HTTP error, a refusal, a model that does
 not validate), pages for 400 and 404 and an HTTP error of its own, and a command route in a prefixed router behind a nested dependency:
 what `lith.install(app)` must leave alone, and what it must still guard. Served by uvicorn in
 tests/app/test_lith.py.
@@ -39,7 +39,7 @@ app.add_middleware(CountBuilds)
 
 @app.exception_handler(RequestValidationError)
 async def own_validation_handler(request: Request, exc: RequestValidationError) -> PlainTextResponse:
-    return PlainTextResponse("the app's own 422", status_code=422)
+    return PlainTextResponse(f"the app's own 422 at {request.url.path}: {len(exc.errors())} error(s)", status_code=422)
 
 
 class Maintenance(HTTPException):
@@ -55,6 +55,11 @@ async def own_error_page(request: Request, exc: HTTPException) -> PlainTextRespo
     return PlainTextResponse(f"the app's own {exc.status_code}", status_code=exc.status_code)
 
 
+@app.exception_handler(HTTPException)
+async def own_http_error(request: Request, exc: HTTPException) -> PlainTextResponse:
+    return PlainTextResponse(f"the app's own {exc.status_code} at {request.url.path}: {exc.detail}", status_code=exc.status_code)
+
+
 @app.exception_handler(Maintenance)
 async def maintenance_handler(request: Request, exc: Maintenance) -> PlainTextResponse:
     return PlainTextResponse("down for maintenance", status_code=503)
@@ -62,12 +67,12 @@ async def maintenance_handler(request: Request, exc: Maintenance) -> PlainTextRe
 
 @app.exception_handler(Rejected)
 async def own_refusal(request: Request, exc: Rejected) -> PlainTextResponse:
-    return PlainTextResponse(f"the app's own refusal: {exc}", status_code=409)
+    return PlainTextResponse(f"the app's own refusal at {request.url.path}: {exc}", status_code=409)
 
 
 @app.exception_handler(ValidationError)
 async def own_invalid_model(request: Request, exc: ValidationError) -> PlainTextResponse:
-    return PlainTextResponse("the app's own invalid model", status_code=400)
+    return PlainTextResponse(f"the app's own invalid model at {request.url.path}: {exc.error_count()} error(s)", status_code=400)
 
 
 lith.install(app)
@@ -106,6 +111,12 @@ async def nightly(text: str) -> None:
     """Not a command route: a job's route that builds its command and applies it with the app's
     writer, outside any guard, so its errors are the app's to answer."""
     await lith.writer.do(Note.model_validate({"text": text or None}))
+
+
+@app.get("/members")
+async def members() -> None:
+    """Not a command route: its refusal is the app's own to answer."""
+    raise HTTPException(403, "Members only.")
 
 
 class Text(BaseModel):

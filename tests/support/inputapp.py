@@ -9,7 +9,7 @@ from pathlib import Path
 import htpy as h
 from fastapi import Depends, FastAPI, File, Form, Query, UploadFile
 from fastapi.responses import HTMLResponse
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from fastapi_lith import (
     Command,
@@ -29,6 +29,7 @@ from fastapi_lith import (
 
 lith = Lith(os.environ["INPUT_DB"], migrations=Path(__file__).parent / "input_migrations", max_body=4096)
 UPLOAD_LIMIT = 64 * 1024  # this route's own limit, above the app's 4 KiB
+AVATAR_LIMIT = 1024
 
 
 class AddNote(TabCommand):
@@ -116,6 +117,24 @@ async def upload(
 ) -> None:
     data = await file.read()  # slow work (a scan, a resize) belongs here, before the writer
     await writer.do(SaveUpload(tab=tab, op=op, title=title, name=file.filename or "", size=len(data)))
+
+
+@app.post("/avatar", dependencies=[Depends(MaxBody(AVATAR_LIMIT))])
+async def avatar(file: UploadFile = File()) -> dict[str, int]:
+    """An upload kept out of the database (a file store's): no writer, its own limit all the same."""
+    return {"size": len(await file.read())}
+
+
+class Preview(BaseModel):
+    tab: str
+    op: int
+    text: str = Field(max_length=20)
+
+
+@app.post("/notes/preview", response_class=HTMLResponse)
+async def preview(draft: Preview) -> str:
+    """A page's own route, no writer and no guard: Datastar sends it the tab's signals all the same."""
+    return f"<p id=\"preview\">{len(draft.text)} characters</p>"
 
 
 @lith.view("uploads", topics={"uploads"})

@@ -286,6 +286,48 @@ def test_an_upload_over_its_own_limit_or_with_a_bad_field_tells_its_tab(
     assert "Traceback" not in server.output
 
 
+def test_a_datastar_request_to_a_route_without_the_writer_tells_its_tab_what_was_wrong(
+    served: tuple[InProcessServer, Path], stream: TabStream
+) -> None:
+    """Not a command route, but Datastar sent it: the refusal names the field and reaches the
+    tab, with `done`, as a command route's does."""
+    server, _ = served
+    tab = stream.tab  # type: ignore[attr-defined]
+    ok = httpx.post(f"{server.url}/notes/preview", json={"tab": tab, "op": 1, "text": "hi"}, headers=SAME_ORIGIN)
+    assert ok.text == '<p id="preview">2 characters</p>'
+    long = httpx.post(f"{server.url}/notes/preview", json={"tab": tab, "op": 2, "text": "x" * 30}, headers=SAME_ORIGIN)
+    assert long.status_code == 422 and "<strong>text</strong>: String should have at most 20 characters" in long.text
+    stream.told("String should have at most 20 characters", 2)
+
+
+def test_a_refusal_without_an_op_tells_the_tab_and_leaves_its_done_signal_alone(
+    served: tuple[InProcessServer, Path], stream: TabStream
+) -> None:
+    """No op, no click to end: `done` keeps the last click's number, so no button that waits on
+    `$op != $done` turns pending."""
+    server, _ = served
+    tab = stream.tab  # type: ignore[attr-defined]
+    unnumbered = httpx.post(f"{server.url}/notes", json={"tab": tab, "text": ""}, headers=SAME_ORIGIN)
+    assert unnumbered.status_code == 422
+    stream.wait_for('data: elements <div id="lith-error"[^\n]*String should have at least 1 character')
+    numbered = httpx.post(f"{server.url}/notes", json={"tab": tab, "op": 7}, headers=SAME_ORIGIN)
+    assert numbered.status_code == 422
+    stream.told("Field required", 7)  # the stream's frames come in order: the first's were all sent
+    assert stream.data.count(b"datastar-patch-signals") == 1, stream.data
+
+
+def test_a_route_with_its_own_limit_and_no_writer_is_bounded_too(served: tuple[InProcessServer, Path]) -> None:
+    """`MaxBody` alone guards a route: an upload the app keeps out of the database."""
+    server, _ = served
+
+    def avatar(size: int) -> httpx.Response:
+        return httpx.post(f"{server.url}/avatar", files={"file": ("me.png", b"\x89" * size, "image/png")})
+
+    assert avatar(500).json() == {"size": 500}
+    big = avatar(2000)
+    assert big.status_code == 413 and "at most 1024 bytes" in big.text
+
+
 def test_a_declared_length_over_the_limit_is_refused_before_the_body(served: tuple[InProcessServer, Path]) -> None:
     """Without Datastar there is no tab to tell: 413 before a byte of the body is read."""
     server, _ = served

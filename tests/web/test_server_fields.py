@@ -252,13 +252,38 @@ async def test_a_route_reading_such_a_command_whole_from_its_body_is_refused_at_
     app = FastAPI()
     app.include_router(lith.router)
 
-    @app.post("/claims", status_code=204)
+    @app.api_route("/claims", methods=["POST", "PUT"], status_code=204)
     async def claim(cmd: Claim, writer: Writer = Depends(lith.writer)) -> None:
         await writer.do(cmd)
 
-    with pytest.raises(LithError, match=re.escape("POST /claims takes Claim as its body, so its FromServer fields")):
+    with pytest.raises(LithError) as refused:
         async with lith.lifespan(app):
             pass
+    assert str(refused.value) == (  # the whole of it: the fix is in the message
+        "POST PUT /claims takes Claim as its body, so its FromServer fields would come from the client: "
+        "take cmd: Annotated[Claim, Depends(lith.body(Claim))]"
+    )
+
+
+async def test_lith_body_is_one_dependency_per_command_so_an_override_reaches_its_route(tmp_path: Path) -> None:
+    """`app.dependency_overrides[lith.body(Claim)]`, as an app's own test sets it: the route's
+    dependency is that same object, so the route gets the override's command."""
+    lith = Lith(tmp_path / "t.db", migrations=SUPPORT / "owners_migrations", same_origin_only=False)
+    app = FastAPI()
+    app.include_router(lith.router)
+
+    claimed = lith.body(Claim)
+
+    @app.post("/claims", status_code=204)
+    async def claim(cmd: Claim = Depends(claimed), writer: Writer = Depends(lith.writer)) -> None:
+        await writer.do(cmd)
+
+    app.dependency_overrides[lith.body(Claim)] = lambda: Claim(what="Plan", owner="tester")
+    transport = httpx.ASGITransport(app=app)
+    async with lith.lifespan(app), httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        assert (await client.post("/claims", json={})).status_code == 204
+    with sqlite3.connect(tmp_path / "t.db") as conn:
+        assert conn.execute("SELECT title, owner FROM task").fetchall() == [("Plan", "tester")]
 
 
 def test_a_misplaced_from_server_is_refused_where_the_command_is_written() -> None:
