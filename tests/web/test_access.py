@@ -361,12 +361,18 @@ def test_revoke_in_one_process_ends_the_stream_another_process_serves(
     assert status(url, alice) == 200
 
 
-def test_under_accounts_a_token_opens_its_own_accounts_stream_only_and_revoke_reaches_every_account(
-    app_server: Callable[..., InProcessServer], tmp_path: Path
-) -> None:
+def two_accounts(app_server: Callable[..., InProcessServer], tmp_path: Path) -> InProcessServer:
+    """The accounts app, serving the accounts acme and other."""
     server = app_server("accessaccountsapp:app", env={"ACCESS_ACCOUNTS": str(tmp_path / "accounts")})
     for name in ("acme", "other"):
         assert httpx.post(f"{server.url}/accounts/{name}").status_code == 204
+    return server
+
+
+def test_under_accounts_a_token_opens_its_own_accounts_stream_only_and_revoke_reaches_every_account(
+    app_server: Callable[..., InProcessServer], tmp_path: Path
+) -> None:
+    server = two_accounts(app_server, tmp_path)
     alice = {"X-User": "alice", "Accept-Encoding": "identity"}
     urls = [httpx.get(f"{server.url}/a/{name}/connect", params={"tab": "t1"}, headers=alice).text for name in ("acme", "other")]
     assert urls[0].startswith("/a/acme/lith/stream?views=tasks/alice&tab=t1&token=")
@@ -387,9 +393,7 @@ def test_under_accounts_a_token_opens_its_own_accounts_stream_only_and_revoke_re
 def test_under_accounts_a_views_access_rule_is_asked_in_the_requests_own_account(
     app_server: Callable[..., InProcessServer], tmp_path: Path
 ) -> None:
-    server = app_server("accessaccountsapp:app", env={"ACCESS_ACCOUNTS": str(tmp_path / "accounts")})
-    for name in ("acme", "other"):
-        assert httpx.post(f"{server.url}/accounts/{name}").status_code == 204
+    server = two_accounts(app_server, tmp_path)
     alice = {"X-User": "alice", "Accept-Encoding": "identity"}
 
     def board(name: str) -> str:
