@@ -288,7 +288,7 @@ class Replica:
         if task is None:
             return
         self._stopping = True
-        proc = self._proc
+        proc, killed = self._proc, False
         if proc is not None and proc.returncode is None:
             assert proc.stdin is not None
             proc.stdin.close()  # the shell stops Litestream, which uploads what is left
@@ -296,18 +296,25 @@ class Replica:
                 await asyncio.wait_for(asyncio.shield(task), timeout)
             except TimeoutError:
                 log.error("litestream did not stop within %.0f s: killed", timeout)
+                killed = True
                 proc.kill()
                 if self.pid:
                     try:
                         os.kill(self.pid, 9)
                     except ProcessLookupError:
                         pass
+                # Killed, it ends its output: once that is read to the end its pipes close,
+                # where a task cancelled mid-read would leave them open.
+                try:
+                    await asyncio.wait_for(asyncio.shield(task), timeout)
+                except TimeoutError:
+                    pass
         task.cancel()
         try:
             await task
         except asyncio.CancelledError:
             pass
-        if proc is not None and proc.returncode not in (0, None):
+        if proc is not None and proc.returncode not in (0, None) and not killed:
             log.warning("litestream %s on stop", _exit(proc.returncode))
 
     # -- what it says about itself ----------------------------------------------------------------
@@ -340,7 +347,9 @@ def _lock(path: Path, *, wait: bool) -> int:
 
 
 def _exit(code: int) -> str:
-    # The shell reports a child killed by signal N as 128 + N.
+    # asyncio reports the shell killed by signal N as -N; the shell reports Litestream's as 128 + N.
+    if code < 0:
+        return f"was killed by signal {-code}"
     return f"was killed by signal {code - 128}" if code > 128 else f"exited with status {code}"
 
 

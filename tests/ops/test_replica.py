@@ -341,6 +341,7 @@ async def test_a_litestream_that_does_not_stop_in_time_is_killed(
 
     replica = Replica(wal_database(tmp_path / "app.db"), f"file://{tmp_path / 'replica'}", check_every=None)
     caplog.set_level(logging.WARNING, logger="fastapi_lith.replica")
+    before = os.listdir("/proc/self/fd")
     await replica.start()
     pid = replica.pid
     assert pid is not None and replica.running and replica.health()["leader"]
@@ -348,7 +349,29 @@ async def test_a_litestream_that_does_not_stop_in_time_is_killed(
     await replica.stop(timeout=1)
     wait_for(lambda: not alive(pid), "the stopped Litestream to be killed")
     assert not replica.running and not replica.health()["leader"]
+    # Its output read to the end: no pipe of the killed process is left open in the app.
+    assert sorted(os.listdir("/proc/self/fd")) == sorted(before)
     assert [r.getMessage() for r in caplog.records] == ["litestream did not stop within 1 s: killed"]
+
+
+async def test_a_stop_after_the_wrapper_shell_was_killed_ends_litestream_and_names_the_signal(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Litestream runs under a small shell that stops it when the app's pipe closes. A shell
+    killed on its own (an operator's kill -9 of the wrong pid) leaves that pipe's watcher, so
+    the app's stop still ends Litestream, and its log names the signal, not a status of -9."""
+    from fastapi_lith.ops.replica import Replica
+
+    replica = Replica(wal_database(tmp_path / "app.db"), f"file://{tmp_path / 'replica'}", check_every=None)
+    caplog.set_level(logging.WARNING, logger="fastapi_lith.replica")
+    await replica.start()
+    pid = replica.pid
+    assert pid is not None
+    shell = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])  # its parent
+    os.kill(shell, signal.SIGKILL)
+    await replica.stop(timeout=30)
+    wait_for(lambda: not alive(pid), "Litestream to stop with the app")
+    assert [r.getMessage() for r in caplog.records] == ["litestream was killed by signal 9 on stop"]
 
 
 async def test_a_check_in_the_app_that_finds_a_damaged_replica_is_counted_and_logged(
