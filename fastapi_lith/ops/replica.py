@@ -117,7 +117,6 @@ class Replica:
         """
         if self.path.exists():
             return False
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         when = files.stamp()
         for stale in (Path(f"{self.path}-wal"), Path(f"{self.path}-shm"), litestream.meta_dir(self.path)):
             if stale.exists():
@@ -134,9 +133,7 @@ class Replica:
             os.replace(tmp, self.path)
             files.fsync_dir(self.path.parent)
         finally:
-            tmp.unlink(missing_ok=True)
-            for suffix in ("-wal", "-shm"):
-                Path(f"{tmp}{suffix}").unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)  # Litestream writes a plain file: nothing opened it as a database
         self.restored = True
         log.warning("%s was missing: restored it from %s in %.1f s (%s)", self.path, litestream.redact(self.url),
                     time.perf_counter() - started, files.mb(self.path.stat().st_size))  # fmt: skip

@@ -440,7 +440,9 @@ def test_a_missing_file_with_an_empty_replica_starts_empty(
     db_path, url = tmp_path / "app.db", f"file://{tmp_path / 'replica'}"
     server = app_server("replicaapp:app", env=app_env(db_path, url))
     assert httpx.post(f"{server.url}/append", json={}).json() == 1
-    assert f"{db_path} is missing and {url} holds no copy: starting empty" in server.output
+    assert f"INFO fastapi_lith.replica: {db_path} is missing and {url} holds no copy: starting empty" in (
+        server.output.splitlines()
+    )
     assert "restored" not in server.output
     assert not server.module.lith.replica.restored  # type: ignore[union-attr]
 
@@ -460,16 +462,25 @@ def test_a_lost_database_is_restored_from_the_replica_and_its_leftovers_moved_as
     Path(f"{db_path}-wal").write_bytes(stale_wal)
     assert meta_dir(db_path).is_dir()
 
+    started = time.perf_counter()
     second = app_server("replicaapp:app", env=app_env(db_path, url))
+    took = time.perf_counter() - started
     assert seq(db_path) == [1, 2, 3, 4, 5]
     assert httpx.post(f"{second.url}/append", json={}).json() == 6
     replica = second.module.lith.replica  # type: ignore[union-attr]
     assert replica.restored and health(second)["replica"]["replicating"]  # type: ignore[index]
     aside = list(db_path.parent.glob("app.db-wal.orphaned-*"))
     assert len(aside) == 1 and aside[0].read_bytes() == stale_wal
+    assert re.fullmatch(r"app\.db-wal\.orphaned-\d{8}T\d{6}Z", aside[0].name), aside[0].name  # when it was lost
     assert len(list(db_path.parent.glob(".app.db-litestream.orphaned-*"))) == 1
-    assert f"app.db is missing: moved its leftover app.db-wal aside as {aside[0].name}" in second.output
-    assert f"{db_path} was missing: restored it from {url} in " in second.output
+    logged = second.output.splitlines()
+    assert f"WARNING fastapi_lith.replica: app.db is missing: moved its leftover app.db-wal aside as {aside[0].name}" in logged
+    restored = [m for line in logged if (m := re.fullmatch(
+        rf"WARNING fastapi_lith\.replica: {re.escape(str(db_path))} was missing: restored it from {re.escape(url)} "
+        r"in (\d+\.\d) s \(([\d,]+) bytes\)", line))]  # fmt: skip
+    assert len(restored) == 1, logged
+    assert float(restored[0][1]) <= took + 0.05  # the restore's own time, within the start's
+    assert int(restored[0][2].replace(",", "")) > 5 * 3000  # the five rows it brought back
     assert not list(db_path.parent.glob(".app-replica-*.tmp*")), "the restore's temporary file is left"
 
 
@@ -774,16 +785,24 @@ async def test_a_check_that_cannot_run_is_counted_as_failed_and_logged(
     assert checks.last is None and last_check(db_path) is None
 
 
-async def test_a_check_runs_the_binary_its_replica_was_given(tmp_path: Path) -> None:
-    """A `Replica(binary=...)`: its checks list and restore with that Litestream, not another."""
+def recording_binary(tmp_path: Path) -> tuple[Path, Path]:
+    """A Litestream at a path of its own that notes each command it runs in `calls`, then runs
+    it with the real binary: which one an app used shows in that file."""
     from fastapi_lith.ops import litestream
-    from fastapi_lith.ops.replica import Replica
 
     calls = tmp_path / "calls"
     given = tmp_path / "bin" / "litestream"
     given.parent.mkdir()
     given.write_text(f'#!/bin/sh\necho "$1" >> {calls}\nexec {litestream.find_binary()} "$@"\n')
     given.chmod(0o755)
+    return given, calls
+
+
+async def test_a_check_runs_the_binary_its_replica_was_given(tmp_path: Path) -> None:
+    """A `Replica(binary=...)`: its checks list and restore with that Litestream, not another."""
+    from fastapi_lith.ops.replica import Replica
+
+    given, calls = recording_binary(tmp_path)
     db_path = wal_database(tmp_path / "app.db")
     replica = Replica(db_path, f"file://{tmp_path / 'replica'}", sync_interval=0.2, check_every=3600, binary=given)
     await replica.start()
@@ -794,6 +813,20 @@ async def test_a_check_runs_the_binary_its_replica_was_given(tmp_path: Path) -> 
         await replica.stop()
     assert result.ok, result.problems
     assert calls.read_text().split() == ["replicate", "ltx", "restore"]
+
+
+async def test_a_lost_database_is_restored_by_the_binary_its_replica_was_given(tmp_path: Path) -> None:
+    from fastapi_lith.ops.replica import Replica
+
+    db_path, url = wal_database(tmp_path / "app.db"), f"file://{tmp_path / 'replica'}"
+    first = Replica(db_path, url, sync_interval=0.2, check_every=None)
+    await first.start()
+    await first.stop()  # the replica holds the database
+    db_path.unlink()
+    given, calls = recording_binary(tmp_path)
+    assert await asyncio.to_thread(Replica(db_path, url, check_every=None, binary=given).prepare)
+    assert calls.read_text().split() == ["restore"]
+    assert seq(db_path) == []  # its table, restored
 
 
 def test_the_next_check_is_due_a_period_after_the_last_recorded_one_and_never_within_a_minute(tmp_path: Path) -> None:
@@ -831,6 +864,14 @@ def test_a_check_during_writes_and_a_migration_shows_the_live_range_it_saw() -> 
 
 
 @pytest.mark.timeout(CHILD_HANG_LIMIT)  # a child process imports the package (tests/support)
+def test_replica_restore_to_a_fresh_disk_from_an_empty_replica_says_it_holds_no_copy(tmp_path: Path, run: Run) -> None:
+    fresh, url = tmp_path / "fresh" / "app.db", f"file://{tmp_path / 'empty'}"
+    done = run("replica", "restore", fresh, url)
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == f"error: {url} holds no copy of the database\n"
+    assert not fresh.exists()
+
+
 def test_replica_restore_refuses_a_running_app_and_leaves_litestreams_folder_alone(tmp_path: Path, run: Run) -> None:
     db_path = tmp_path / "app.db"
     url = f"file://{tmp_path / 'replica'}"
