@@ -773,6 +773,49 @@ async def test_a_check_runs_the_binary_its_replica_was_given(tmp_path: Path) -> 
     assert calls.read_text().split() == ["replicate", "ltx", "restore"]
 
 
+@pytest.mark.timeout(90)  # the check waits out a lag window of twice 8 s
+async def test_a_check_in_the_app_under_writes_waits_out_the_lag_of_its_own_replicas_sync_interval(
+    tmp_path: Path,
+) -> None:
+    """A replica that syncs every 8 s trails the live database by seconds: a check under a steady
+    write load passes only if it waits that replica's lag before it restores."""
+    from fastapi_lith.ops.replica import Replica
+
+    db_path = wal_database(tmp_path / "app.db")
+    replica = Replica(db_path, f"file://{tmp_path / 'replica'}", sync_interval=8, check_every=3600)
+    stop = threading.Event()
+
+    def write() -> None:
+        with closing(sqlite3.connect(db_path, timeout=10)) as conn:
+            while not stop.is_set():
+                conn.execute("INSERT INTO seq DEFAULT VALUES")
+                conn.commit()
+                stop.wait(0.02)
+
+    uploads = tmp_path / "replica" / "ltx" / "0"
+    await replica.start()
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        assert replica.checks is not None
+        # Under writes Litestream uploads once per tick of its own: the check starts just after
+        # one, so the rows it first reads live reach the replica only at the next.
+        seen = set(uploads.glob("*.ltx"))
+
+        async def uploaded() -> bool:
+            return bool(set(uploads.glob("*.ltx")) - seen)
+
+        await until(uploaded)
+        result = await replica.checks.check_now()
+    finally:
+        stop.set()
+        writer.join(10)
+        await replica.stop()
+    assert result.ok, result.problems
+    restored, low, high = result.tables["seq"]
+    assert restored is not None and low is not None and high is not None and 0 < low <= restored <= high
+
+
 def test_the_next_check_is_due_a_period_after_the_last_recorded_one_and_never_within_a_minute(tmp_path: Path) -> None:
     db_path = wal_database(tmp_path / "app.db")
     replicated = SimpleNamespace(path=db_path, url="file:///r", sync_interval=1.0, binary=None)
