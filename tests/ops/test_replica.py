@@ -680,6 +680,7 @@ async def test_a_check_of_an_empty_replica_or_without_a_live_database_says_what_
     result = check_replica(db_path, empty, sync_interval=0.2)
     assert not result.ok and result.problems == ["the replica holds no copy of the database"]
     assert last_check(db_path) == result  # recorded beside the database
+    assert datetime.fromisoformat(result.at).tzinfo == timezone.utc  # when it ran, in UTC, as it says
     assert result.lines() == [f"replica check of {empty} at {result.at}: FAILED",
                               "  problem    the replica holds no copy of the database"]  # fmt: skip
 
