@@ -729,6 +729,27 @@ async def test_a_check_under_way_when_the_app_stops_ends_and_records_nothing(tmp
     assert last_check(db_path) is None
 
 
+async def test_a_replica_started_again_after_a_stop_checks_again(tmp_path: Path) -> None:
+    """An app stopped and started again in one process (its lifespan run twice): the stop told
+    the checks to end, the new start's check runs all the same and is recorded."""
+    from fastapi_lith.ops.replica import Replica
+
+    db_path = wal_database(tmp_path / "app.db")
+    replica = Replica(db_path, f"file://{tmp_path / 'replica'}", sync_interval=0.2, check_every=1)
+    await replica.start()
+    await replica.stop()
+    await replica.start()
+    try:
+        async def recorded() -> bool:
+            return last_check(db_path) is not None
+
+        await until(recorded)
+    finally:
+        await replica.stop()
+    record = last_check(db_path)
+    assert record is not None and record.ok, record
+
+
 @pytest.mark.timeout(30)  # the first check is due a second after the start
 async def test_a_check_that_cannot_run_is_counted_as_failed_and_logged(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
