@@ -729,6 +729,70 @@ async def test_a_check_under_way_when_the_app_stops_ends_and_records_nothing(tmp
     assert last_check(db_path) is None
 
 
+async def test_a_stop_ends_a_check_in_a_long_lag_window_at_its_next_look_at_the_live_database(
+    tmp_path: Path,
+) -> None:
+    """A replica that syncs every ten minutes gives its check a lag window of twenty: a stop in
+    that window ends the check at once, not when the window is over."""
+    from fastapi_lith.ops.replica import Replica
+
+    db_path = wal_database(tmp_path / "app.db")
+    url = f"file://{tmp_path / 'replica'}"
+    first = Replica(db_path, url, check_every=None)
+    await first.start()
+    await first.stop()  # a replica to restore
+    replicated = SimpleNamespace(path=db_path, url=url, sync_interval=600, binary=None)
+    checks = ReplicaChecks(replicated, every=1)
+    checks.start()
+    try:
+        async def checking() -> bool:
+            return any(tmp_path.glob(".app.db-check-*"))
+
+        await until(checking)
+    finally:
+        await checks.stop()
+
+    async def cleaned_up() -> bool:
+        return not any(tmp_path.glob(".app.db-check-*"))
+
+    await until(cleaned_up)
+    assert checks.last is None and last_check(db_path) is None
+
+
+async def test_a_stop_during_a_slow_restore_records_nothing(tmp_path: Path) -> None:
+    """Storage slow to hand over the replica: the app stops while its check restores. The check
+    ends once the restore returns, without comparing or recording anything."""
+    from fastapi_lith.ops import litestream
+    from fastapi_lith.ops.replica import Replica
+
+    restoring, go = tmp_path / "restoring", tmp_path / "go"
+    slow = tmp_path / "bin" / "litestream"  # the real Litestream, whose restore waits for `go`
+    slow.parent.mkdir()
+    slow.write_text(
+        f'#!/bin/sh\nif [ "$1" = restore ]; then\n  touch {restoring}\n'
+        f"  while [ ! -e {go} ]; do sleep 0.05; done\nfi\nexec {litestream.find_binary()} \"$@\"\n"
+    )
+    slow.chmod(0o755)
+    db_path = wal_database(tmp_path / "app.db")
+    replica = Replica(db_path, f"file://{tmp_path / 'replica'}", sync_interval=0.2, check_every=1, binary=slow)
+    await replica.start()
+    try:
+        async def restore_begun() -> bool:
+            return restoring.exists()
+
+        await until(restore_begun)
+    finally:
+        await replica.stop()
+    go.touch()
+
+    async def cleaned_up() -> bool:
+        return not any(tmp_path.glob(".app.db-check-*"))
+
+    await until(cleaned_up)
+    assert replica.checks is not None and replica.checks.last is None and replica.checks.failures == 0
+    assert last_check(db_path) is None
+
+
 async def test_a_replica_started_again_after_a_stop_checks_again(tmp_path: Path) -> None:
     """An app stopped and started again in one process (its lifespan run twice): the stop told
     the checks to end, the new start's check runs all the same and is recorded."""
