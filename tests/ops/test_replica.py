@@ -372,22 +372,29 @@ async def test_a_check_in_the_app_that_finds_a_damaged_replica_is_counted_and_lo
         # Litestream compacts its first upload into level 1 at once, and again only after
         # minutes: corrupted after that, the files a restore reads stay corrupted.
         wait_for(lambda: any((tmp_path / "replica").glob("ltx/1/*.ltx")), "the first compaction")
+        called = time.perf_counter()
         first = await checks.check_now()
+        took = time.perf_counter() - called
         assert first.ok, first.problems
         assert first.tables == {"seq": [100, 100, 100], 'say "hi"': [2, 2, 2]} and checks.failures == 0
+        assert 0 < first.restore_seconds <= first.seconds <= took  # the restore is part of the check
         assert replica.health()["last_check"] == {"ok": True, "at": first.at, "problems": []}
-        assert any(r.getMessage().startswith("replica check of app.db ok: restored ") for r in caplog.records)
+        said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("replica check of app.db ok")]
+        assert said == [f"replica check of app.db ok: restored {files.mb(first.size)} in {first.restore_seconds:.2f} s"]
         assert corrupt(tmp_path / "replica") > 0
         second = await checks.check_now()
         assert not second.ok and checks.failures == 1 and checks.last is second
+        [problem] = second.problems
+        assert problem.startswith("litestream restore failed: "), problem  # Litestream's own words
         third = await checks.check_now()
     finally:
         await replica.stop()
     assert not third.ok and checks.failures == 2 and checks.last is third  # each failure counted
     assert replica.health()["last_check"] == {"ok": False, "at": third.at, "problems": third.problems}
     failed = [r for r in caplog.records if r.levelno == logging.ERROR and "REPLICA CHECK FAILED" in r.getMessage()]
-    assert len(failed) == 2
-    assert failed[0].getMessage().startswith(f"REPLICA CHECK FAILED for {db_path} ({url}): ")
+    assert [r.getMessage() for r in failed] == [
+        f"REPLICA CHECK FAILED for {db_path} ({url}): " + "; ".join(check.problems) for check in (second, third)
+    ]
 
 
 def test_a_clean_stop_uploads_the_last_commits(
@@ -621,7 +628,7 @@ def test_the_daily_check_passes_a_sound_replica_and_fails_a_corrupted_one(
 
 
 def test_the_check_fails_a_replica_that_stopped_following(
-    app_server: Callable[..., InProcessServer], tmp_path: Path, run: Run
+    app_server: Callable[..., InProcessServer], tmp_path: Path, run: Run, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Rows the live database has had for longer than the lag are missing from the replica."""
     db_path = tmp_path / "data" / "app.db"
@@ -650,6 +657,10 @@ def test_the_check_fails_a_replica_that_stopped_following(
         "  problem    table note is in the replica but not in the live database",
     ]
     assert "  version    1 (live 2)" in shown
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR][-1] == (
+        f"REPLICA CHECK FAILED for {db_path} ({url}): schema version 1, the live database's is 2; "
+        "table extra is missing from the replica; table note is in the replica but not in the live database"
+    )
     assert "  extra      missing rows (live 0)" in shown and "  note       0 rows (live missing)" in shown
 
 
