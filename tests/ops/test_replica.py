@@ -17,7 +17,7 @@ import sysconfig
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import closing
+from contextlib import closing, contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from types import SimpleNamespace
@@ -872,6 +872,27 @@ async def test_a_check_runs_the_binary_its_replica_was_given(tmp_path: Path) -> 
     assert calls.read_text().split() == ["replicate", "ltx", "restore"]
 
 
+@contextmanager
+def writing(db_path: Path, statement: str) -> Iterator[None]:
+    """A steady write load beside the test: `statement` committed every few milliseconds."""
+    stop = threading.Event()
+
+    def write() -> None:
+        with closing(sqlite3.connect(db_path, timeout=10)) as conn:
+            while not stop.is_set():
+                conn.execute(statement)
+                conn.commit()
+                stop.wait(0.01)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        writer.join(10)
+
+
 @pytest.mark.timeout(90)  # the check waits out a lag window of twice 8 s
 async def test_a_check_in_the_app_under_writes_waits_out_the_lag_of_its_own_replicas_sync_interval(
     tmp_path: Path,
@@ -882,37 +903,47 @@ async def test_a_check_in_the_app_under_writes_waits_out_the_lag_of_its_own_repl
 
     db_path = wal_database(tmp_path / "app.db")
     replica = Replica(db_path, f"file://{tmp_path / 'replica'}", sync_interval=8, check_every=3600)
-    stop = threading.Event()
-
-    def write() -> None:
-        with closing(sqlite3.connect(db_path, timeout=10)) as conn:
-            while not stop.is_set():
-                conn.execute("INSERT INTO seq DEFAULT VALUES")
-                conn.commit()
-                stop.wait(0.02)
-
     uploads = tmp_path / "replica" / "ltx" / "0"
     await replica.start()
-    writer = threading.Thread(target=write)
-    writer.start()
     try:
         assert replica.checks is not None
-        # Under writes Litestream uploads once per tick of its own: the check starts just after
-        # one, so the rows it first reads live reach the replica only at the next.
-        seen = set(uploads.glob("*.ltx"))
+        with writing(db_path, "INSERT INTO seq DEFAULT VALUES"):
+            # Under writes Litestream uploads once per tick of its own: the check starts just
+            # after one, so the rows it first reads live reach the replica only at the next.
+            seen = set(uploads.glob("*.ltx"))
 
-        async def uploaded() -> bool:
-            return bool(set(uploads.glob("*.ltx")) - seen)
+            async def uploaded() -> bool:
+                return bool(set(uploads.glob("*.ltx")) - seen)
 
-        await until(uploaded)
-        result = await replica.checks.check_now()
+            await until(uploaded)
+            result = await replica.checks.check_now()
     finally:
-        stop.set()
-        writer.join(10)
         await replica.stop()
     assert result.ok, result.problems
     restored, low, high = result.tables["seq"]
     assert restored is not None and low is not None and high is not None and 0 < low <= restored <= high
+
+
+async def test_a_check_while_rows_are_deleted_passes_with_the_replica_between_the_counts_seen(tmp_path: Path) -> None:
+    """Rows deleted all through a check: the replica, a moment behind, holds more rows than the
+    live database has at the end, and no more than it had at the start."""
+    from fastapi_lith.ops.replica import Replica
+
+    db_path = wal_database(tmp_path / "app.db")
+    with closing(sqlite3.connect(db_path)) as conn:
+        conn.executemany("INSERT INTO seq (n) VALUES (?)", [(n,) for n in range(1, 5001)])
+        conn.commit()
+    url = f"file://{tmp_path / 'replica'}"
+    replica = Replica(db_path, url, check_every=None)
+    await replica.start()
+    try:
+        with writing(db_path, "DELETE FROM seq WHERE n = (SELECT min(n) FROM seq)"):
+            result = await asyncio.to_thread(check_replica, db_path, url, sync_interval=replica.sync_interval)
+    finally:
+        await replica.stop()
+    assert result.ok, result.problems
+    restored, low, high = result.tables["seq"]
+    assert restored is not None and low is not None and high is not None and low <= restored <= high and low < high
 
 
 def test_the_next_check_is_due_a_period_after_the_last_recorded_one_and_never_within_a_minute(tmp_path: Path) -> None:
