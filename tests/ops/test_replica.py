@@ -709,6 +709,28 @@ async def test_a_check_of_an_empty_replica_or_without_a_live_database_says_what_
     assert not lost.parent.exists()
 
 
+async def test_a_restore_that_hands_back_no_database_is_named_as_the_fault(tmp_path: Path) -> None:
+    """Storage or a restore gone wrong: what came back is not a database, and the check says so."""
+    from fastapi_lith.ops import litestream
+    from fastapi_lith.ops.replica import Replica
+
+    garbling = tmp_path / "bin" / "litestream"  # the real Litestream, whose restored file is then overwritten
+    garbling.parent.mkdir()
+    garbling.write_text(
+        f'#!/bin/sh\n{litestream.find_binary()} "$@" || exit\n'
+        'if [ "$1" = restore ]; then printf "not a database" > "$4"; fi\n'  # restore -if-replica-exists -o OUT
+    )
+    garbling.chmod(0o755)
+    db_path = wal_database(tmp_path / "app.db")
+    url = f"file://{tmp_path / 'replica'}"
+    replica = Replica(db_path, url, check_every=None)
+    await replica.start()
+    await replica.stop()
+    result = check_replica(db_path, url, sync_interval=0.2, binary=garbling)
+    assert result.problems == ["the restored file is not a readable SQLite database: file is not a database"]
+    assert not result.ok and last_check(db_path) == result
+
+
 def test_a_live_database_that_cannot_be_read_is_named_as_the_fault_not_the_replica(tmp_path: Path) -> None:
     db_path = tmp_path / "app.db"
     db_path.write_bytes(b"not a database" * 512)
