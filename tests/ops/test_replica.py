@@ -985,6 +985,18 @@ def test_the_next_check_is_due_a_period_after_the_last_recorded_one_and_never_wi
         ReplicaChecks(replicated, every=0.5)
 
 
+def test_an_app_started_again_reads_the_last_recorded_check_and_is_due_a_period_after_it(tmp_path: Path) -> None:
+    """A check recorded before a restart (here by `replica verify`'s path): the app's checks start
+    from it, rather than check again a minute after every deploy."""
+    db_path = wal_database(tmp_path / "app.db")
+    url = f"file://{tmp_path / 'replica'}"
+    recorded = check_replica(db_path, url, sync_interval=0.2)
+    checks = ReplicaChecks(SimpleNamespace(path=db_path, url=url, sync_interval=0.2, binary=None), every=86400)
+    assert checks.last == recorded
+    at = datetime.fromisoformat(recorded.at).timestamp()
+    assert checks.next_due(at + 3600) == at + 86400
+
+
 def test_a_check_during_writes_and_a_migration_shows_the_live_range_it_saw() -> None:
     """The live side read several times over a check: a count or version that moved shows as a
     range, one that did not as a number, a table only on one side as missing."""
