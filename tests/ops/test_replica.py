@@ -33,6 +33,7 @@ from fastapi_lith.ops.litestream import (
     ReplicaError,
     check_environment,
     check_url,
+    find_binary,
     local_position,
     meta_dir,
     replica_position,
@@ -562,6 +563,33 @@ def run(capsys: pytest.CaptureFixture[str]) -> Run:
     return call
 
 
+def wrapped_litestream(folder: Path, shell: str) -> Path:
+    """A `litestream` in `folder` that runs `shell` (sh) instead, `$real` naming the real one."""
+    folder.mkdir()
+    path = folder / "litestream"
+    path.write_text(f"#!/bin/sh\nreal={find_binary()}\n{shell}")
+    path.chmod(0o755)
+    return path
+
+
+async def check_begun(folder: Path) -> None:
+    """Until a check's restore folder, made as it starts, is in `folder`."""
+
+    async def begun() -> bool:
+        return any(folder.glob(".app.db-check-*"))
+
+    await until(begun)
+
+
+async def check_ended(folder: Path) -> None:
+    """Until no check's restore folder is left in `folder`: the check has ended and cleaned up."""
+
+    async def ended() -> bool:
+        return not any(folder.glob(".app.db-check-*"))
+
+    await until(ended)
+
+
 def corrupt(folder: Path) -> int:
     """Flip bytes in the middle of every file Litestream stored: damage in the storage."""
     damaged = 0
@@ -711,16 +739,12 @@ async def test_a_check_of_an_empty_replica_or_without_a_live_database_says_what_
 
 async def test_a_restore_that_hands_back_no_database_is_named_as_the_fault(tmp_path: Path) -> None:
     """Storage or a restore gone wrong: what came back is not a database, and the check says so."""
-    from fastapi_lith.ops import litestream
     from fastapi_lith.ops.replica import Replica
 
-    garbling = tmp_path / "bin" / "litestream"  # the real Litestream, whose restored file is then overwritten
-    garbling.parent.mkdir()
-    garbling.write_text(
-        f'#!/bin/sh\n{litestream.find_binary()} "$@" || exit\n'
-        'if [ "$1" = restore ]; then printf "not a database" > "$4"; fi\n'  # restore -if-replica-exists -o OUT
+    garbling = wrapped_litestream(  # the real Litestream, whose restored file is then overwritten
+        tmp_path / "bin",
+        '"$real" "$@" || exit\nif [ "$1" = restore ]; then printf "not a database" > "$4"; fi\n',  # -o OUT is $4
     )
-    garbling.chmod(0o755)
     db_path = wal_database(tmp_path / "app.db")
     url = f"file://{tmp_path / 'replica'}"
     replica = Replica(db_path, url, check_every=None)
@@ -747,17 +771,10 @@ async def test_a_check_under_way_when_the_app_stops_ends_and_records_nothing(tmp
     replica = Replica(db_path, f"file://{tmp_path / 'replica'}", sync_interval=8, check_every=1)
     await replica.start()
     try:
-        async def checking() -> bool:
-            return any(tmp_path.glob(".app.db-check-*"))  # its restore's folder, made as it starts
-
-        await until(checking)
+        await check_begun(tmp_path)
     finally:
         await replica.stop()
-    # The check's thread sees the stop at its next look at the live database, then cleans up.
-    async def cleaned_up() -> bool:
-        return not any(tmp_path.glob(".app.db-check-*"))
-
-    await until(cleaned_up)
+    await check_ended(tmp_path)  # the check's thread sees the stop at its next look at the live database
     assert replica.checks is not None and replica.checks.last is None and replica.checks.failures == 0
     assert last_check(db_path) is None
 
@@ -778,34 +795,24 @@ async def test_a_stop_ends_a_check_in_a_long_lag_window_at_its_next_look_at_the_
     checks = ReplicaChecks(replicated, every=1)
     checks.start()
     try:
-        async def checking() -> bool:
-            return any(tmp_path.glob(".app.db-check-*"))
-
-        await until(checking)
+        await check_begun(tmp_path)
     finally:
         await checks.stop()
-
-    async def cleaned_up() -> bool:
-        return not any(tmp_path.glob(".app.db-check-*"))
-
-    await until(cleaned_up)
+    await check_ended(tmp_path)
     assert checks.last is None and last_check(db_path) is None
 
 
 async def test_a_stop_during_a_slow_restore_records_nothing(tmp_path: Path) -> None:
     """Storage slow to hand over the replica: the app stops while its check restores. The check
     ends once the restore returns, without comparing or recording anything."""
-    from fastapi_lith.ops import litestream
     from fastapi_lith.ops.replica import Replica
 
     restoring, go = tmp_path / "restoring", tmp_path / "go"
-    slow = tmp_path / "bin" / "litestream"  # the real Litestream, whose restore waits for `go`
-    slow.parent.mkdir()
-    slow.write_text(
-        f'#!/bin/sh\nif [ "$1" = restore ]; then\n  touch {restoring}\n'
-        f"  while [ ! -e {go} ]; do sleep 0.05; done\nfi\nexec {litestream.find_binary()} \"$@\"\n"
+    slow = wrapped_litestream(  # the real Litestream, whose restore waits for `go`
+        tmp_path / "bin",
+        f'if [ "$1" = restore ]; then\n  touch {restoring}\n  while [ ! -e {go} ]; do sleep 0.05; done\nfi\n'
+        'exec "$real" "$@"\n',
     )
-    slow.chmod(0o755)
     db_path = wal_database(tmp_path / "app.db")
     replica = Replica(db_path, f"file://{tmp_path / 'replica'}", sync_interval=0.2, check_every=1, binary=slow)
     await replica.start()
@@ -817,11 +824,7 @@ async def test_a_stop_during_a_slow_restore_records_nothing(tmp_path: Path) -> N
     finally:
         await replica.stop()
     go.touch()
-
-    async def cleaned_up() -> bool:
-        return not any(tmp_path.glob(".app.db-check-*"))
-
-    await until(cleaned_up)
+    await check_ended(tmp_path)
     assert replica.checks is not None and replica.checks.last is None and replica.checks.failures == 0
     assert last_check(db_path) is None
 
@@ -874,14 +877,10 @@ async def test_a_check_that_cannot_run_is_counted_as_failed_and_logged(
 
 async def test_a_check_runs_the_binary_its_replica_was_given(tmp_path: Path) -> None:
     """A `Replica(binary=...)`: its checks list and restore with that Litestream, not another."""
-    from fastapi_lith.ops import litestream
     from fastapi_lith.ops.replica import Replica
 
     calls = tmp_path / "calls"
-    given = tmp_path / "bin" / "litestream"
-    given.parent.mkdir()
-    given.write_text(f'#!/bin/sh\necho "$1" >> {calls}\nexec {litestream.find_binary()} "$@"\n')
-    given.chmod(0o755)
+    given = wrapped_litestream(tmp_path / "bin", f'echo "$1" >> {calls}\nexec "$real" "$@"\n')
     db_path = wal_database(tmp_path / "app.db")
     replica = Replica(db_path, f"file://{tmp_path / 'replica'}", sync_interval=0.2, check_every=3600, binary=given)
     await replica.start()
