@@ -17,7 +17,7 @@ import sysconfig
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import closing
+from contextlib import closing, contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from types import SimpleNamespace
@@ -33,6 +33,7 @@ from fastapi_lith.ops.litestream import (
     ReplicaError,
     check_environment,
     check_url,
+    find_binary,
     local_position,
     meta_dir,
     replica_position,
@@ -395,22 +396,29 @@ async def test_a_check_in_the_app_that_finds_a_damaged_replica_is_counted_and_lo
         # Litestream compacts its first upload into level 1 at once, and again only after
         # minutes: corrupted after that, the files a restore reads stay corrupted.
         wait_for(lambda: any((tmp_path / "replica").glob("ltx/1/*.ltx")), "the first compaction")
+        called = time.perf_counter()
         first = await checks.check_now()
+        took = time.perf_counter() - called
         assert first.ok, first.problems
         assert first.tables == {"seq": [100, 100, 100], 'say "hi"': [2, 2, 2]} and checks.failures == 0
+        assert 0 < first.restore_seconds <= first.seconds <= took  # the restore is part of the check
         assert replica.health()["last_check"] == {"ok": True, "at": first.at, "problems": []}
-        assert any(r.getMessage().startswith("replica check of app.db ok: restored ") for r in caplog.records)
+        said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("replica check of app.db ok")]
+        assert said == [f"replica check of app.db ok: restored {files.mb(first.size)} in {first.restore_seconds:.2f} s"]
         assert corrupt(tmp_path / "replica") > 0
         second = await checks.check_now()
         assert not second.ok and checks.failures == 1 and checks.last is second
+        [problem] = second.problems
+        assert problem.startswith("litestream restore failed: "), problem  # Litestream's own words
         third = await checks.check_now()
     finally:
         await replica.stop()
     assert not third.ok and checks.failures == 2 and checks.last is third  # each failure counted
     assert replica.health()["last_check"] == {"ok": False, "at": third.at, "problems": third.problems}
     failed = [r for r in caplog.records if r.levelno == logging.ERROR and "REPLICA CHECK FAILED" in r.getMessage()]
-    assert len(failed) == 2
-    assert failed[0].getMessage().startswith(f"REPLICA CHECK FAILED for {db_path} ({url}): ")
+    assert [r.getMessage() for r in failed] == [
+        f"REPLICA CHECK FAILED for {db_path} ({url}): " + "; ".join(check.problems) for check in (second, third)
+    ]
 
 
 def test_a_clean_stop_uploads_the_last_commits(
@@ -589,6 +597,33 @@ def run(capsys: pytest.CaptureFixture[str]) -> Run:
     return call
 
 
+def wrapped_litestream(folder: Path, shell: str) -> Path:
+    """A `litestream` in `folder` that runs `shell` (sh) instead, `$real` naming the real one."""
+    folder.mkdir()
+    path = folder / "litestream"
+    path.write_text(f"#!/bin/sh\nreal={find_binary()}\n{shell}")
+    path.chmod(0o755)
+    return path
+
+
+async def check_begun(folder: Path) -> None:
+    """Until a check's restore folder, made as it starts, is in `folder`."""
+
+    async def begun() -> bool:
+        return any(folder.glob(".app.db-check-*"))
+
+    await until(begun)
+
+
+async def check_ended(folder: Path) -> None:
+    """Until no check's restore folder is left in `folder`: the check has ended and cleaned up."""
+
+    async def ended() -> bool:
+        return not any(folder.glob(".app.db-check-*"))
+
+    await until(ended)
+
+
 def corrupt(folder: Path) -> int:
     """Flip bytes in the middle of every file Litestream stored: damage in the storage."""
     damaged = 0
@@ -655,7 +690,7 @@ def test_the_daily_check_passes_a_sound_replica_and_fails_a_corrupted_one(
 
 
 def test_the_check_fails_a_replica_that_stopped_following(
-    app_server: Callable[..., InProcessServer], tmp_path: Path, run: Run
+    app_server: Callable[..., InProcessServer], tmp_path: Path, run: Run, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Rows the live database has had for longer than the lag are missing from the replica."""
     db_path = tmp_path / "data" / "app.db"
@@ -684,6 +719,10 @@ def test_the_check_fails_a_replica_that_stopped_following(
         "  problem    table note is in the replica but not in the live database",
     ]
     assert "  version    1 (live 2)" in shown
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR][-1] == (
+        f"REPLICA CHECK FAILED for {db_path} ({url}): schema version 1, the live database's is 2; "
+        "table extra is missing from the replica; table note is in the replica but not in the live database"
+    )
     assert "  extra      missing rows (live 0)" in shown and "  note       0 rows (live missing)" in shown
 
 
@@ -714,6 +753,7 @@ async def test_a_check_of_an_empty_replica_or_without_a_live_database_says_what_
     result = check_replica(db_path, empty, sync_interval=0.2)
     assert not result.ok and result.problems == ["the replica holds no copy of the database"]
     assert last_check(db_path) == result  # recorded beside the database
+    assert datetime.fromisoformat(result.at).tzinfo == timezone.utc  # when it ran, in UTC, as it says
     assert result.lines() == [f"replica check of {empty} at {result.at}: FAILED",
                               "  problem    the replica holds no copy of the database"]  # fmt: skip
 
@@ -729,6 +769,24 @@ async def test_a_check_of_an_empty_replica_or_without_a_live_database_says_what_
     assert result.live_versions == [] and result.tables == {}
     assert "  version    0 (live no live database)" in result.lines()
     assert not lost.parent.exists()
+
+
+async def test_a_restore_that_hands_back_no_database_is_named_as_the_fault(tmp_path: Path) -> None:
+    """Storage or a restore gone wrong: what came back is not a database, and the check says so."""
+    from fastapi_lith.ops.replica import Replica
+
+    garbling = wrapped_litestream(  # the real Litestream, whose restored file is then overwritten
+        tmp_path / "bin",
+        '"$real" "$@" || exit\nif [ "$1" = restore ]; then printf "not a database" > "$4"; fi\n',  # -o OUT is $4
+    )
+    db_path = wal_database(tmp_path / "app.db")
+    url = f"file://{tmp_path / 'replica'}"
+    replica = Replica(db_path, url, check_every=None)
+    await replica.start()
+    await replica.stop()
+    result = check_replica(db_path, url, sync_interval=0.2, binary=garbling)
+    assert result.problems == ["the restored file is not a readable SQLite database: file is not a database"]
+    assert not result.ok and last_check(db_path) == result
 
 
 def test_a_live_database_that_cannot_be_read_is_named_as_the_fault_not_the_replica(tmp_path: Path) -> None:
@@ -747,26 +805,91 @@ async def test_a_check_under_way_when_the_app_stops_ends_and_records_nothing(tmp
     replica = Replica(db_path, f"file://{tmp_path / 'replica'}", sync_interval=8, check_every=1)
     await replica.start()
     try:
-        async def checking() -> bool:
-            return any(tmp_path.glob(".app.db-check-*"))  # its restore's folder, made as it starts
-
-        await until(checking)
+        await check_begun(tmp_path)
     finally:
         await replica.stop()
-    # The check's thread sees the stop at its next look at the live database, then cleans up.
-    async def cleaned_up() -> bool:
-        return not any(tmp_path.glob(".app.db-check-*"))
-
-    await until(cleaned_up)
+    await check_ended(tmp_path)  # the check's thread sees the stop at its next look at the live database
     assert replica.checks is not None and replica.checks.last is None and replica.checks.failures == 0
     assert last_check(db_path) is None
+
+
+async def test_a_stop_ends_a_check_in_a_long_lag_window_at_its_next_look_at_the_live_database(
+    tmp_path: Path,
+) -> None:
+    """A replica that syncs every ten minutes gives its check a lag window of twenty: a stop in
+    that window ends the check at once, not when the window is over."""
+    from fastapi_lith.ops.replica import Replica
+
+    db_path = wal_database(tmp_path / "app.db")
+    url = f"file://{tmp_path / 'replica'}"
+    first = Replica(db_path, url, check_every=None)
+    await first.start()
+    await first.stop()  # a replica to restore
+    replicated = SimpleNamespace(path=db_path, url=url, sync_interval=600, binary=None)
+    checks = ReplicaChecks(replicated, every=1)
+    checks.start()
+    try:
+        await check_begun(tmp_path)
+    finally:
+        await checks.stop()
+    await check_ended(tmp_path)
+    assert checks.last is None and last_check(db_path) is None
+
+
+async def test_a_stop_during_a_slow_restore_records_nothing(tmp_path: Path) -> None:
+    """Storage slow to hand over the replica: the app stops while its check restores. The check
+    ends once the restore returns, without comparing or recording anything."""
+    from fastapi_lith.ops.replica import Replica
+
+    restoring, go = tmp_path / "restoring", tmp_path / "go"
+    slow = wrapped_litestream(  # the real Litestream, whose restore waits for `go`
+        tmp_path / "bin",
+        f'if [ "$1" = restore ]; then\n  touch {restoring}\n  while [ ! -e {go} ]; do sleep 0.05; done\nfi\n'
+        'exec "$real" "$@"\n',
+    )
+    db_path = wal_database(tmp_path / "app.db")
+    replica = Replica(db_path, f"file://{tmp_path / 'replica'}", sync_interval=0.2, check_every=1, binary=slow)
+    await replica.start()
+    try:
+        async def restore_begun() -> bool:
+            return restoring.exists()
+
+        await until(restore_begun)
+    finally:
+        await replica.stop()
+    go.touch()
+    await check_ended(tmp_path)
+    assert replica.checks is not None and replica.checks.last is None and replica.checks.failures == 0
+    assert last_check(db_path) is None
+
+
+async def test_a_replica_started_again_after_a_stop_checks_again(tmp_path: Path) -> None:
+    """An app stopped and started again in one process (its lifespan run twice): the stop told
+    the checks to end, the new start's check runs all the same and is recorded."""
+    from fastapi_lith.ops.replica import Replica
+
+    db_path = wal_database(tmp_path / "app.db")
+    replica = Replica(db_path, f"file://{tmp_path / 'replica'}", sync_interval=0.2, check_every=1)
+    await replica.start()
+    await replica.stop()
+    await replica.start()
+    try:
+        async def recorded() -> bool:
+            return last_check(db_path) is not None
+
+        await until(recorded)
+    finally:
+        await replica.stop()
+    record = last_check(db_path)
+    assert record is not None and record.ok, record
 
 
 @pytest.mark.timeout(30)  # the first check is due a second after the start
 async def test_a_check_that_cannot_run_is_counted_as_failed_and_logged(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The binary gone from under a running app: the check cannot even list the replica."""
+    """The binary gone from under a running app: the check cannot even list the replica. It is
+    tried again a period later (at most an hour), and each failure is counted and logged."""
     db_path = wal_database(tmp_path / "app.db")
     replicated = SimpleNamespace(path=db_path, url=f"file://{tmp_path / 'replica'}", sync_interval=0.2,
                                  binary=tmp_path / "gone" / "litestream")  # fmt: skip
@@ -774,35 +897,24 @@ async def test_a_check_that_cannot_run_is_counted_as_failed_and_logged(
     caplog.set_level(logging.ERROR, logger="fastapi_lith.replica")
     checks.start()
     try:
-        async def failed() -> bool:
-            return checks.failures == 1
+        async def failed_twice() -> bool:
+            return checks.failures >= 2
 
-        await until(failed)
+        await until(failed_twice)
     finally:
         await checks.stop()
-    [record] = [r for r in caplog.records if r.getMessage() == f"REPLICA CHECK could not run for {db_path}"]
-    assert record.exc_info is not None and isinstance(record.exc_info[1], FileNotFoundError)
+    records = [r for r in caplog.records if r.getMessage() == f"REPLICA CHECK could not run for {db_path}"]
+    assert len(records) == checks.failures
+    assert all(r.exc_info is not None and isinstance(r.exc_info[1], FileNotFoundError) for r in records)
     assert checks.last is None and last_check(db_path) is None
-
-
-def recording_binary(tmp_path: Path) -> tuple[Path, Path]:
-    """A Litestream at a path of its own that notes each command it runs in `calls`, then runs
-    it with the real binary: which one an app used shows in that file."""
-    from fastapi_lith.ops import litestream
-
-    calls = tmp_path / "calls"
-    given = tmp_path / "bin" / "litestream"
-    given.parent.mkdir()
-    given.write_text(f'#!/bin/sh\necho "$1" >> {calls}\nexec {litestream.find_binary()} "$@"\n')
-    given.chmod(0o755)
-    return given, calls
 
 
 async def test_a_check_runs_the_binary_its_replica_was_given(tmp_path: Path) -> None:
     """A `Replica(binary=...)`: its checks list and restore with that Litestream, not another."""
     from fastapi_lith.ops.replica import Replica
 
-    given, calls = recording_binary(tmp_path)
+    calls = tmp_path / "calls"
+    given = wrapped_litestream(tmp_path / "bin", f'echo "$1" >> {calls}\nexec "$real" "$@"\n')
     db_path = wal_database(tmp_path / "app.db")
     replica = Replica(db_path, f"file://{tmp_path / 'replica'}", sync_interval=0.2, check_every=3600, binary=given)
     await replica.start()
@@ -823,10 +935,85 @@ async def test_a_lost_database_is_restored_by_the_binary_its_replica_was_given(t
     await first.start()
     await first.stop()  # the replica holds the database
     db_path.unlink()
-    given, calls = recording_binary(tmp_path)
+    calls = tmp_path / "calls"
+    given = wrapped_litestream(tmp_path / "bin", f'echo "$1" >> {calls}\nexec "$real" "$@"\n')
     assert await asyncio.to_thread(Replica(db_path, url, check_every=None, binary=given).prepare)
     assert calls.read_text().split() == ["restore"]
     assert seq(db_path) == []  # its table, restored
+
+
+@contextmanager
+def writing(db_path: Path, statement: str) -> Iterator[None]:
+    """A steady write load beside the test: `statement` committed every few milliseconds."""
+    stop = threading.Event()
+
+    def write() -> None:
+        with closing(sqlite3.connect(db_path, timeout=10)) as conn:
+            while not stop.is_set():
+                conn.execute(statement)
+                conn.commit()
+                stop.wait(0.01)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        writer.join(10)
+
+
+@pytest.mark.timeout(90)  # the check waits out a lag window of twice 8 s
+async def test_a_check_in_the_app_under_writes_waits_out_the_lag_of_its_own_replicas_sync_interval(
+    tmp_path: Path,
+) -> None:
+    """A replica that syncs every 8 s trails the live database by seconds: a check under a steady
+    write load passes only if it waits that replica's lag before it restores."""
+    from fastapi_lith.ops.replica import Replica
+
+    db_path = wal_database(tmp_path / "app.db")
+    replica = Replica(db_path, f"file://{tmp_path / 'replica'}", sync_interval=8, check_every=3600)
+    uploads = tmp_path / "replica" / "ltx" / "0"
+    await replica.start()
+    try:
+        assert replica.checks is not None
+        with writing(db_path, "INSERT INTO seq DEFAULT VALUES"):
+            # Under writes Litestream uploads once per tick of its own: the check starts just
+            # after one, so the rows it first reads live reach the replica only at the next.
+            seen = set(uploads.glob("*.ltx"))
+
+            async def uploaded() -> bool:
+                return bool(set(uploads.glob("*.ltx")) - seen)
+
+            await until(uploaded)
+            result = await replica.checks.check_now()
+    finally:
+        await replica.stop()
+    assert result.ok, result.problems
+    restored, low, high = result.tables["seq"]
+    assert restored is not None and low is not None and high is not None and 0 < low <= restored <= high
+
+
+async def test_a_check_while_rows_are_deleted_passes_with_the_replica_between_the_counts_seen(tmp_path: Path) -> None:
+    """Rows deleted all through a check: the replica, a moment behind, holds more rows than the
+    live database has at the end, and no more than it had at the start."""
+    from fastapi_lith.ops.replica import Replica
+
+    db_path = wal_database(tmp_path / "app.db")
+    with closing(sqlite3.connect(db_path)) as conn:
+        conn.executemany("INSERT INTO seq (n) VALUES (?)", [(n,) for n in range(1, 5001)])
+        conn.commit()
+    url = f"file://{tmp_path / 'replica'}"
+    replica = Replica(db_path, url, check_every=None)
+    await replica.start()
+    try:
+        with writing(db_path, "DELETE FROM seq WHERE n = (SELECT min(n) FROM seq)"):
+            result = await asyncio.to_thread(check_replica, db_path, url, sync_interval=replica.sync_interval)
+    finally:
+        await replica.stop()
+    assert result.ok, result.problems
+    restored, low, high = result.tables["seq"]
+    assert restored is not None and low is not None and high is not None and low <= restored <= high and low < high
 
 
 def test_the_next_check_is_due_a_period_after_the_last_recorded_one_and_never_within_a_minute(tmp_path: Path) -> None:
@@ -844,6 +1031,18 @@ def test_the_next_check_is_due_a_period_after_the_last_recorded_one_and_never_wi
     assert hourly.next_due(now) == now + 60  # overdue after a restart: a minute from now
     with pytest.raises(SettingError, match="replica_check_every must be at least 1 second, not 0.5"):
         ReplicaChecks(replicated, every=0.5)
+
+
+def test_an_app_started_again_reads_the_last_recorded_check_and_is_due_a_period_after_it(tmp_path: Path) -> None:
+    """A check recorded before a restart (here by `replica verify`'s path): the app's checks start
+    from it, rather than check again a minute after every deploy."""
+    db_path = wal_database(tmp_path / "app.db")
+    url = f"file://{tmp_path / 'replica'}"
+    recorded = check_replica(db_path, url, sync_interval=0.2)
+    checks = ReplicaChecks(SimpleNamespace(path=db_path, url=url, sync_interval=0.2, binary=None), every=86400)
+    assert checks.last == recorded
+    at = datetime.fromisoformat(recorded.at).timestamp()
+    assert checks.next_due(at + 3600) == at + 86400
 
 
 def test_a_check_during_writes_and_a_migration_shows_the_live_range_it_saw() -> None:
