@@ -268,11 +268,14 @@ async def test_litestream_replicates_at_the_apps_pace_and_has_read_the_database_
     assert replica.config_path.name == ".app.db-litestream.yml" and replica.config_path.parent == tmp_path
 
 
-async def test_litestream_runs_in_a_session_of_its_own_and_its_lock_files_are_the_apps(tmp_path: Path) -> None:
+async def test_litestream_runs_in_a_session_of_its_own_under_a_named_task_and_its_lock_files_are_the_apps(
+    tmp_path: Path,
+) -> None:
     """A Ctrl+C at the app's terminal goes to the app's process group: Litestream, in a session
     of its own, is not stopped by it before the writer's last commit (the app stops it after).
-    The two lock files beside the database (the restore's and the replicating process's) are
-    read and written by the app's user, read by its group, closed to others."""
+    The task that watches it is named (asyncio names it in a task dump and in an error it
+    logs). The two lock files beside the database (the restore's and the replicating
+    process's) are read and written by the app's user, read by its group, closed to others."""
     from fastapi_lith.ops.replica import Replica
 
     db_path = wal_database(tmp_path / "app.db")
@@ -282,12 +285,39 @@ async def test_litestream_runs_in_a_session_of_its_own_and_its_lock_files_are_th
         pid = replica.pid
         assert pid is not None
         assert os.getsid(pid) != os.getsid(0) and os.getpgid(pid) != os.getpgrp()
+        assert "lith-replica" in {task.get_name() for task in asyncio.all_tasks()}
     finally:
         await replica.stop()
     umask = os.umask(0)
     os.umask(umask)
     for lock in (".app.db-restore.lock", ".app.db-litestream.lock"):
         assert (tmp_path / lock).stat().st_mode & 0o777 == 0o640 & ~umask, lock
+
+
+async def test_litestreams_pid_while_it_starts_is_none_until_litestream_says_it(tmp_path: Path) -> None:
+    """`Replica.pid` (an app's health route may show it) is Litestream's own once it said so,
+    None before: read at every turn of the loop through a start, it is nothing else."""
+    from fastapi_lith.ops.replica import Replica
+
+    db_path = wal_database(tmp_path / "app.db")
+    replica = Replica(db_path, f"file://{tmp_path / 'replica'}", sync_interval=0.2, check_every=None)
+    seen: set[object] = set()
+
+    async def watch() -> None:
+        while True:
+            seen.add(replica.pid)
+            await asyncio.sleep(0)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        await replica.start()
+    finally:
+        watcher.cancel()
+    try:
+        assert replica.pid is not None
+        assert seen <= {None, replica.pid} and None in seen, seen
+    finally:
+        await replica.stop()
 
 
 async def test_a_restore_to_an_earlier_position_holds_only_what_was_committed_by_then(tmp_path: Path) -> None:
@@ -973,7 +1003,7 @@ async def test_a_process_starting_on_a_fresh_disk_waits_for_anothers_restore_and
     finally:
         os.close(held)
     assert await preparing is False
-    assert not replica.restored and seq(db_path) == [1]
+    assert replica.restored is False and seq(db_path) == [1]
 
 
 async def test_a_stop_while_litestream_waits_to_be_started_again_just_ends_the_wait(
