@@ -638,6 +638,15 @@ def test_a_sync_interval_from_0_2_to_3600_seconds_is_taken_and_one_outside_refus
         assert str(caught.value) == f"replica_sync_interval must be 0.2 to 3600 seconds, not {refused}"
 
 
+def test_a_replica_built_alone_promises_a_second_and_checks_once_a_day(tmp_path: Path) -> None:
+    """The defaults docs/backups.md gives (`Lith` takes its own from here)."""
+    from fastapi_lith.ops.replica import Replica
+
+    replica = Replica(tmp_path / "app.db", f"file://{tmp_path / 'replica'}")
+    assert replica.sync_interval == 1.0
+    assert replica.checks is not None and replica.checks.every == 86400
+
+
 # --------------------------------------------------------------------------- the check
 
 
