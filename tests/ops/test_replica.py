@@ -234,6 +234,30 @@ async def test_litestream_dying_again_at_once_waits_longer_each_time(
                     for n, sig, wait in ((1, 9, 1), (2, 1, 2), (3, 9, 4))]  # fmt: skip
 
 
+async def test_litestream_ending_cleanly_unasked_is_started_again_and_its_status_named(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SIGTERM from someone else (an operator, a process manager) ends Litestream cleanly, with
+    status 0: still not the app's stop, so it is started again, and the log says it exited."""
+    from fastapi_lith.ops.replica import Replica
+
+    replica = Replica(wal_database(tmp_path / "app.db"), f"file://{tmp_path / 'replica'}", check_every=None)
+    caplog.set_level(logging.ERROR, logger="fastapi_lith.replica")
+    await replica.start()
+    try:
+        pid = replica.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGTERM)
+
+        async def started_again() -> bool:
+            return replica.restarts == 1 and replica.pid not in (None, pid)
+
+        await until(started_again)
+    finally:
+        await replica.stop()
+    assert [r.getMessage() for r in caplog.records] == ["litestream exited with status 0; starting it again in 1 s (restart 1)"]
+
+
 def wal_database(db_path: Path) -> Path:
     """A WAL-mode database with one table, as the app's writer leaves it."""
     with closing(sqlite3.connect(db_path)) as conn:
@@ -1044,9 +1068,11 @@ async def test_a_lost_database_is_restored_by_the_binary_its_replica_was_given(t
     await first.stop()  # the replica holds the database
     db_path.unlink()
     calls = tmp_path / "calls"
-    given = wrapped_litestream(tmp_path / "bin", f'echo "$1" >> {calls}\nexec "$real" "$@"\n')
+    given = wrapped_litestream(tmp_path / "bin", f'echo "$@" >> {calls}\nexec "$real" "$@"\n')
     assert await asyncio.to_thread(Replica(db_path, url, check_every=None, binary=given).prepare)
-    assert calls.read_text().split() == ["restore"]
+    # Into a temporary file beside the database, named for what it is should a crash leave it.
+    assert re.fullmatch(rf"restore -if-replica-exists -o {re.escape(str(tmp_path))}/\.app-replica-\d+-\d+\.tmp {re.escape(url)}\n",
+                        calls.read_text()), calls.read_text()  # fmt: skip
     assert seq(db_path) == []  # its table, restored
 
 
