@@ -358,6 +358,8 @@ def test_every_key_of_the_generated_configuration_is_one_litestream_reads(tmp_pa
     assert set(db) <= LITESTREAM_KEYS["db"], set(db) - LITESTREAM_KEYS["db"]
     assert set(db["replica"]) <= LITESTREAM_KEYS["replica"], set(db["replica"]) - LITESTREAM_KEYS["replica"]
     assert set(written["logging"]) <= LITESTREAM_KEYS["logging"], set(written["logging"]) - LITESTREAM_KEYS["logging"]
+    # For an operator who opens it: one setting to a line.
+    assert {line.strip().split(":")[0].strip('"') for line in path.read_text().splitlines()} >= set(db), path.read_text()
 
 
 def go_seconds(duration: str) -> float:
