@@ -437,16 +437,23 @@ def test_a_lost_database_is_restored_from_the_replica_and_its_leftovers_moved_as
     Path(f"{db_path}-wal").write_bytes(stale_wal)
     assert meta_dir(db_path).is_dir()
 
+    began = time.perf_counter()
     second = app_server("replicaapp:app", env=app_env(db_path, url))
+    took = time.perf_counter() - began  # the whole start, the restore within it
     assert seq(db_path) == [1, 2, 3, 4, 5]
     assert httpx.post(f"{second.url}/append", json={}).json() == 6
     replica = second.module.lith.replica  # type: ignore[union-attr]
     assert replica.restored and health(second)["replica"]["replicating"]  # type: ignore[index]
     aside = list(db_path.parent.glob("app.db-wal.orphaned-*"))
     assert len(aside) == 1 and aside[0].read_bytes() == stale_wal
+    assert re.fullmatch(r"app\.db-wal\.orphaned-\d{8}T\d{6}Z", aside[0].name)  # when it was lost: a UTC stamp
     assert len(list(db_path.parent.glob(".app.db-litestream.orphaned-*"))) == 1
     assert f"app.db is missing: moved its leftover app.db-wal aside as {aside[0].name}" in second.output
-    assert f"{db_path} was missing: restored it from {url} in " in second.output
+    restored = re.search(rf"{re.escape(f'{db_path} was missing: restored it from {url} in ')}(\d+\.\d) s \(([\d,]+) bytes\)$",
+                         second.output, re.MULTILINE)  # fmt: skip
+    assert restored is not None, second.output
+    assert float(restored[1]) <= round(took, 1)  # its time, as read before it began and once the app served
+    assert int(restored[2].replace(",", "")) > 5 * 3000  # the five rows of 3000 bytes
     assert not list(db_path.parent.glob(".app-replica-*.tmp*")), "the restore's temporary file is left"
 
 
