@@ -422,6 +422,13 @@ def test_a_missing_file_with_an_empty_replica_starts_empty(
     assert not server.module.lith.replica.restored  # type: ignore[union-attr]
 
 
+def test_replica_restore_onto_a_fresh_disk_from_an_empty_replica_says_it_holds_no_copy(tmp_path: Path, run: Run) -> None:
+    db_path, url = tmp_path / "disk" / "data" / "app.db", f"file://{tmp_path / 'replica'}"  # not even its folders yet
+    done = run("replica", "restore", db_path, url)
+    assert (done.returncode, done.stdout, done.stderr) == (1, "", f"error: {url} holds no copy of the database\n")
+    assert not db_path.exists()
+
+
 def test_a_lost_database_is_restored_from_the_replica_and_its_leftovers_moved_aside(
     app_server: Callable[..., InProcessServer], tmp_path: Path
 ) -> None:
@@ -758,16 +765,24 @@ async def test_a_check_that_cannot_run_is_counted_as_failed_and_logged(
     assert checks.last is None and last_check(db_path) is None
 
 
-async def test_a_check_runs_the_binary_its_replica_was_given(tmp_path: Path) -> None:
-    """A `Replica(binary=...)`: its checks list and restore with that Litestream, not another."""
+def noting_binary(folder: Path) -> tuple[Path, Path]:
+    """(a Litestream to give a replica, the file where it notes each command): the real one,
+    run through a script that notes the command first."""
     from fastapi_lith.ops import litestream
-    from fastapi_lith.ops.replica import Replica
 
-    calls = tmp_path / "calls"
-    given = tmp_path / "bin" / "litestream"
+    calls = folder / "calls"
+    given = folder / "bin" / "litestream"
     given.parent.mkdir()
     given.write_text(f'#!/bin/sh\necho "$1" >> {calls}\nexec {litestream.find_binary()} "$@"\n')
     given.chmod(0o755)
+    return given, calls
+
+
+async def test_a_check_runs_the_binary_its_replica_was_given(tmp_path: Path) -> None:
+    """A `Replica(binary=...)`: its checks list and restore with that Litestream, not another."""
+    from fastapi_lith.ops.replica import Replica
+
+    given, calls = noting_binary(tmp_path)
     db_path = wal_database(tmp_path / "app.db")
     replica = Replica(db_path, f"file://{tmp_path / 'replica'}", sync_interval=0.2, check_every=3600, binary=given)
     await replica.start()
@@ -778,6 +793,22 @@ async def test_a_check_runs_the_binary_its_replica_was_given(tmp_path: Path) -> 
         await replica.stop()
     assert result.ok, result.problems
     assert calls.read_text().split() == ["replicate", "ltx", "restore"]
+
+
+async def test_a_lost_database_is_restored_with_the_binary_its_replica_was_given(tmp_path: Path) -> None:
+    from fastapi_lith.ops.replica import Replica
+
+    db_path, url = wal_database(tmp_path / "app.db"), f"file://{tmp_path / 'replica'}"
+    first = Replica(db_path, url, sync_interval=0.2, check_every=None)
+    await first.start()
+    await first.stop()  # uploads the table
+    db_path.unlink()
+    given, calls = noting_binary(tmp_path)
+    replica = Replica(db_path, url, check_every=None, binary=given)
+    assert await asyncio.to_thread(replica.prepare)
+    assert replica.restored and replica.binary == given
+    assert calls.read_text().split() == ["restore"]
+    assert seq(db_path) == []
 
 
 def test_the_next_check_is_due_a_period_after_the_last_recorded_one_and_never_within_a_minute(tmp_path: Path) -> None:
