@@ -795,20 +795,60 @@ async def test_a_check_runs_the_binary_its_replica_was_given(tmp_path: Path) -> 
     assert calls.read_text().split() == ["replicate", "ltx", "restore"]
 
 
-async def test_a_lost_database_is_restored_with_the_binary_its_replica_was_given(tmp_path: Path) -> None:
+async def lost_after_replicating(tmp_path: Path) -> tuple[Path, str]:
+    """(a database lost with its disk, the replica that holds it): one table, no rows."""
     from fastapi_lith.ops.replica import Replica
 
     db_path, url = wal_database(tmp_path / "app.db"), f"file://{tmp_path / 'replica'}"
-    first = Replica(db_path, url, sync_interval=0.2, check_every=None)
-    await first.start()
-    await first.stop()  # uploads the table
+    replica = Replica(db_path, url, sync_interval=0.2, check_every=None)
+    await replica.start()
+    await replica.stop()  # uploads the table
     db_path.unlink()
+    return db_path, url
+
+
+async def test_a_lost_database_is_restored_with_the_binary_its_replica_was_given(tmp_path: Path) -> None:
+    from fastapi_lith.ops.replica import Replica
+
+    db_path, url = await lost_after_replicating(tmp_path)
     given, calls = noting_binary(tmp_path)
     replica = Replica(db_path, url, check_every=None, binary=given)
     assert await asyncio.to_thread(replica.prepare)
     assert replica.restored and replica.binary == given
     assert calls.read_text().split() == ["restore"]
     assert seq(db_path) == []
+
+
+def waits_for_lock(path: Path) -> bool:
+    """Whether a process waits to take the `flock` on `path` (Linux's /proc/locks)."""
+    inode = f":{path.stat().st_ino} "
+    return any(" -> FLOCK " in line and inode in line for line in Path("/proc/locks").read_text().splitlines())
+
+
+async def test_processes_starting_together_on_a_fresh_disk_restore_it_once(tmp_path: Path) -> None:
+    """`--workers N` on a fresh disk: a process that finds another one restoring waits for it,
+    then finds the database there and restores nothing."""
+    import fcntl
+
+    from fastapi_lith.ops.replica import Replica
+
+    db_path, url = await lost_after_replicating(tmp_path)
+    lock = tmp_path / ".app.db-restore.lock"
+    held = os.open(lock, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)  # as the process restoring it holds it
+        replica = Replica(db_path, url, check_every=None)
+        preparing = asyncio.create_task(asyncio.to_thread(replica.prepare))
+
+        async def waiting() -> bool:
+            return preparing.done() or waits_for_lock(lock)
+
+        await until(waiting)
+        assert litestream_restore(url, db_path)  # the other process's restore lands
+    finally:
+        os.close(held)
+    assert await preparing is False
+    assert not replica.restored and seq(db_path) == []
 
 
 def test_the_next_check_is_due_a_period_after_the_last_recorded_one_and_never_within_a_minute(tmp_path: Path) -> None:
