@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import socket
 import sqlite3
@@ -231,6 +232,47 @@ async def test_litestream_dying_again_at_once_waits_longer_each_time(
     said = [r.getMessage() for r in caplog.records if r.msg.startswith("litestream %s; starting it again")]  # type: ignore[union-attr]
     assert said == [f"litestream was killed by signal {sig}; starting it again in {wait} s (restart {n})"
                     for n, sig, wait in ((1, 9, 1), (2, 1, 2), (3, 9, 4))]  # fmt: skip
+
+
+@pytest.mark.timeout(60)  # back-offs of 1 and 2 s, then a start
+async def test_litestream_that_cannot_be_started_again_is_tried_again_later_until_it_can(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Litestream died, and the app cannot start another for want of file descriptors (a busy
+    server at its limit): it says so, and tries again after a longer wait, until it can."""
+    import resource
+
+    from fastapi_lith.ops.replica import Replica
+
+    replica = Replica(wal_database(tmp_path / "app.db"), f"file://{tmp_path / 'replica'}", check_every=None)
+    caplog.set_level(logging.ERROR, logger="fastapi_lith.replica")
+    await replica.start()
+    try:
+        pid = replica.pid
+        assert pid is not None
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)
+
+        async def refused() -> bool:
+            return any(r.msg.startswith("litestream could not be started again") for r in caplog.records)  # type: ignore[union-attr]
+
+        resource.setrlimit(resource.RLIMIT_NOFILE, (3, limit[1]))  # no descriptor past stdin, stdout and stderr
+        try:
+            os.kill(pid, signal.SIGKILL)
+            await until(refused)
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, limit)
+
+        async def started_again() -> bool:
+            return replica.pid not in (None, pid) and replica.running
+
+        await until(started_again)
+        assert replica.restarts == 1  # one death, whatever the tries it took to start again
+    finally:
+        await replica.stop()
+    assert [r.getMessage() for r in caplog.records] == [
+        "litestream was killed by signal 9; starting it again in 1 s (restart 1)",
+        "litestream could not be started again: [Errno 24] Too many open files; next try in 2 s",
+    ]
 
 
 def wal_database(db_path: Path) -> Path:
@@ -493,8 +535,51 @@ def test_the_app_refuses_to_start_when_litestream_stops_as_it_starts(tmp_path: P
         server.start()
     said = f"ReplicaError: litestream stopped as it started, replicating to {url}: "
     [line] = {line for line in server.output.splitlines() if said in line}  # its last words, in the error
-    assert "decode account key" in line.split(said)[1], line
+    words = line.split(said)[1].split(" | ")  # one line from another
+    assert words[0].startswith("time=") and words[-1].startswith("Error: cannot open store: "), line
+    assert "decode account key" in words[-1], line
     assert "litestream exited with status 1 on stop" in server.output  # stopped with the app's start
+
+
+async def test_a_litestream_that_exits_at_once_without_a_word_stops_the_start_saying_so(tmp_path: Path) -> None:
+    """A binary that is not Litestream and says nothing (`false`): the start ends with an error
+    that says so, rather than waiting for a first look at the database that never comes."""
+    from fastapi_lith.ops.replica import Replica
+
+    url = f"file://{tmp_path / 'replica'}"
+    replica = Replica(wal_database(tmp_path / "app.db"), url, check_every=None, binary=shutil.which("false"))
+    with pytest.raises(ReplicaError, match=rf"^litestream stopped as it started, replicating to {re.escape(url)}: no output$"):
+        await replica.start()
+    assert not replica.running and not replica.health()["leader"]
+
+
+@pytest.mark.timeout(90)  # the start waits out its limit for Litestream's first look at the database
+async def test_a_litestream_that_never_gets_going_is_waited_for_then_the_app_starts_anyway(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Litestream stopped (SIGSTOP) before it does anything: the app's start waits for its
+    first look at the database up to its limit, says so, and goes on; the stop then kills it."""
+    from fastapi_lith.ops import litestream
+    from fastapi_lith.ops.replica import Replica
+
+    frozen = tmp_path / "bin" / "litestream"
+    frozen.parent.mkdir()
+    frozen.write_text(f'#!/bin/sh\nkill -STOP $$\nexec {litestream.find_binary()} "$@"\n')
+    frozen.chmod(0o755)
+    db_path = wal_database(tmp_path / "app.db")
+    replica = Replica(db_path, f"file://{tmp_path / 'replica'}", sync_interval=0.2, check_every=None, binary=frozen)
+    caplog.set_level(logging.WARNING, logger="fastapi_lith.replica")
+    try:
+        await replica.start()
+        pid = replica.pid
+        assert pid is not None and replica.running and replica.restarts == 0
+    finally:
+        await replica.stop(timeout=1)
+    wait_for(lambda: not alive(pid), "the stopped Litestream to be killed")
+    assert [r.getMessage() for r in caplog.records] == [
+        f"litestream has not read {db_path} after 30 s; starting anyway",
+        "litestream did not stop within 1 s: killed",
+    ]
 
 
 @pytest.mark.timeout(CHILD_HANG_LIMIT)  # a child process imports the package (tests/support)
