@@ -234,6 +234,44 @@ async def test_litestream_dying_again_at_once_waits_longer_each_time(
                     for n, sig, wait in ((1, 9, 1), (2, 1, 2), (3, 9, 4))]  # fmt: skip
 
 
+@pytest.mark.timeout(120)  # Litestream must run a minute before it dies
+async def test_litestream_that_dies_after_running_a_while_is_started_again_after_the_shortest_wait(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The back-off grows only while Litestream keeps dying soon after it starts: one that ran
+    a minute is started again after the first wait, whatever the waits before."""
+    from fastapi_lith.ops.replica import Replica
+
+    replica = Replica(wal_database(tmp_path / "app.db"), f"file://{tmp_path / 'replica'}", check_every=None)
+    caplog.set_level(logging.ERROR, logger="fastapi_lith.replica")
+    await replica.start()
+
+    async def killed_and_started_again() -> None:
+        pid = replica.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+
+        async def started_again() -> bool:
+            return replica.pid not in (None, pid)
+
+        await until(started_again)
+
+    try:
+        await killed_and_started_again()  # at once: a wait after the next death would be longer
+        began = time.monotonic()  # its new watch began before it reported its pid
+
+        async def ran_a_minute() -> bool:
+            return time.monotonic() - began > 60
+
+        await until(ran_a_minute, timeout=90)
+        await killed_and_started_again()
+    finally:
+        await replica.stop()
+    assert [r.getMessage() for r in caplog.records] == [
+        f"litestream was killed by signal 9; starting it again in 1 s (restart {n})" for n in (1, 2)
+    ]
+
+
 @pytest.mark.timeout(60)  # back-offs of 1 and 2 s, then a start
 async def test_litestream_that_cannot_be_started_again_is_tried_again_later_until_it_can(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
