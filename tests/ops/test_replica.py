@@ -313,6 +313,18 @@ async def test_litestream_that_cannot_be_started_again_is_tried_again_later_unti
     ]
 
 
+def litestream_after(folder: Path, first: str) -> Path:
+    """A binary to give a replica: the real Litestream, run by a script that runs the shell
+    line `first` before it."""
+    from fastapi_lith.ops import litestream
+
+    binary = folder / "bin" / "litestream"
+    binary.parent.mkdir()
+    binary.write_text(f'#!/bin/sh\n{first}\nexec {litestream.find_binary()} "$@"\n')
+    binary.chmod(0o755)
+    return binary
+
+
 def wal_database(db_path: Path) -> Path:
     """A WAL-mode database with one table, as the app's writer leaves it."""
     with closing(sqlite3.connect(db_path)) as conn:
@@ -597,13 +609,9 @@ async def test_a_litestream_that_never_gets_going_is_waited_for_then_the_app_sta
 ) -> None:
     """A Litestream stopped (SIGSTOP) before it does anything: the app's start waits for its
     first look at the database up to its limit, says so, and goes on; the stop then kills it."""
-    from fastapi_lith.ops import litestream
     from fastapi_lith.ops.replica import Replica
 
-    frozen = tmp_path / "bin" / "litestream"
-    frozen.parent.mkdir()
-    frozen.write_text(f'#!/bin/sh\nkill -STOP $$\nexec {litestream.find_binary()} "$@"\n')
-    frozen.chmod(0o755)
+    frozen = litestream_after(tmp_path, "kill -STOP $$")
     db_path = wal_database(tmp_path / "app.db")
     replica = Replica(db_path, f"file://{tmp_path / 'replica'}", sync_interval=0.2, check_every=None, binary=frozen)
     caplog.set_level(logging.WARNING, logger="fastapi_lith.replica")
@@ -889,16 +897,9 @@ async def test_a_check_that_cannot_run_is_counted_as_failed_and_logged(
 
 
 def noting_binary(folder: Path) -> tuple[Path, Path]:
-    """(a Litestream to give a replica, the file where it notes each command): the real one,
-    run through a script that notes the command first."""
-    from fastapi_lith.ops import litestream
-
+    """(a Litestream to give a replica, the file where it notes each command)."""
     calls = folder / "calls"
-    given = folder / "bin" / "litestream"
-    given.parent.mkdir()
-    given.write_text(f'#!/bin/sh\necho "$1" >> {calls}\nexec {litestream.find_binary()} "$@"\n')
-    given.chmod(0o755)
-    return given, calls
+    return litestream_after(folder, f'echo "$1" >> {calls}'), calls
 
 
 async def test_a_check_runs_the_binary_its_replica_was_given(tmp_path: Path) -> None:
