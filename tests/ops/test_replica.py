@@ -509,7 +509,7 @@ def test_a_missing_file_with_an_empty_replica_starts_empty(
     db_path, url = tmp_path / "app.db", f"file://{tmp_path / 'replica'}"
     server = app_server("replicaapp:app", env=app_env(db_path, url))
     assert httpx.post(f"{server.url}/append", json={}).json() == 1
-    assert f"{db_path} is missing and {url} holds no copy: starting empty" in server.output
+    assert f"INFO fastapi_lith.replica: {db_path} is missing and {url} holds no copy: starting empty" in server.output.splitlines()
     assert "restored" not in server.output
     assert not server.module.lith.replica.restored  # type: ignore[union-attr]
 
@@ -547,8 +547,9 @@ def test_a_lost_database_is_restored_from_the_replica_and_its_leftovers_moved_as
     assert len(aside) == 1 and aside[0].read_bytes() == stale_wal
     assert re.fullmatch(r"app\.db-wal\.orphaned-\d{8}T\d{6}Z", aside[0].name)  # when it was lost: a UTC stamp
     assert len(list(db_path.parent.glob(".app.db-litestream.orphaned-*"))) == 1
-    assert f"app.db is missing: moved its leftover app.db-wal aside as {aside[0].name}" in second.output
-    restored = re.search(rf"{re.escape(f'{db_path} was missing: restored it from {url} in ')}(\d+\.\d) s \(([\d,]+) bytes\)$",
+    said = second.output.splitlines()
+    assert f"WARNING fastapi_lith.replica: app.db is missing: moved its leftover app.db-wal aside as {aside[0].name}" in said
+    restored = re.search(rf"^WARNING fastapi_lith.replica: {re.escape(f'{db_path} was missing: restored it from {url} in ')}(\d+\.\d) s \(([\d,]+) bytes\)$",
                          second.output, re.MULTILINE)  # fmt: skip
     assert restored is not None, second.output
     assert float(restored[1]) <= round(took, 1)  # its time, as read before it began and once the app served
