@@ -56,6 +56,12 @@ _PID_LINE = re.compile(r"^lith: litestream pid (\d+)$")
 _LEVEL = re.compile(r"\blevel=(DEBUG|INFO|WARN|ERROR)\b")
 _SYNCED = " msg=sync "  # Litestream's line for each look at the WAL, once it has opened the database
 _LEVELS = {"DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARN": logging.WARNING, "ERROR": logging.ERROR}
+# Seconds a start waits, past one sync interval, for Litestream's first look at the database
+# before it goes on without it (a slow disk or storage must not keep the app down).
+START_WAIT = 30.0
+# A Litestream that ran this many seconds before it died was working: its restart waits the
+# shortest back-off again, not the longer one its earlier deaths had reached.
+STABLE_AFTER = 60.0
 
 
 class Replica:
@@ -180,7 +186,7 @@ class Replica:
         self._synced = asyncio.Event()  # of this loop: an app may start again on another
         await self._spawn()
         self._task = asyncio.create_task(self._watch(), name="lith-replica")
-        await self._wait_started(self.sync_interval + 30.0)
+        await self._wait_started(self.sync_interval + START_WAIT)
         if self.checks is not None:
             self.checks.start()
 
@@ -228,7 +234,7 @@ class Replica:
             if self._stopping:
                 return
             self.restarts += 1
-            if time.monotonic() - started > 60:
+            if time.monotonic() - started > STABLE_AFTER:
                 backoff = 1.0
             log.error("litestream %s; starting it again in %.0f s (restart %d)", _exit(code), backoff, self.restarts)
             while True:
@@ -239,7 +245,7 @@ class Replica:
                 try:
                     await self._spawn()
                     break
-                except OSError as exc:  # the binary went away under a running app
+                except OSError as exc:  # no shell (out of descriptors): a missing binary exits 127
                     log.error("litestream could not be started again: %s; next try in %.0f s", exc, backoff)
 
     async def _pump(self, proc: asyncio.subprocess.Process) -> None:

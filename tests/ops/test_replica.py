@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import socket
 import sqlite3
@@ -236,6 +237,87 @@ async def test_litestream_dying_again_at_once_waits_longer_each_time(
                     for n, sig, wait in ((1, 9, 1), (2, 1, 2), (3, 9, 4))]  # fmt: skip
 
 
+async def test_litestream_that_dies_after_running_a_while_is_started_again_after_the_shortest_wait(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The back-off grows only while Litestream keeps dying soon after it starts: one that ran
+    a while (a minute in an app, two seconds here) is started again after the first wait,
+    whatever the waits before."""
+    from fastapi_lith.ops import replica as replica_module
+    from fastapi_lith.ops.replica import Replica
+
+    monkeypatch.setattr(replica_module, "STABLE_AFTER", 2.0)
+    replica = Replica(wal_database(tmp_path / "app.db"), f"file://{tmp_path / 'replica'}", check_every=None)
+    caplog.set_level(logging.ERROR, logger="fastapi_lith.replica")
+    await replica.start()
+
+    async def killed_and_started_again() -> None:
+        pid = replica.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+
+        async def started_again() -> bool:
+            return replica.pid not in (None, pid)
+
+        await until(started_again)
+
+    try:
+        await killed_and_started_again()  # at once: a wait after the next death would be longer
+        began = time.monotonic()  # its new watch began before it reported its pid
+
+        async def ran_a_while() -> bool:
+            return time.monotonic() - began > replica_module.STABLE_AFTER
+
+        await until(ran_a_while)
+        await killed_and_started_again()
+    finally:
+        await replica.stop()
+    assert [r.getMessage() for r in caplog.records] == [
+        f"litestream was killed by signal 9; starting it again in 1 s (restart {n})" for n in (1, 2)
+    ]
+
+
+@pytest.mark.timeout(60)  # back-offs of 1 and 2 s, then a start
+async def test_litestream_that_cannot_be_started_again_is_tried_again_later_until_it_can(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Litestream died, and the app cannot start another for want of file descriptors (a busy
+    server at its limit): it says so, and tries again after a longer wait, until it can."""
+    import resource
+
+    from fastapi_lith.ops.replica import Replica
+
+    replica = Replica(wal_database(tmp_path / "app.db"), f"file://{tmp_path / 'replica'}", check_every=None)
+    caplog.set_level(logging.ERROR, logger="fastapi_lith.replica")
+    await replica.start()
+    try:
+        pid = replica.pid
+        assert pid is not None
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)
+
+        async def refused() -> bool:
+            return any(r.msg.startswith("litestream could not be started again") for r in caplog.records)  # type: ignore[union-attr]
+
+        resource.setrlimit(resource.RLIMIT_NOFILE, (3, limit[1]))  # no descriptor past stdin, stdout and stderr
+        try:
+            os.kill(pid, signal.SIGKILL)
+            await until(refused)
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, limit)
+
+        async def started_again() -> bool:
+            return replica.pid not in (None, pid) and replica.running
+
+        await until(started_again)
+        assert replica.restarts == 1  # one death, whatever the tries it took to start again
+    finally:
+        await replica.stop()
+    assert [r.getMessage() for r in caplog.records] == [
+        "litestream was killed by signal 9; starting it again in 1 s (restart 1)",
+        "litestream could not be started again: [Errno 24] Too many open files; next try in 2 s",
+    ]
+
+
 async def test_litestream_ending_cleanly_unasked_is_started_again_and_its_status_named(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -258,6 +340,7 @@ async def test_litestream_ending_cleanly_unasked_is_started_again_and_its_status
     finally:
         await replica.stop()
     assert [r.getMessage() for r in caplog.records] == ["litestream exited with status 0; starting it again in 1 s (restart 1)"]
+
 
 
 def wal_database(db_path: Path) -> Path:
@@ -641,6 +724,13 @@ def test_a_missing_file_with_an_empty_replica_starts_empty(
     assert not server.module.lith.replica.restored  # type: ignore[union-attr]
 
 
+def test_replica_restore_onto_a_fresh_disk_from_an_empty_replica_says_it_holds_no_copy(tmp_path: Path, run: Run) -> None:
+    db_path, url = tmp_path / "disk" / "data" / "app.db", f"file://{tmp_path / 'replica'}"  # not even its folders yet
+    done = run("replica", "restore", db_path, url)
+    assert (done.returncode, done.stdout, done.stderr) == (1, "", f"error: {url} holds no copy of the database\n")
+    assert not db_path.exists()
+
+
 def test_a_lost_database_is_restored_from_the_replica_and_its_leftovers_moved_aside(
     app_server: Callable[..., InProcessServer], tmp_path: Path
 ) -> None:
@@ -707,7 +797,9 @@ def test_the_app_refuses_to_start_when_litestream_stops_as_it_starts(tmp_path: P
         server.start()
     said = f"ReplicaError: litestream stopped as it started, replicating to {url}: "
     [line] = {line for line in server.output.splitlines() if said in line}  # its last words, in the error
-    assert "decode account key" in line.split(said)[1], line
+    words = line.split(said)[1].split(" | ")  # one line from another
+    assert words[0].startswith("time=") and words[-1].startswith("Error: cannot open store: "), line
+    assert "decode account key" in words[-1], line
     assert "litestream exited with status 1 on stop" in server.output  # stopped with the app's start
 
 
@@ -744,6 +836,45 @@ async def test_the_error_of_a_refused_start_holds_litestreams_last_five_lines_wh
     assert len(said) == 5, said
     logged = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     assert logged[:6] == [f"litestream: wrapper: line {n}" for n in range(1, 6)] + ["litestream: wrapper: caf\ufffd"]
+
+
+async def test_a_litestream_that_exits_at_once_without_a_word_stops_the_start_saying_so(tmp_path: Path) -> None:
+    """A binary that is not Litestream and says nothing (`false`): the start ends with an error
+    that says so, rather than waiting for a first look at the database that never comes."""
+    from fastapi_lith.ops.replica import Replica
+
+    url = f"file://{tmp_path / 'replica'}"
+    replica = Replica(wal_database(tmp_path / "app.db"), url, check_every=None, binary=shutil.which("false"))
+    with pytest.raises(ReplicaError, match=rf"^litestream stopped as it started, replicating to {re.escape(url)}: no output$"):
+        await replica.start()
+    assert not replica.running and not replica.health()["leader"]
+
+
+async def test_a_litestream_that_never_gets_going_is_waited_for_then_the_app_starts_anyway(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Litestream stopped (SIGSTOP) before it does anything: the app's start waits for its
+    first look at the database up to its limit (half a minute in an app, a second here), says
+    so, and goes on; the stop then kills it."""
+    from fastapi_lith.ops import replica as replica_module
+    from fastapi_lith.ops.replica import Replica
+
+    monkeypatch.setattr(replica_module, "START_WAIT", 1.0)
+    frozen = wrapped_litestream(tmp_path / "bin", 'kill -STOP $$\nexec "$real" "$@"\n')
+    db_path = wal_database(tmp_path / "app.db")
+    replica = Replica(db_path, f"file://{tmp_path / 'replica'}", sync_interval=0.2, check_every=None, binary=frozen)
+    caplog.set_level(logging.WARNING, logger="fastapi_lith.replica")
+    try:
+        await replica.start()
+        pid = replica.pid
+        assert pid is not None and replica.running and replica.restarts == 0
+    finally:
+        await replica.stop(timeout=1)
+    wait_for(lambda: not alive(pid), "the stopped Litestream to be killed")
+    assert [r.getMessage() for r in caplog.records] == [
+        f"litestream has not read {db_path} after 1 s; starting anyway",  # a sync interval and the wait
+        "litestream did not stop within 1 s: killed",
+    ]
 
 
 @pytest.mark.timeout(CHILD_HANG_LIMIT)  # a child process imports the package (tests/support)
@@ -1190,17 +1321,27 @@ async def test_a_check_runs_the_binary_its_replica_was_given(tmp_path: Path) -> 
     assert calls.read_text().split() == ["replicate", "ltx", "restore"]
 
 
-async def test_a_lost_database_is_restored_by_the_binary_its_replica_was_given(tmp_path: Path) -> None:
+async def lost_after_replicating(tmp_path: Path) -> tuple[Path, str]:
+    """(a database lost with its disk, the replica that holds it): one table, no rows."""
     from fastapi_lith.ops.replica import Replica
 
     db_path, url = wal_database(tmp_path / "app.db"), f"file://{tmp_path / 'replica'}"
-    first = Replica(db_path, url, sync_interval=0.2, check_every=None)
-    await first.start()
-    await first.stop()  # the replica holds the database
+    replica = Replica(db_path, url, sync_interval=0.2, check_every=None)
+    await replica.start()
+    await replica.stop()  # uploads the table
     db_path.unlink()
+    return db_path, url
+
+
+async def test_a_lost_database_is_restored_by_the_binary_its_replica_was_given(tmp_path: Path) -> None:
+    from fastapi_lith.ops.replica import Replica
+
+    db_path, url = await lost_after_replicating(tmp_path)
     calls = tmp_path / "calls"
     given = wrapped_litestream(tmp_path / "bin", f'echo "$@" >> {calls}\nexec "$real" "$@"\n')
-    assert await asyncio.to_thread(Replica(db_path, url, check_every=None, binary=given).prepare)
+    replica = Replica(db_path, url, check_every=None, binary=given)
+    assert await asyncio.to_thread(replica.prepare)
+    assert replica.restored and replica.binary == given
     # Into a temporary file beside the database, named for what it is should a crash leave it.
     assert re.fullmatch(rf"restore -if-replica-exists -o {re.escape(str(tmp_path))}/\.app-replica-\d+-\d+\.tmp {re.escape(url)}\n",
                         calls.read_text()), calls.read_text()  # fmt: skip
@@ -1328,14 +1469,6 @@ def test_a_check_during_writes_and_a_migration_shows_the_live_range_it_saw() -> 
 
 
 @pytest.mark.timeout(CHILD_HANG_LIMIT)  # a child process imports the package (tests/support)
-def test_replica_restore_to_a_fresh_disk_from_an_empty_replica_says_it_holds_no_copy(tmp_path: Path, run: Run) -> None:
-    fresh, url = tmp_path / "fresh" / "app.db", f"file://{tmp_path / 'empty'}"
-    done = run("replica", "restore", fresh, url)
-    assert (done.returncode, done.stdout) == (1, "")
-    assert done.stderr == f"error: {url} holds no copy of the database\n"
-    assert not fresh.exists()
-
-
 def test_replica_restore_refuses_a_running_app_and_leaves_litestreams_folder_alone(tmp_path: Path, run: Run) -> None:
     db_path = tmp_path / "app.db"
     url = f"file://{tmp_path / 'replica'}"
