@@ -22,6 +22,7 @@ from contextlib import closing, contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
@@ -46,6 +47,9 @@ from fastapi_lith.ops.replica_check import CheckResult, ReplicaChecks, check_rep
 from tests.support import CHILD_HANG_LIMIT, REPO, SUPPORT, child_env, line_with, until
 from tests.support.browser import Server, ServerError, alive, free_port, port_answers
 from tests.support.damage import index_out_of_step
+
+if TYPE_CHECKING:
+    from fastapi_lith.ops.replica import Replica
 from tests.support.inprocess import InProcessServer, Served
 
 HERE = SUPPORT  # the helper apps' folder
@@ -215,11 +219,9 @@ async def test_litestream_dying_again_at_once_waits_longer_each_time(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The restart back-off doubles while Litestream keeps dying soon after it starts."""
-    from fastapi_lith.ops.replica import Replica
 
-    replica = Replica(wal_database(tmp_path / "app.db"), f"file://{tmp_path / 'replica'}", check_every=None)
     caplog.set_level(logging.ERROR, logger="fastapi_lith.replica")
-    await replica.start()
+    replica = await replicating(tmp_path)
     try:
         # The shell reports a child killed by signal N as 128 + N: SIGHUP's is the lowest.
         for restarts, sig in ((1, signal.SIGKILL), (2, signal.SIGHUP), (3, signal.SIGKILL)):
@@ -244,12 +246,10 @@ async def test_litestream_that_dies_after_running_a_while_is_started_again_after
     a while (a minute in an app, two seconds here) is started again after the first wait,
     whatever the waits before."""
     from fastapi_lith.ops import replica as replica_module
-    from fastapi_lith.ops.replica import Replica
 
     monkeypatch.setattr(replica_module, "STABLE_AFTER", 2.0)
-    replica = Replica(wal_database(tmp_path / "app.db"), f"file://{tmp_path / 'replica'}", check_every=None)
     caplog.set_level(logging.ERROR, logger="fastapi_lith.replica")
-    await replica.start()
+    replica = await replicating(tmp_path)
 
     async def killed_and_started_again() -> None:
         pid = replica.pid
@@ -285,11 +285,9 @@ async def test_litestream_that_cannot_be_started_again_is_tried_again_later_unti
     server at its limit): it says so, and tries again after a longer wait, until it can."""
     import resource
 
-    from fastapi_lith.ops.replica import Replica
 
-    replica = Replica(wal_database(tmp_path / "app.db"), f"file://{tmp_path / 'replica'}", check_every=None)
     caplog.set_level(logging.ERROR, logger="fastapi_lith.replica")
-    await replica.start()
+    replica = await replicating(tmp_path)
     try:
         pid = replica.pid
         assert pid is not None
@@ -323,11 +321,9 @@ async def test_litestream_ending_cleanly_unasked_is_started_again_and_its_status
 ) -> None:
     """SIGTERM from someone else (an operator, a process manager) ends Litestream cleanly, with
     status 0: still not the app's stop, so it is started again, and the log says it exited."""
-    from fastapi_lith.ops.replica import Replica
 
-    replica = Replica(wal_database(tmp_path / "app.db"), f"file://{tmp_path / 'replica'}", check_every=None)
     caplog.set_level(logging.ERROR, logger="fastapi_lith.replica")
-    await replica.start()
+    replica = await replicating(tmp_path)
     try:
         pid = replica.pid
         assert pid is not None
@@ -341,6 +337,15 @@ async def test_litestream_ending_cleanly_unasked_is_started_again_and_its_status
         await replica.stop()
     assert [r.getMessage() for r in caplog.records] == ["litestream exited with status 0; starting it again in 1 s (restart 1)"]
 
+
+
+async def replicating(tmp_path: Path) -> Replica:
+    """A fresh WAL database's `Replica` to a `file://` replica, started, with no checks."""
+    from fastapi_lith.ops.replica import Replica
+
+    replica = Replica(wal_database(tmp_path / "app.db"), f"file://{tmp_path / 'replica'}", check_every=None)
+    await replica.start()
+    return replica
 
 
 def wal_database(db_path: Path) -> Path:
@@ -630,11 +635,9 @@ async def test_a_stop_after_the_wrapper_shell_was_killed_ends_litestream_and_nam
     """Litestream runs under a small shell that stops it when the app's pipe closes. A shell
     killed on its own (an operator's kill -9 of the wrong pid) leaves that pipe's watcher, so
     the app's stop still ends Litestream, and its log names the signal, not a status of -9."""
-    from fastapi_lith.ops.replica import Replica
 
-    replica = Replica(wal_database(tmp_path / "app.db"), f"file://{tmp_path / 'replica'}", check_every=None)
     caplog.set_level(logging.WARNING, logger="fastapi_lith.replica")
-    await replica.start()
+    replica = await replicating(tmp_path)
     pid = replica.pid
     assert pid is not None
     shell = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])  # its parent
@@ -1573,11 +1576,9 @@ async def test_a_stop_while_litestream_waits_to_be_started_again_just_ends_the_w
 ) -> None:
     """Litestream died and the app waits out its back-off: a stop then has no Litestream to ask
     to upload or to kill, and starts none."""
-    from fastapi_lith.ops.replica import Replica
 
-    replica = Replica(wal_database(tmp_path / "app.db"), f"file://{tmp_path / 'replica'}", check_every=None)
     caplog.set_level(logging.WARNING, logger="fastapi_lith.replica")
-    await replica.start()
+    replica = await replicating(tmp_path)
     pid = replica.pid
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
