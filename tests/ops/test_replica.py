@@ -47,10 +47,10 @@ from fastapi_lith.ops.replica_check import CheckResult, ReplicaChecks, check_rep
 from tests.support import CHILD_HANG_LIMIT, REPO, SUPPORT, child_env, line_with, until
 from tests.support.browser import Server, ServerError, alive, free_port, port_answers
 from tests.support.damage import index_out_of_step
+from tests.support.inprocess import InProcessServer, Served
 
 if TYPE_CHECKING:
     from fastapi_lith.ops.replica import Replica
-from tests.support.inprocess import InProcessServer, Served
 
 HERE = SUPPORT  # the helper apps' folder
 SYNC = 1.0  # the app's replica_sync_interval in these tests: Litestream's default pace
