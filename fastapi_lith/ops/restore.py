@@ -68,11 +68,12 @@ def restore(backup_path: str | Path, db_path: str | Path, *, keep_replaced: bool
             with files.open_ro(tmp) as conn:
                 problems = files.check(conn, "integrity_check(20)")
                 version = db.user_version(conn)
+            fault = None if problems == ["ok"] and version == report.version else (
+                f"{'; '.join(problems[:5])}, version {version}")  # fmt: skip
         except sqlite3.DatabaseError as exc:  # read back as no database at all
-            raise BackupError(f"the copy written to {tmp} does not check out ({exc}); nothing was replaced") from exc
-        if problems != ["ok"] or version != report.version:
-            raise BackupError(f"the copy written to {tmp} does not check out "
-                              f"({'; '.join(problems[:5])}, version {version}); nothing was replaced")  # fmt: skip
+            fault = str(exc)
+        if fault is not None:
+            raise BackupError(f"the copy written to {tmp} does not check out ({fault}); nothing was replaced")
         if target.exists():
             files.copy_ownership(target, tmp)
         files.fsync(tmp)
