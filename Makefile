@@ -18,8 +18,11 @@ SERVER ?= uvicorn
 run: $(STAMP)
 	KANBAN_DB=$${KANBAN_DB:-kanban.db} KANBAN_OPERATOR_PASSWORD=$${KANBAN_OPERATOR_PASSWORD:-dev} $(BIN)/python -m fastapi_lith serve examples.kanban.app:app --server $(SERVER) --log-config deploy/logging.json
 
+# Most tests spend their time waiting on a server, a subprocess or a page: one process more than
+# the cores keeps them busy. TEST_JOBS=0 runs the suite in this process.
+TEST_JOBS ?= $(shell echo $$(( $$(nproc) + 1 )))
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS)
 
 # The rules and types in pyproject.toml ([tool.ruff], [tool.mypy]); no formatter: the code is laid out by hand.
 lint: $(STAMP)
