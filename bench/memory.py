@@ -1,20 +1,20 @@
 """Memory per tab, all-inclusive: the server's RSS growth over N open streams, divided by N.
 
 The counter example (its `counter` view and each tab's `outcome/{tab}`, a few hundred bytes a
-tab) under uvicorn with the deploy's flags, and N real streams from a raw asyncio client on
+tab; bench/lib/tabsapp.py) under uvicorn with the deploy's flags, and N real streams from a raw asyncio client on
 uvloop in this process (bench/lib/client.py), each read until its first frames arrived. A
 fresh server per figure: its RSS after a warm-up (a few hundred streams opened and closed, so
 the allocators hold what a stream needs) is the baseline, its RSS with N tabs open the figure.
 What the warm-up freed is handed back to the system before the baseline (`malloc_trim`), so
 new streams find no free memory to reuse and every checkout starts alike.
 
-  awake       the tabs' encoders hold their compressors (hibernate_after longer than the run)
+  awake       no stream idle long enough to hibernate (hibernate_after longer than the run)
   hibernated  zstd only: every stream idle past a short hibernate_after, its compressor freed
               and the memory handed back to the system (identity keeps nothing to free)
 
-`--zstd-window-log N` serves every zstd stream with the app's `Lith(zstd_window_log=N)` instead
-of a window sized from the first write: what a page of one small view (a status line, a
-counter) watched by thousands of tabs saves with the smallest window.
+The counter's writes are small enough to go as zstd frames of their own, so its streams hold no
+compressor even awake (docs/encoders.md). `--view status` watches the app's `status` view
+instead, the count in about 2 KB: a zstd stream opens a window for it, which an awake tab holds.
 
 Layers (`--layers`, 1,000 tabs, identity and zstd): tracemalloc in the server, the growth of
 Python's allocations by package, per tab; "outside Python" is the RSS growth less what
@@ -25,7 +25,7 @@ machine allowed is printed.
 
     python -m bench.memory                          # 1,000, 5,000 and 10,000 tabs
     python -m bench.memory --tabs 1000 --layers --against main
-    python -m bench.memory --tabs 10000 --zstd-window-log 10
+    python -m bench.memory --tabs 10000 --view status
 """
 
 from __future__ import annotations
@@ -62,11 +62,9 @@ def make_app() -> Any:
     import ctypes
     import tracemalloc
 
-    from examples.counter.app import app, lith
+    from bench.lib.tabsapp import app, lith
 
     lith.hibernate_after = float(os.environ["MEMORY_HIBERNATE"])
-    if os.environ.get("MEMORY_ZSTD_WINDOW_LOG"):  # as `Lith(zstd_window_log=N)` would set it
-        lith.encoder_settings["zstd"]["window_log"] = int(os.environ["MEMORY_ZSTD_WINDOW_LOG"])
     depth = int(os.environ.get("MEMORY_TRACE", "0"))  # frames per traceback; 0: no tracing
     tracing = depth > 0
     if tracing:
@@ -83,8 +81,9 @@ def make_app() -> Any:
             ctypes.CDLL(None).malloc_trim(0)
         streams = list(lith.hub.streams)
         # Read where it is, not recorded per stream: a record would be memory the figure counts.
-        encoders = [s.encoder for s in streams]
-        awake = sum(1 for e in encoders if e is not None and not e.hibernating)
+        # A stream that hibernated (a checkout before streams said so: whose encoder holds none).
+        awake = sum(1 for s in streams if s.encoder is not None
+                    and not getattr(s, "hibernated", s.encoder.hibernating))
         answer: dict[str, Any] = {"rss": rss(), "tasks": len(asyncio.all_tasks()), "streams": len(streams),
                                   "awake": awake}
         if tracing:
@@ -136,9 +135,9 @@ async def probe(port: int, query: str = "") -> dict[str, Any]:
     return answer
 
 
-async def open_tabs(port: int, n: int, encoding: str, prefix: str) -> list[client.SseStream]:
-    """N streams of the counter's page, each read until its first frames (both views in one
-    write) arrived."""
+async def open_tabs(port: int, n: int, encoding: str, prefix: str, view: str) -> list[client.SseStream]:
+    """N streams of a page of `view`, each read until its first frames (both views in one write)
+    arrived."""
     loop = asyncio.get_running_loop()
     gate = asyncio.Semaphore(AT_ONCE)
     streams: list[client.SseStream] = []
@@ -152,7 +151,7 @@ async def open_tabs(port: int, n: int, encoding: str, prefix: str) -> list[clien
                 first.set_result(None)
 
         async with gate:
-            stream = await client.open_stream(port, f"/lith/stream?views=counter,outcome/{tab}&tab={tab}",
+            stream = await client.open_stream(port, f"/lith/stream?views={view},outcome/{tab}&tab={tab}",
                                               encoding, on_event, tab)
             streams.append(stream)
             await stream.opened
@@ -173,13 +172,15 @@ async def until(port: int, done: Any, what: str) -> dict[str, Any]:
     return answer
 
 
-async def one_figure(port: int, tabs: int, encoding: str, hibernated: bool, trace: bool) -> dict[str, Any]:
-    warm = await open_tabs(port, WARM, encoding, "warm")
+async def one_figure(
+    port: int, tabs: int, encoding: str, hibernated: bool, trace: bool, view: str
+) -> dict[str, Any]:
+    warm = await open_tabs(port, WARM, encoding, "warm", view)
     for stream in warm:
         stream.close()
     await until(port, lambda a: a["streams"] == 0, "the warm-up streams to close")
     base = await probe(port, "trim=1&mark=1" if trace else "trim=1")
-    streams = await open_tabs(port, tabs, encoding, "t")
+    streams = await open_tabs(port, tabs, encoding, "t", view)
     if hibernated:
         await until(port, lambda a: a["awake"] == 0, "every stream to hibernate")
         await asyncio.sleep(RELEASE_SETTLE)
@@ -213,15 +214,12 @@ def layers(by_file: dict[str, int], traced: int, grown: int, tabs: int) -> dict[
     return out
 
 
-def serve(
-    encoding: str, hibernated: bool, tabs: int, trace: bool, http: str, window_log: int | None = None
-) -> dict[str, Any]:
+def serve(encoding: str, hibernated: bool, tabs: int, trace: bool, http: str, view: str = "counter") -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="lith-bench-memory-") as folder:
         env = {"MEMORY_SERVER": "1", "COUNTER_DB": str(Path(folder) / "counter.db"),
-               "MEMORY_HIBERNATE": "1" if hibernated else "3600", "MEMORY_TRACE": "1" if trace else "0",
-               "MEMORY_ZSTD_WINDOW_LOG": "" if window_log is None else str(window_log)}
+               "MEMORY_HIBERNATE": "1" if hibernated else "3600", "MEMORY_TRACE": "1" if trace else "0"}
         with MemoryServer("bench.memory:app", env=env, access_log=False, http=http, ready="/") as server:
-            result: dict[str, Any] = client.run(one_figure(server.port, tabs, encoding, hibernated, trace))
+            result: dict[str, Any] = client.run(one_figure(server.port, tabs, encoding, hibernated, trace, view))
             return result
 
 
@@ -236,8 +234,8 @@ def arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--tabs", type=int, nargs="+", default=[1_000, 5_000, 10_000])
     ap.add_argument("--layers", action="store_true", help="also tracemalloc's breakdown by package, at 1,000 tabs")
     ap.add_argument("--http", default="httptools", choices=("httptools", "h11"))
-    ap.add_argument("--zstd-window-log", type=int, default=None,
-                    help="serve zstd with this fixed window (Lith(zstd_window_log=N)) instead of a sized one")
+    ap.add_argument("--view", default="counter", choices=("counter", "status"),
+                    help="the shared view every tab watches: the counter (a few hundred bytes) or the 2 KB status")
 
 
 def measure(args: argparse.Namespace) -> harness.Result:
@@ -247,14 +245,13 @@ def measure(args: argparse.Namespace) -> harness.Result:
         raise SystemExit(f"{max(counts)} tabs need about {max(counts) + WARM + 500} files a process; "
                          f"the limit is {limit}")
     figures: dict[str, float] = {}
-    window = "sized from the first write" if args.zstd_window_log is None else f"2^{args.zstd_window_log}"
-    lines = [f"Server RSS growth per tab, KiB (tasks per tab), the counter example, uvicorn --http {args.http}; "
-             f"zstd's window {window}; file limit {limit}:\n",
+    lines = [f"Server RSS growth per tab, KiB (tasks per tab), the counter example's `{args.view}` view, "
+             f"uvicorn --http {args.http}; file limit {limit}:\n",
              "| tabs | " + " | ".join(name(*case) for case in CASES) + " |", "|---:|" + "---:|" * len(CASES)]
     for tabs in counts:
         row = [number(tabs)]
         for encoding, hibernated in CASES:
-            got = serve(encoding, hibernated, tabs, False, args.http, args.zstd_window_log)
+            got = serve(encoding, hibernated, tabs, False, args.http, args.view)
             assert got["streams"] == tabs, got
             figures[f"{encoding}_{'hibernated' if hibernated else 'awake'}_{tabs}_kib"] = got["kib"]
             row.append(f"{got['kib']:.1f} ({got['tasks']:.2f})")
@@ -263,7 +260,7 @@ def measure(args: argparse.Namespace) -> harness.Result:
         tabs = 50 if args.smoke else 1_000
         lines += ["", f"By layer, KiB per tab at {number(tabs)} tabs (tracemalloc in the server):\n",
                   "| layer | identity | zstd awake |", "|---|---:|---:|"]
-        traced = {enc: serve(enc, False, tabs, True, args.http, args.zstd_window_log)["layers"]
+        traced = {enc: serve(enc, False, tabs, True, args.http, args.view)["layers"]
                   for enc in ("identity", "zstd")}
         for layer in (*LAYERS, "outside Python"):
             lines.append(f"| {layer} | {traced['identity'][layer]:.1f} | {traced['zstd'][layer]:.1f} |")

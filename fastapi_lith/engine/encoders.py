@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import threading
 import zlib
 from typing import Any, ClassVar
 
@@ -48,7 +49,8 @@ class Encoder:
 
     @property
     def hibernating(self) -> bool:
-        """zstd: no compressor held (idle, or nothing sent yet); the others never hibernate."""
+        """zstd: no compressor held (idle, nothing sent yet, or only writes small enough to go
+        alone since); the others never hibernate."""
         return False
 
     def encode(self, *events: bytes) -> bytes:
@@ -93,11 +95,27 @@ def _zstd_window_log(size: int) -> int:
     return min(max(zstandard.WINDOWLOG_MIN, (ZSTD_FRAMES * size - 1).bit_length()), ZstdEncoder.MAX_WINDOW_LOG)
 
 
-@functools.lru_cache(maxsize=8)
-def _zstd_frame(data: bytes) -> bytes:
-    """`data` as one whole zstd frame, made once: a keep-alive is the same bytes in every body."""
-    frame: bytes = zstandard.ZstdCompressor(level=1).compress(data)
+# A write under this many bytes to a zstd stream that holds no window goes as a zstd frame of
+# its own. A status line or a counter costs a hundred bytes or so that way, against a dozen
+# through a window, and its stream keeps no compressor: tens of KiB a tab at thousands of tabs,
+# and one compress per change for all of them instead of one per tab.
+ALONE_BELOW = 1024
+
+_ONE_SHOT = threading.local()  # a compressor per thread: the loop's, and each fan-out worker's
+
+
+def _compress(data: bytes) -> bytes:
+    """`data` as one whole zstd frame, its parameters fitted to its size by zstd."""
+    compressor = getattr(_ONE_SHOT, "compressor", None)
+    if compressor is None:
+        compressor = _ONE_SHOT.compressor = zstandard.ZstdCompressor(level=1)
+    frame: bytes = compressor.compress(data)
     return frame
+
+
+# The events a frame is made once for: a keep-alive, and a shared view's change, the same bytes
+# object (frames.sse_event) for every tab that watches it, so its hash is computed once too.
+_zstd_frame = functools.lru_cache(maxsize=64)(_compress)
 
 
 class ZstdEncoder(Encoder):
@@ -112,9 +130,11 @@ class ZstdEncoder(Encoder):
     reaches back far enough and a counter's stream keeps about 30 KiB instead of 80. A later
     write too large for that window ends the zstd frame and starts one sized from it, in the
     same body: a view that grows costs one fresh frame, not a window too short from then on.
-    `level`, `window_log` and
-    `hash_log` pick zstd's parameters; any other field of `zstandard.ZstdCompressionParameters`
-    (chain_log, strategy, ...) can be given by name.
+    A write under `ALONE_BELOW` bytes while no window is open (a small view's change, a tab's
+    outcome) opens none: it goes as a frame of its own, and one sent to many streams is
+    compressed once for all. `level`, `window_log` and `hash_log` pick zstd's parameters; any
+    other field of `zstandard.ZstdCompressionParameters` (chain_log, strategy, ...) can be given
+    by name.
     """
 
     name = "zstd"
@@ -195,13 +215,15 @@ class ZstdEncoder(Encoder):
         if self._closed:
             raise EncoderClosed("encoder is closed")
         head = b""
-        if self._fits is not None:  # sized by the writes: grow it for one that outgrows it
-            size = len(events[0]) if len(events) == 1 else sum(map(len, events))
-            if size > self._fits:
-                head = self.hibernate()
-                window_log = _zstd_window_log(size)
-                self.params = self._params(window_log)
-                self._fits = sys.maxsize if window_log == self.MAX_WINDOW_LOG else (1 << window_log) // ZSTD_FRAMES
+        size = len(events[0]) if len(events) == 1 else sum(map(len, events))
+        if self._stream is None and size < ALONE_BELOW:
+            self._sent = True
+            return _zstd_frame(events[0]) if len(events) == 1 else _compress(b"".join(events))
+        if self._fits is not None and size > self._fits:  # sized by the writes: grow it for this one
+            head = self.hibernate()
+            window_log = _zstd_window_log(size)
+            self.params = self._params(window_log)
+            self._fits = sys.maxsize if window_log == self.MAX_WINDOW_LOG else (1 << window_log) // ZSTD_FRAMES
         if self._stream is None:
             # A chunker, not a compressobj: its output buffer is ZSTD_CHUNK bytes, where a
             # compressobj's is 128 KiB.

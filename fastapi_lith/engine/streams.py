@@ -97,6 +97,7 @@ class Stream:
         self.sent_bytes = 0  # bytes the body wrote
         self.send_timeouts = 0  # set by the response when the client stopped reading
         self.encoding = False  # the encoder is in a worker's hands
+        self.hibernated = False  # idle past hibernate_after: its encoder holds no compressor
         self._pending: dict[str, Frame] = {}
         self._ready = Flag()
         self._subscription: Subscription | None = None  # set by `watch`, from the hub's `open`
@@ -230,7 +231,7 @@ class Stream:
         last_event = last_write = loop.time()
         try:
             while True:
-                can_hibernate = encoder.can_hibernate and not encoder.hibernating
+                can_hibernate = encoder.can_hibernate and not self.hibernated
                 wake = last_write + keepalive
                 if can_hibernate:
                     wake = min(wake, last_event + hibernate_after)
@@ -241,6 +242,7 @@ class Stream:
                 if out is not None:
                     self.sent_bytes += len(out)
                     yield out
+                    self.hibernated = False
                     last_event = last_write = now
                     if encoder.needs_restart:  # a frame outgrew the brotli window: reconnect afresh
                         self.end()
@@ -250,11 +252,13 @@ class Stream:
                 elif self.ended:
                     break
                 elif can_hibernate and now >= last_event + hibernate_after:
-                    self._busy = True
-                    out = encoder.hibernate()
-                    _heap.freed(loop)
-                    self.sent_bytes += len(out)
-                    yield out
+                    # A stream whose writes all went alone holds no compressor: nothing to end.
+                    self.hibernated = self._busy = True
+                    if encoder.memory_size():
+                        out = encoder.hibernate()
+                        _heap.freed(loop)
+                        self.sent_bytes += len(out)
+                        yield out
                     self._written()
                 elif now >= last_write + keepalive:
                     lead, self._lead = self._lead, None

@@ -248,7 +248,7 @@ class Metrics:
             if encoder is None:  # no body yet, or a virtual tab: nothing is compressed
                 open_streams["awake", "identity"] += 1
                 continue
-            state = "hibernated" if encoder.hibernating else "awake"
+            state = "hibernated" if stream.hibernated else "awake"
             open_streams[state, encoder.name or "identity"] += 1
             memory += encoder.memory_size()
         grow(metric.stream_frames, hub, "frames", totals.frames)

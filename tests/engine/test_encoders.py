@@ -18,6 +18,7 @@ from datastar_py.sse import ServerSentEventGenerator as SSE
 from examples.kanban.synthetic import board_html, change_card, make_cards
 from fastapi_lith import SettingError
 from fastapi_lith.engine.encoders import (
+    ALONE_BELOW,
     BrotliEncoder,
     Encoder,
     GzipEncoder,
@@ -26,6 +27,7 @@ from fastapi_lith.engine.encoders import (
     make_encoder,
     negotiate,
 )
+from fastapi_lith.exceptions import EncoderClosed
 
 # --------------------------------------------------------------------------- decoders
 
@@ -291,14 +293,14 @@ def test_zstd_window_follows_the_first_write(frames: list[bytes]) -> None:
     assert window(frames[0], b"data: outcome\n\n") == 2**20  # one write of two events
     assert window(b"x" * 10_000) == 2**16
     assert window(b"x" * 10_000, b"x" * 10_000) == 2**17  # the write's size, not its first event's
-    assert window(b"x") == 2**10  # a counter's few hundred bytes: zstd's smallest window
+    assert window(b"x" * ALONE_BELOW) == 2**12  # the smallest write that opens a window
     assert window(b"x" * 3_000_000) == 2**23
     small = ZstdEncoder()
     small.encode(b"x" * 10_000)
     assert small.memory_size() <= 0.3 * 1024 * 1024
     # A woken stream keeps its window for writes that fit it.
     small.hibernate()
-    body = small.encode(b"data: a keep-alive's size\n\n")
+    body = small.encode(b"x" * ALONE_BELOW)
     assert zstandard.get_frame_parameters(body).window_size == 2**16
     decoder = ZstdDecoder()
     decoder.feed(body)
@@ -317,9 +319,10 @@ def test_a_write_that_outgrows_a_sized_zstd_window_starts_a_frame_sized_from_it(
     sends now, in a new zstd frame of the same body, instead of one too short to repeat it."""
     encoder = ZstdEncoder()
     decoder = ZstdDecoder()
-    small = b"event: datastar-patch-elements\ndata: elements <ul id='list'></ul>\n\n"
+    items = "".join(f"<li>item {i}</li>" for i in range(80))
+    small = f"event: datastar-patch-elements\ndata: elements <ul id='list'>{items}</ul>\n\n".encode()
     first = encoder.encode(small)
-    assert zstandard.get_frame_parameters(first).window_size == 2**10
+    assert zstandard.get_frame_parameters(first).window_size == 2**13
     assert decoder.feed(first) == small
     grown = encoder.encode(frames[0])
     assert decoder.feed(grown) == frames[0] and decoder.frames_ended == 1  # the small frame ended
@@ -331,6 +334,35 @@ def test_a_write_that_outgrows_a_sized_zstd_window_starts_a_frame_sized_from_it(
     fixed.encode(small)
     fixed.encode(frames[0])
     assert fixed.params.window_log == 12 and not fixed.hibernating
+
+
+def test_a_small_write_to_a_zstd_stream_with_no_window_goes_alone_and_is_compressed_once(frames: list[bytes]) -> None:
+    """A counter's change sent to thousands of tabs: one zstd frame made once, the same bytes in
+    every body, and no tab holds a compressor for it. A write large enough opens a window as
+    ever, and small writes then go through it for a few bytes each."""
+    event = SSE.patch_elements("<div id='count'>41</div>").encode()
+    a, b = ZstdEncoder(), ZstdEncoder()
+    alone = a.encode(event)
+    assert b.encode(event) is alone  # compressed once for both
+    assert a.hibernating and a.memory_size() == 0 and a.params is None
+    decoder = ZstdDecoder()
+    assert decoder.feed(alone) == event and decoder.frames_ended == 1
+    lead = b"retry: 2500\n"
+    assert decoder.feed(a.encode(lead, event)) == lead + event and decoder.frames_ended == 2
+    under = b"x" * (ALONE_BELOW - 1)
+    assert decoder.feed(a.encode(under)) == under and decoder.frames_ended == 3  # alone, just under
+
+    assert decoder.feed(a.encode(frames[0])) == frames[0]  # a board opens a window
+    assert not a.hibernating and a.memory_size() > 0
+    through = a.encode(event)
+    assert decoder.feed(through) == event and len(through) < len(alone) and decoder.frames_ended == 3
+    assert decoder.feed(a.hibernate()) == b"" and decoder.frames_ended == 4
+    assert decoder.feed(a.encode(event)) == event and a.hibernating  # alone again once asleep
+
+    assert decoder.feed(a.close()) == b"" and decoder.clean_end
+    assert b.close() == b""  # its body already ends a frame
+    with pytest.raises(EncoderClosed):
+        b.encode(event)
 
 
 def test_events_are_encoded_in_one_write_without_joining(frames: list[bytes]) -> None:
@@ -358,7 +390,7 @@ def test_zstd_hibernation_ends_the_frame_frees_memory_and_the_stream_goes_on(
     decoder = ZstdDecoder()
     assert encoder.can_hibernate
     assert encoder.hibernate() == b""  # nothing to end before the first event
-    sent = frames[:3] + [b": keep-alive\n\n"] + frames[3:5]
+    sent = frames[:4] + [b": keep-alive\n\n", frames[4]]
     body = []
 
     for event in sent[:3]:
@@ -409,10 +441,11 @@ def test_an_asleep_zstd_encoders_keepalives_are_frames_of_their_own_and_leave_it
 def test_an_awake_encoders_keepalive_goes_on_in_its_window(kind: str) -> None:
     encoder = ENCODERS[kind]()
     decoder = DECODERS[encoder.name]()
-    first = encoder.encode(b"data: one\n\n")
+    event = b"data: " + b"1" * ALONE_BELOW + b"\n\n"  # large enough to open a zstd window
+    first = encoder.encode(event)
     keepalive = encoder.encode_asleep(b": keep-alive\n\n")
     assert not encoder.hibernating
-    assert decoder.feed(first + keepalive + encoder.close()) == b"data: one\n\n: keep-alive\n\n"
+    assert decoder.feed(first + keepalive + encoder.close()) == event + b": keep-alive\n\n"
     assert decoder.clean_end
 
 
@@ -559,9 +592,11 @@ def test_zstd_preset_parameters() -> None:
     sized = ZstdEncoder()
     assert sized.params is None  # sized by the first write
     sized.encode(b"data: x\n\n")
+    assert sized.params is None  # a small write goes alone: no window yet
+    sized.encode(b"x" * ALONE_BELOW)
     default = sized.params
     assert (low.window_log, low.hash_log) == (18, 13)
-    assert (default.window_log, default.hash_log) == (10, 6)  # a small first write: the smallest window
+    assert (default.window_log, default.hash_log) == (12, 8)  # a small first window: a small table
     assert (dense.window_log, dense.hash_log, dense.chain_log, dense.search_log, dense.min_match) == (19, 13, 14, 1, 6)
 
 

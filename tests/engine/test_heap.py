@@ -49,7 +49,7 @@ async def test_what_idle_or_ended_streams_freed_goes_back_to_the_system(quick_re
             first_frames += 1 if not encoder.hibernating else 0
 
     for i, stream in enumerate(streams):
-        stream.offer(Frame("v", f"<p id='v'>{f'tab {i} ' * 40}</p>"))
+        stream.offer(Frame("v", f"<p id='v'>{f'tab {i} ' * 200}</p>"))  # large enough to open a window
     bodies = [asyncio.create_task(tab(s, e)) for s, e in zip(streams, encoders, strict=True)]
     # Python objects that outlive the compressors, between them in the heap: a tab's request.
     pinned = [bytearray(1024) for _ in streams]

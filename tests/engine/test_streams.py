@@ -18,6 +18,7 @@ import pytest
 import zstandard
 from prometheus_client.parser import text_string_to_metric_families
 
+from fastapi_lith.engine.encoders import ALONE_BELOW
 from fastapi_lith.engine.frames import Frame, sse_event
 from tests.support import SUPPORT
 from tests.support.browser import Server
@@ -499,10 +500,11 @@ async def test_a_stream_counts_what_it_took_and_every_byte_its_body_wrote() -> N
 
     stream = Stream("t1")
     stream.offer(Frame("v", "<p id='v'>old</p>"))
-    first = Frame("v", "<p id='v'>one</p>")
+    pad = "." * ALONE_BELOW  # frames large enough to open a zstd window, which then hibernates
+    first = Frame("v", f"<p id='v'>one{pad}</p>")
     stream.offer(first)  # supersedes the old one
     assert stream.skipped == 1
-    second = Frame("v", "<p id='v'>second</p>")
+    second = Frame("v", f"<p id='v'>second{pad}</p>")
     decoder = Decoder("zstd")
     text = b""
     asleep_at: int | None = None
@@ -567,7 +569,7 @@ async def test_an_awake_stream_sends_keepalives_without_hibernating() -> None:
     from fastapi_lith.engine.streams import KEEPALIVE, Stream
 
     stream = Stream("t1")
-    first = Frame("v", "<p id='v'>one</p>")
+    first = Frame("v", "<p id='v'>one" + "." * ALONE_BELOW + "</p>")  # it opens a zstd window
     stream.offer(first)
     encoder = ZstdEncoder()
     decoder = Decoder("zstd")

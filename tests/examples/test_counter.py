@@ -54,6 +54,27 @@ def test_a_click_in_one_page_updates_both(two_pages: tuple[Page, Page], db_path:
     assert count(db_path) == 4
 
 
+def test_chromium_morphs_its_zstd_stream_of_frames_each_of_its_own(
+    new_page: Callable[..., Page], server_factory: Callable[..., Server], db_path: Path
+) -> None:
+    """The counter's writes are small, so each goes as a zstd frame of its own and the stream
+    keeps no compressor (docs/encoders.md): Chromium decodes one after another in one body."""
+    server = server_factory("examples.counter.app:app", cwd=REPO, env={"COUNTER_DB": str(db_path)})
+    page = new_page()
+    encodings: list[str] = []
+    page.on("response", lambda r: "/lith/stream" in r.url and encodings.append(r.headers.get("content-encoding", "")))
+    page.goto(server.url + "/")
+    wait_for_datastar(page)
+    total = 0
+    for n in (2, 5, 7):
+        page.locator("input").fill(str(n))
+        page.get_by_role("button", name="Add").click()
+        total += n
+        expect(page.locator("#counter")).to_have_text(str(total), timeout=10_000)
+        expect(page.locator("#outcome .message")).to_have_text(f"You added {n}: {total}.")
+    assert encodings == ["zstd"]
+
+
 def test_the_button_is_pending_until_its_frame_arrives(two_pages: tuple[Page, Page], db_path: Path) -> None:
     """The POST is held in the browser while we look: pending shows without any sleep or a
     slowed tick (the counter reads no tick setting from the environment)."""
