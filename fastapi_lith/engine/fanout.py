@@ -19,6 +19,7 @@ import collections
 import os
 import queue
 import threading
+import time
 from typing import Protocol
 
 from .encoders import Encoder
@@ -96,6 +97,10 @@ class Fanout:
         self.inline += inline
         if waiting:  # the rest after what this pass let wait: requests read, the first sends
             loop.call_soon(self._flush, loop)
+            # Nothing else in a broadcast gives up the GIL (a small write's encode is a cached
+            # frame, the sockets' writes keep it): a thread that waits for it, the writer
+            # committing a request's command, would wait out the switch interval each time.
+            time.sleep(0)
         else:
             del self._waiting[loop]
         if not jobs:
