@@ -35,7 +35,7 @@ INLINE_BELOW = 4096
 # Small writes encoded on the loop in one pass; the rest wait for the next. On worker threads
 # they cost more (each one's encode is too short to be worth giving up the GIL), and all in one
 # pass keep a POST waiting until every tab's encode is done.
-INLINE_PER_PASS = 64
+INLINE_PER_PASS = 32
 
 
 class Encodable(Protocol):
