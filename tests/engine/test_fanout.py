@@ -315,11 +315,16 @@ async def test_many_small_writes_are_encoded_a_pass_at_a_time_with_the_loop_s_ot
     for i, outlet in enumerate(outlets):
         outlet.encoded = lambda out, i=i, o=outlet: (order.append(i), Outlet.encoded(o, out))  # type: ignore[method-assign]
         fanout.request(outlet)
-    asyncio.get_running_loop().call_soon(turn)
+    loop = asyncio.get_running_loop()
+    loop.call_soon(turn)
+    raised: list[dict[str, object]] = []  # what a pass's callback raised into the loop
+    loop.set_exception_handler(lambda _loop, context: raised.append(context))
     try:
         await asyncio.wait_for(asyncio.gather(*(o.done.wait() for o in outlets)), 10)
     finally:
+        loop.set_exception_handler(None)
         fanout.close()
+    assert raised == []
     assert done_at_each_turn[:3] == [INLINE_PER_PASS, 2 * INLINE_PER_PASS, len(outlets)]
     assert order == list(range(len(outlets)))
     assert (fanout.inline, fanout.encodes, fanout.hops) == (len(outlets), len(outlets), 0)
