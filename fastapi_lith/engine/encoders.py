@@ -127,7 +127,7 @@ class ZstdEncoder(Encoder):
 
     The window is sized from the write that opens it unless `window_log` is given: room for
     `ZSTD_FRAMES` writes of that size, between 2^10 and 2^23, so a big board gets a window that
-    reaches back far enough and a 10 KB page keeps a tenth of a board's memory. A later
+    reaches back far enough and a 10 KB page keeps a seventh of a board's memory. A later
     write too large for that window ends the zstd frame and starts one sized from it, in the
     same body: a view that grows costs one fresh frame, not a window too short from then on.
     A write under `ALONE_BELOW` bytes while no window is open (a small view's change, a tab's
