@@ -8,7 +8,7 @@ at least every tenth middle one, and at every quarter of growth) there are many 
 open, and some in every broadcast (bench/RESULTS.md). The runtime's own objects
 form no cycles, so those walks find nothing: reference counting frees them.
 
-A serving hub therefore asks for a full collection ten times less often. Young and middle
+A serving hub therefore asks for a full collection a hundred times less often. Young and middle
 collections, which find the short cycles an app makes (an exception and its traceback), keep
 their schedule. An app that set its own thresholds, or turned the collector off, is left as it is.
 
@@ -28,11 +28,11 @@ __all__ = ["FULL_AFTER", "freeze_startup", "space_full_collections"]
 # own choice (or an interpreter this module does not know), and stays.
 INTERPRETER_SCHEDULES = {(700, 10, 10), (2000, 10, 10)}
 # The third threshold: middle collections before a full one is considered (the interpreter's: 10).
-FULL_AFTER = 100
+FULL_AFTER = 1000
 
 
 def space_full_collections() -> None:
-    """Run full collections ten times less often, unless the process has a schedule of its own."""
+    """Run full collections a hundred times less often, unless the process has a schedule of its own."""
     young, middle, full = gc.get_threshold()
     if gc.isenabled() and (young, middle, full) in INTERPRETER_SCHEDULES:
         gc.set_threshold(young, middle, FULL_AFTER)

@@ -31,12 +31,12 @@ def lith_at(tmp_path: Path) -> Lith:
 
 
 @pytest.mark.parametrize("young", [700, 2000])  # 3.11 and 3.12, then 3.13
-async def test_a_serving_hub_runs_full_collections_ten_times_less_often(tmp_path: Path, schedule: None, young: int) -> None:
+async def test_a_serving_hub_runs_full_collections_a_hundred_times_less_often(tmp_path: Path, schedule: None, young: int) -> None:
     gc.set_threshold(young, 10, 10)
     lith = lith_at(tmp_path)
     async with lith.lifespan():
-        assert gc.get_threshold() == (young, 10, FULL_AFTER) == (young, 10, 100)
-    assert gc.get_threshold() == (young, 10, 100)  # one schedule a process: a later start finds it set
+        assert gc.get_threshold() == (young, 10, FULL_AFTER) == (young, 10, 1000)
+    assert gc.get_threshold() == (young, 10, 1000)  # one schedule a process: a later start finds it set
 
 
 async def test_a_hub_without_ticks_leaves_the_schedule(tmp_path: Path, schedule: None) -> None:
