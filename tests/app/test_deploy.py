@@ -441,7 +441,13 @@ def test_the_unit_serves_with_the_server_its_env_file_names_on_the_socket_it_hol
     def exited_cleanly(proc: subprocess.Popen[bytes]) -> None:
         assert proc.wait(60) in (0, -signal.SIGTERM), log.read_text()
         text = log.read_text()
-        assert "refused to gracefully stop" not in text, text  # no worker killed at the bound; the whole log
+        if server == "granian":
+            # Every worker saw the signal and stopped itself; one that had not would serve on
+            # until the graceful bound killed it. granian's own "refused to gracefully stop"
+            # is no sign of that: on a busy machine it also follows a worker that has exited.
+            assert text.count("_granian.serve: Stopping worker-") == 2 * starts, text
+        else:
+            assert "refused to gracefully stop" not in text, text  # no worker killed at the bound
 
     stream = "/lith/stream?views=counter&tab=t1"
     headers = {"Accept-Encoding": "identity", "Sec-Fetch-Site": "same-origin"}
