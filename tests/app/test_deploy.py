@@ -437,6 +437,13 @@ def test_the_unit_serves_with_the_server_its_env_file_names_on_the_socket_it_hol
         while log.read_text().count(ready) < 2 * starts:
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.05)
+        # granian logs a worker's start a moment before the worker watches for the signal: a
+        # request answered after both have started puts that moment behind.
+        with socket.socket(socket.AF_UNIX) as asking:
+            asking.settimeout(60)
+            asking.connect(str(path))
+            asking.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            assert b"".join(iter(lambda: asking.recv(65536), b"")).startswith(b"HTTP/1.1 200")
 
     def exited_cleanly(proc: subprocess.Popen[bytes]) -> None:
         assert proc.wait(60) in (0, -signal.SIGTERM), log.read_text()
