@@ -1,12 +1,12 @@
 """Memory per tab, all-inclusive: the server's RSS growth over N open streams, divided by N.
 
 The counter example (its `counter` view and each tab's `outcome/{tab}`, a few hundred bytes a
-tab; bench/lib/tabsapp.py) under uvicorn with the deploy's flags, and N real streams from a raw asyncio client on
-uvloop in this process (bench/lib/client.py), each read until its first frames arrived. A
-fresh server per figure: its RSS after a warm-up (a few hundred streams opened and closed, so
-the allocators hold what a stream needs) is the baseline, its RSS with N tabs open the figure.
-What the warm-up freed is handed back to the system before the baseline (`malloc_trim`), so
-new streams find no free memory to reuse and every checkout starts alike.
+tab; bench/lib/tabsapp.py) under uvicorn with the deploy's flags, and N real streams from a raw
+asyncio client on uvloop in this process (bench/lib/client.py), each read until its first
+frames arrived. A fresh server per figure: its RSS after a warm-up (a few hundred streams opened
+and closed, so the allocators hold what a stream needs) is the baseline, its RSS with N tabs
+open the figure. What the warm-up freed is handed back to the system before the baseline
+(`malloc_trim`), so new streams find no free memory to reuse and every checkout starts alike.
 
   awake       no stream idle long enough to hibernate (hibernate_after longer than the run)
   hibernated  zstd only: every stream idle past a short hibernate_after, its compressor freed

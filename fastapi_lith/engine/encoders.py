@@ -118,6 +118,12 @@ def _compress(data: bytes) -> bytes:
 _zstd_frame = functools.lru_cache(maxsize=64)(_compress)
 
 
+def _alone(events: tuple[bytes, ...]) -> bytes:
+    """`events` as one zstd frame of their own: one event made once for every stream that sends
+    it, several (a tab's own write) compressed for this write alone."""
+    return _zstd_frame(events[0]) if len(events) == 1 else _compress(b"".join(events))
+
+
 class ZstdEncoder(Encoder):
     """zstd with one window over the whole stream and a flushed block per event.
 
@@ -218,7 +224,7 @@ class ZstdEncoder(Encoder):
         size = len(events[0]) if len(events) == 1 else sum(map(len, events))
         if self._stream is None and size < ALONE_BELOW:
             self._sent = True
-            return _zstd_frame(events[0]) if len(events) == 1 else _compress(b"".join(events))
+            return _alone(events)
         if self._fits is not None and size > self._fits:  # sized by the writes: grow it for this one
             head = self.hibernate()
             window_log = _zstd_window_log(size)
@@ -241,7 +247,7 @@ class ZstdEncoder(Encoder):
         if self._stream is not None or self._closed:
             return super().encode_asleep(*events)
         # A zstd frame of its own: an idle stream's keep-alive builds no compressor for it.
-        return _zstd_frame(events[0] if len(events) == 1 else b"".join(events))
+        return _alone(events)
 
     def hibernate(self) -> bytes:
         if self._stream is None:

@@ -254,7 +254,7 @@ class Stream:
                 elif can_hibernate and now >= last_event + hibernate_after:
                     # A stream whose writes all went alone holds no compressor: nothing to end.
                     self.hibernated = self._busy = True
-                    if encoder.memory_size():
+                    if not encoder.hibernating:
                         out = encoder.hibernate()
                         _heap.freed(loop)
                         self.sent_bytes += len(out)
