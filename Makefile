@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint docs bench mutate clean
+.PHONY: install run test lint docs screenshots bench mutate clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -18,10 +18,10 @@ SERVER ?= uvicorn
 run: $(STAMP)
 	KANBAN_DB=$${KANBAN_DB:-kanban.db} KANBAN_OPERATOR_PASSWORD=$${KANBAN_OPERATOR_PASSWORD:-dev} $(BIN)/python -m fastapi_lith serve examples.kanban.app:app --server $(SERVER) --log-config deploy/logging.json
 
-# TEST_JOBS=N runs the suite in N processes (pytest-xdist): most tests wait on a server, a
-# subprocess or a page, so N = cores + 1 takes less than half the time. One process is the
-# default until every test holds up under that load (CHANGELOG, Unreleased).
-TEST_JOBS ?= 0
+# The suite runs in cores + 1 processes (pytest-xdist): most tests wait on a server, a
+# subprocess or a page, so that takes under half the time of one. TEST_JOBS=0 runs it in this
+# process alone (a debugger, -x on the first failure).
+TEST_JOBS ?= $(shell echo $$(( $$(nproc) + 1 )))
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(TEST_JOBS)
 
@@ -32,6 +32,10 @@ lint: $(STAMP)
 
 docs: $(STAMP)
 	$(BIN)/mkdocs build --strict
+
+# The dashboard's screenshots in the docs (docs/img), taken by its browser test.
+screenshots: $(STAMP)
+	LITH_SCREENSHOTS=1 $(BIN)/python -m pytest -q -n 0 tests/dashboard/test_dashboard_browser.py
 
 # A quick pass of every benchmark (bench/RESULTS.md says what they measure): under ten minutes
 # on two cores. `python -m bench.NAME --help` for one scenario's own flags, and --against REV.

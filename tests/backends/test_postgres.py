@@ -154,6 +154,17 @@ class Rival:
         while self.admin.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone() != ("Lock",):
             assert time.monotonic() < deadline, "the rival never waited for row 1"
 
+    def settle(self, timeout: float) -> None:
+        """Let the last meeting's ask for row 1 commit before a run of the writer's batch begins.
+
+        The writer's rollback lets that ask through, but PostgreSQL does not queue the batch's
+        next run behind it: a row whose updater rolled back is free to whichever asks first, and
+        a writer quick to run again (the rival's thread slow to be scheduled) would take row 1
+        first and meet the rival's row 2 a meeting too early."""
+        if self.asking is not None:
+            self.asking.join(timeout)
+            assert not self.asking.is_alive(), "the rival's ask for row 1 never went through"
+
     def until_the_writer_lost(self, timeout: float) -> None:
         """Wait until the writer's backend has found the deadlock: in the middle of a pipeline,
         it no longer waits for the lock but for what the writer sends next."""
@@ -210,6 +221,8 @@ class Crossing(Command):
     model_config = {"arbitrary_types_allowed": True}
 
     def apply(self, tx: Tx) -> str:
+        if isinstance(self.wait, Rival):
+            self.wait.settle(5)
         tx.execute(ADD, {"n": 1, "row": self.first})
         # A result waits for the pipeline to reach the server: the row is locked from here on.
         tx.scalar(COUNT_OF, {"row": self.first})
