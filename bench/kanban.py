@@ -133,7 +133,8 @@ def served(m: Counts | None, seconds: float) -> dict[str, float]:
             "ticks_s": m.get("lith_hub_ticks_total") / seconds,
             "late_ticks": m.get("lith_hub_late_ticks_total"), "frames_sent_s": frames / seconds,
             "sent_bytes_per_frame": m.get("lith_stream_bytes_total", stage="sent") / frames if frames else NAN,
-            "per_batch": m.mean("lith_writer_batch_size"),
+            "per_batch": m.mean("lith_writer_batch_size"), "batch_ms": m.mean("lith_writer_commit_seconds") * 1e3,
+            "tick_ms": m.mean("lith_hub_tick_seconds") * 1e3, "render_ms": m.mean("lith_hub_render_seconds") * 1e3,
             "writer_busy": m.get("lith_writer_commit_seconds_sum") / seconds}
 
 
@@ -207,7 +208,7 @@ async def load(server: Server, encoding: str, rate: float, tabs_n: int, cards: l
         "post_p50_ms": percentile(post_ms, 50), "board_frames_per_tab_s": board / s.seconds / tabs_n,
         "bytes_per_frame": body / frames if frames else NAN, "server_cores": s.cores,
         "server_ms_per_board_frame": s.cores * s.seconds / board * 1e3 if board else NAN,
-        "mib_per_stream": (s.rss_mib - rss0) / tabs_n, "client_cores": c.cores, "others": c.others,
+        "mib_per_stream": (s.rss_mib - rss0) / tabs_n, "client_cores": c.cores, "others": s.others,
         "waiting": s.waiting, "lost": float(lost[0]), "reconnects": float(tabs.reconnects),
         "errors": float(sum(done.errors.values())), **metrics,
     }
@@ -309,7 +310,9 @@ def table(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
             ("server: renders/s", "renders_s", 1), ("server: ticks/s", "ticks_s", 1),
             ("server: late ticks", "late_ticks", 0),
             ("server: frames sent/s", "frames_sent_s", 0), ("server: bytes sent per frame", "sent_bytes_per_frame", 0),
-            ("server: commands per batch", "per_batch", 1), ("server: writer busy", "writer_busy", 2)]
+            ("server: commands per batch", "per_batch", 1), ("server: batch ms, mean", "batch_ms", 1),
+            ("server: tick ms, mean", "tick_ms", 1), ("server: render ms, mean", "render_ms", 1),
+            ("server: writer busy", "writer_busy", 2)]
     lines = [f"{args.tabs} tabs, {args.workers} server process(es); rows: offered moves/s by encoding.\n",
              "| figure | " + " | ".join(keys) + " |", "|---|" + "---:|" * len(keys)]
     lines += [f"| {label} | " + " | ".join(number(results[k].get(key, NAN), d) for k in keys) + " |"

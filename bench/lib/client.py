@@ -23,8 +23,18 @@ from typing import Any
 import brotli
 import zstandard
 
-EVENT_END = b"\n\n"
 HEADERS = "Datastar-Request: true\r\nSec-Fetch-Site: same-origin\r\n"
+
+
+def _event_end(data: bytes, start: int) -> int:
+    """Where the event from `start` ends (its blank line), or -1: by each newline, which `find`
+    looks for with memchr, where its search for the two bytes `\n\n` steps through a 150 KB
+    event's every few bytes, about seventy times as long."""
+    while (nl := data.find(b"\n", start)) >= 0:
+        if data[nl + 1:nl + 2] == b"\n":
+            return nl
+        start = nl + 1
+    return -1
 
 
 class Decoder:
@@ -156,7 +166,7 @@ class SseStream(asyncio.Protocol):
         self.decoded += len(out)
         data = self.text + out if self.text else out
         start = 0
-        while (end := data.find(EVENT_END, start)) >= 0:
+        while (end := _event_end(data, start)) >= 0:
             event = data[start:end]
             if event.startswith(b":"):
                 self.keepalives += 1

@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
 from htpy import Element
+from markupsafe import Markup
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ..exceptions import AlreadyRunning, NotRunning
@@ -43,7 +44,7 @@ class Backend(Protocol):
 def app_views(outcome_hint: str = "") -> Views:
     """An app's views, the built-in `"outcome/{tab}"` among them: every tab's last message and
     its `done` signal (commands.py). One per app, shared by every engine of an account pool."""
-    def outcome(db: Db, tab: str) -> Element:
+    def outcome(db: Db, tab: str) -> Element | Markup:
         return outcomes.outcome_view(db, tab, hint=outcome_hint)
 
     views = Views()

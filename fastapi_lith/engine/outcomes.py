@@ -19,6 +19,7 @@ version, an edited row) is refused, and its command is still not applied again.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -27,6 +28,7 @@ from typing import Annotated, Any, Literal, Union, get_type_hints
 
 import htpy as h
 from htpy import Element
+from markupsafe import Markup
 from pydantic import ConfigDict, Discriminator, JsonValue, Tag, TypeAdapter, ValidationError
 from sqlalchemy import text
 
@@ -208,7 +210,16 @@ def load_outcome(command: type[Any], stored: object) -> tuple[Any, BaseException
     return None, OutcomeLost(row[1])
 
 
-def outcome_view(db: Db, tab: str, *, hint: str = "") -> Element:
+@functools.lru_cache(maxsize=16)
+def _no_outcome(hint: str) -> Markup:
+    """A tab with no op yet: the same HTML for every tab, rendered once (a deploy's thousands
+    of reconnecting tabs each open with it)."""
+    return Markup(h.div("#outcome.outcome", {"data-signals:done": "0"}, role="status")[
+        hint and h.p(".message.hint", {"data-show": "$done == 0"})[hint], h.div("#lith-error")
+    ])
+
+
+def outcome_view(db: Db, tab: str, *, hint: str = "") -> Element | Markup:
     """The built-in `"outcome/{tab}"` view: the outcome of the tab's newest op, and `done` set to it.
 
     A new op starts a fresh outcome. The message belongs to one op and shows only while `done` is
@@ -219,9 +230,7 @@ def outcome_view(db: Db, tab: str, *, hint: str = "") -> Element:
     """
     last = db.first(LAST_TAB, {"tab": tab})
     if last is None:
-        return h.div("#outcome.outcome", {"data-signals:done": "0"}, role="status")[
-            hint and h.p(".message.hint", {"data-show": "$done == 0"})[hint], h.div("#lith-error")
-        ]
+        return _no_outcome(hint)
     op = str(last["op"])
     signals = {"data-signals:done": op}
     if last["ok"]:
