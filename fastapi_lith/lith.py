@@ -8,6 +8,7 @@ import logging
 import operator
 import re
 import sys
+import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext, suppress
 from pathlib import Path
@@ -35,7 +36,7 @@ from .engine.readers import Readers
 from .engine.streams import Principal
 from .engine.views import Access, Render, Topics, Views
 from .engine.writer import Writer
-from .exceptions import AlreadyRunning, BadParameter, SettingError, WriterClosed
+from .exceptions import AlreadyRunning, BadParameter, NotRunning, SettingError, WriterClosed
 from .ops import Backups
 from .ops.litestream import WRITER_CHECKPOINT_PAGES
 from .ops.metrics import Metrics
@@ -199,9 +200,17 @@ class Lith:
         if not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix):
             raise SettingError(f"prefix must be a path like '/lith' (a leading '/', none at the end), not {prefix!r}")
         self.prefix = prefix
+        engine = self.engine
+
+        async def current() -> Engine:
+            return engine
+
+        # The web layer holds the engine and this Lith's lifespan, not the Lith: with no cycle
+        # through it, an account's Lith is freed (its engine with it) the moment its pool closes
+        # it, not at CPython's next full collection.
         self.web = WebLayer(
-            config, current=self._current, engine_of=lambda request: self.engine, views=self.views,
-            router=APIRouter(prefix=prefix, include_in_schema=False, lifespan=self.lifespan),
+            config, current=current, engine_of=lambda request: engine, views=self.views,
+            router=APIRouter(prefix=prefix, include_in_schema=False, lifespan=_lifespan_of(self)),
             stream_path="/stream", writer=engine_writer,
         )
         # `Depends(lith.writer)`: the writer, guarded for a command's request (web/dependency.py).
@@ -289,9 +298,6 @@ class Lith:
 
     # `Depends(lith.unguarded)`: the scrape or the dashboard open to anyone, on purpose.
     unguarded = staticmethod(unguarded)
-
-    async def _current(self) -> Engine:
-        return self.engine
 
     def view(self, key: str, *, topics: Topics = (), access: Access | None = None) -> Callable[[Render], Render]:
         """Register `fn(db, **params) -> HTML` as the view `key`, rendered when `topics` change.
@@ -486,3 +492,16 @@ async def _traced(engine: Engine) -> AsyncIterator[None]:
 
 
 _PREFIX = re.compile(r"(/[A-Za-z0-9._~-]+)+")
+
+
+def _lifespan_of(lith: Lith) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """`lith.lifespan` for its router, holding `lith` weakly (the Lith holds the router)."""
+    lifespan = weakref.WeakMethod(lith.lifespan)
+
+    def run(app: FastAPI) -> AbstractAsyncContextManager[None]:
+        bound = lifespan()
+        if bound is None:
+            raise NotRunning("this router's Lith is gone: keep a reference to it (lith = Lith(...)) while its app runs")
+        return bound(app)
+
+    return run

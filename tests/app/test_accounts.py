@@ -282,6 +282,28 @@ async def test_a_thousand_accounts_in_turn_with_max_open_50_hold_resources_for_5
         assert conn.execute("SELECT count FROM counter").fetchone()[0] == 999
 
 
+async def test_a_closed_accounts_lith_is_freed_at_once_not_at_the_next_full_collection(tmp_path: Path) -> None:
+    """No reference cycle holds an account's `Lith` (its engine, hub and writer with it): closed,
+    it is freed by reference counting, so accounts opened and closed in turn do not pile up
+    until CPython's next full collection, which may be far off in a process full of streams."""
+    accounts, app = make_app(tmp_path / "accounts", write_migrations(tmp_path / "m", INIT))
+    async with accounts.lifespan(app):
+        await accounts.create("acct")
+        gc.collect()
+        gc.disable()
+        try:
+            for n in range(1, 4):  # opened again after each close: a fresh Lith each time
+                async with accounts.use("acct") as lith:
+                    assert await lith.writer.do(Add()) == n
+                    assert await lith.render("counter") == f'<p id="counter">{n}</p>'
+                    closed = weakref.ref(lith), weakref.ref(lith.engine), weakref.ref(lith.engine.hub)
+                del lith
+                await accounts.close("acct")
+                assert [ref() for ref in closed] == [None, None, None]
+        finally:
+            gc.enable()
+
+
 def test_accounts_settings_are_checked_when_built(tmp_path: Path) -> None:
     with pytest.raises(SettingError, match="readers must be an integer at least 1, not 0"):
         Accounts(tmp_path, readers=0)

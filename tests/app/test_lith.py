@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import re
 import select
@@ -450,6 +451,21 @@ async def test_a_route_taking_the_writer_that_was_not_guarded_fails_loudly(tmp_p
         "(or accounts.router) in the app that serves it, app.include_router(lith.router), and add its routes "
         "before the app starts"
     )
+
+
+async def test_a_router_whose_lith_is_gone_says_so_when_its_app_starts(tmp_path: Path) -> None:
+    """The router holds its Lith weakly (so that a closed account's is freed at once): an app
+    that kept only the router fails at its start, saying what to keep, not later and vaguely."""
+    from fastapi import FastAPI
+
+    from fastapi_lith import Lith, NotRunning
+
+    app = FastAPI()
+    app.include_router(Lith(tmp_path / "app.db").router)
+    gc.collect()
+    with pytest.raises(NotRunning, match=r"^this router's Lith is gone: keep a reference to it \(lith = Lith\(\.\.\.\)\)"):
+        async with app.router.lifespan_context(app):
+            pass
 
 
 async def test_a_route_added_between_two_starts_is_guarded_at_the_second(tmp_path: Path) -> None:
