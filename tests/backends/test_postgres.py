@@ -143,8 +143,7 @@ class Rival:
             self.conn.commit()
         if self.waits not in self.cross:
             return
-        if self.asking is not None:  # the last meeting's: it has row 1 by now, since the command does
-            self.asking.join(timeout)
+        self.settle(timeout)  # the last meeting's ask: it has row 1 by now, since the command does
         if self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
             self.hold()
         self.asking = threading.Thread(target=self._ask_for_row_1)
