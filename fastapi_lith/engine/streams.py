@@ -235,8 +235,6 @@ class Stream:
                 wake = last_write + keepalive
                 if can_hibernate:
                     wake = min(wake, last_event + hibernate_after)
-                if self.encoding:  # a worker holds the encoder: wait for its bytes, nothing else
-                    wake = math.inf
                 out = await self._next_bytes(wake)
                 now = loop.time()
                 if out is not None:
@@ -299,15 +297,18 @@ class Stream:
 
     async def _next_bytes(self, deadline: float) -> bytes | None:
         """Encoded bytes to write; None once `deadline` (loop time) passes with none, or once
-        ended with nothing in flight.
+        ended with nothing in flight. While a worker holds the encoder the deadline waits: its
+        bytes come next, and a keep-alive or a hibernation meanwhile would use the encoder from
+        two threads at once.
 
         One timer per stream, armed again only once it fired or when it lies past the deadline:
         deadlines move later with every write, so a busy stream arms none per write.
         """
         loop = asyncio.get_running_loop()
         while self._out is None and not (self.ended and not self.encoding):
-            now = loop.time()
-            if now >= deadline:
+            if self.encoding:  # it may have begun while this waited: a frame went to a worker
+                deadline = math.inf
+            if loop.time() >= deadline:
                 return None
             timer = self._timer
             if deadline == math.inf:  # bytes are on their way from a worker: no timer needed

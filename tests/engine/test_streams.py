@@ -563,6 +563,51 @@ async def test_the_retry_field_opens_the_first_event_once_through_the_encoder() 
     assert chunks[0] == b"retry: 1500\n" + KEEPALIVE
 
 
+async def test_no_keep_alive_touches_the_encoder_while_a_worker_encodes_a_frame() -> None:
+    """The keep-alive's deadline passes while a fan-out worker holds the encoder: the body
+    waits for the worker's bytes and sends them, and only then its keep-alives. (zstd's
+    compressor, used from the loop meanwhile, raised; brotli's and zlib's are no safer.)"""
+    import threading
+
+    from fastapi_lith.engine.encoders import IdentityEncoder
+    from fastapi_lith.engine.fanout import INLINE_BELOW, Fanout
+    from fastapi_lith.engine.frames import Frame
+    from fastapi_lith.engine.streams import KEEPALIVE, Stream
+
+    class HeldInTheWorker(IdentityEncoder):
+        """Identity, whose encode on a worker waits for `release`; used by two at once, it fails."""
+
+        def __init__(self) -> None:
+            self.entered, self.release, self.in_use = threading.Event(), threading.Event(), threading.Lock()
+
+        def encode(self, *events: bytes) -> bytes:
+            assert self.in_use.acquire(blocking=False), "the encoder is used by two at once"
+            try:
+                if threading.current_thread() is not threading.main_thread():
+                    self.entered.set()
+                    assert self.release.wait(10)
+                return super().encode(*events)
+            finally:
+                self.in_use.release()
+
+    big = Frame("v", "<p id='v'>" + "x" * INLINE_BELOW + "</p>")  # large enough for a worker
+    stream, encoder, fanout = Stream("t1"), HeldInTheWorker(), Fanout(1)
+    stream.offer(big)
+    body = stream.body(encoder, keepalive=0.02, hibernate_after=60, fanout=fanout)
+    first = asyncio.ensure_future(body.__anext__())
+    try:
+        assert await asyncio.to_thread(encoder.entered.wait, 10)
+        await asyncio.sleep(0.1)  # five keep-alive intervals pass with the worker holding the encoder
+        assert not first.done()
+        encoder.release.set()
+        assert await asyncio.wait_for(first, 10) == sse_event(big)
+        assert await asyncio.wait_for(body.__anext__(), 10) == KEEPALIVE
+    finally:
+        encoder.release.set()
+        await body.aclose()
+        fanout.close()
+
+
 async def test_an_awake_stream_sends_keepalives_without_hibernating() -> None:
     from fastapi_lith.engine.encoders import ZstdEncoder
     from fastapi_lith.engine.frames import Frame
