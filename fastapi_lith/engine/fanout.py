@@ -9,7 +9,8 @@ A stream is encoded for only once its previous bytes are written: one that stall
 the newest frame of each view and costs no encode work until it drains. A small write (a
 tab's own outcome, an error) is encoded on the loop at once: a thread hop costs more than it.
 Many small writes at once (a shared view's change for thousands of tabs) are encoded a few
-dozen a pass, so the loop reads requests and sends the first bytes between them.
+dozen a pass, so the loop reads requests between them. A stream whose body waits writes its
+bytes as they come back (`Stream.encoded`), in the pass: no wake-up of its response's task.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import time
 from typing import Protocol
 
 from .encoders import Encoder
-from .frames import Frame, sse_event
+from .frames import Frame, html_size, sse_event
 
 __all__ = ["Encodable", "Fanout", "shared"]
 
@@ -84,7 +85,7 @@ class Fanout:
             job = waiting.popleft().start_encode()
             if job is None:
                 continue
-            if sum(len(f.html) for f in job[2]) >= INLINE_BELOW:
+            if html_size(job[2]) >= INLINE_BELOW:
                 jobs.append(job)
                 continue
             try:

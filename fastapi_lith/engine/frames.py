@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from datastar_py.sse import ServerSentEventGenerator
@@ -26,6 +26,14 @@ class Frame:
 
     def __repr__(self) -> str:
         return f"Frame({self.key!r}, {len(self.html)} chars, signals={self.signals!r})"
+
+
+def html_size(frames: Iterable[Frame]) -> int:
+    """Characters of HTML in `frames`: what a stream counts as taken, and what decides where the
+    fan-out encodes them. Nearly always one frame: that one's length, with no generator."""
+    if isinstance(frames, (list, tuple)) and len(frames) == 1:
+        return len(frames[0].html)
+    return sum(len(f.html) for f in frames)
 
 
 def sse_event(frame: Frame) -> bytes:

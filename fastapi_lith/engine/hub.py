@@ -228,6 +228,8 @@ class Hub:
         """A stream took its frames: instances held back for it may render again."""
         if self.trace is not None:
             self.trace.taken(keys)
+        if not self.dirty:  # nothing waits to render: a broadcast's every stream passes here
+            return
         instances = self.instances
         for key in keys:
             instance = instances.get(key)
@@ -440,8 +442,9 @@ class Hub:
             instance.frame = result
             if trace is not None:
                 trace.rendered(instance, started, True)
-            for stream in instance.watchers:
-                counters.frames += 1
+            watchers = instance.watchers
+            counters.frames += len(watchers)
+            for stream in watchers:
                 if stream.offer(result):
                     counters.skipped += 1
 

@@ -10,21 +10,21 @@ Who calls what of a stream, and nothing else:
 - the hub: `watch`, `keys`, `offer`, `holds`, `end`, `tab` to find a tab's streams, and
   `principal` to find whose streams `revoke` ends;
 - the fan-out: `start_encode` and `encoded`, once `body` gave the stream its encoder;
+- the response: `body`, and `write_at_once` while it writes the body;
 - a reader without HTTP (virtual tabs, benchmarks): `take` and `next`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Protocol
 
 from . import fanout as _fanout
 from . import heap as _heap
 from .encoders import Encoder
 from .flag import Flag
-from .frames import Frame, sse_event, sse_fields
+from .frames import Frame, html_size, sse_event, sse_fields
 
 
 class Publisher(Protocol):
@@ -60,6 +60,10 @@ class Subscription:
 
 
 KEEPALIVE = b": keep-alive\n\n"
+
+# A response's way to write bytes from outside its task (the fan-out's callbacks): None once they
+# are written, or what the body must await to finish the write when it could not be done at once.
+WriteAtOnce = Callable[[bytes], Awaitable[None] | None]
 
 # Who a stream was opened for, as the web layer established it: an opaque id to the engine,
 # compared for equality only (a `{principal}` view's key, `hub.revoke`). None is nobody.
@@ -106,9 +110,14 @@ class Stream:
         self._fanout: _fanout.Fanout | None = None
         self._requested = False  # in the fan-out's next batch
         self._busy = False  # bytes being encoded, ready or being written: encode nothing more
-        self._out: bytes | BaseException | None = None
+        self._out: bytes | Awaitable[None] | BaseException | None = None
         self._timer: asyncio.TimerHandle | None = None  # wakes the body for keep-alives
         self._lead: Frame | None = None  # set by `body`: the `retry:` field, before the first event
+        # Set by the response while it writes the body: encoded bytes go out from the fan-out's
+        # callback while the body waits, instead of waking the body's task to write them.
+        self.write_at_once: WriteAtOnce | None = None
+        self._waiting = False  # the body waits for bytes: nothing of it is being written
+        self._last_event = self._last_write = 0.0  # loop times: hibernation and keep-alives count from them
 
     @property
     def encoder(self) -> Encoder | None:
@@ -149,7 +158,7 @@ class Stream:
         self._pending = {}
         self._ready.clear()
         self.taken += len(frames)
-        self.html_bytes += sum(len(f.html) for f in frames.values())
+        self.html_bytes += html_size(frames.values())
         if self._subscription is not None:
             self._subscription.caught_up(frames.keys())
         return list(frames.values())
@@ -181,19 +190,38 @@ class Stream:
         if self._busy or self.ended or not frames or self._encoder is None:
             return None
         self._pending = {}
-        self.taken += len(frames)
-        self.html_bytes += sum(len(f.html) for f in frames.values())
+        taken = list(frames.values())
+        self.taken += len(taken)
+        self.html_bytes += html_size(taken)
         self._busy = self.encoding = True
         if self._subscription is not None:
             self._subscription.caught_up(frames.keys())
         lead, self._lead = self._lead, None
-        return self, self._encoder, [lead, *frames.values()] if lead is not None else list(frames.values())
+        return self, self._encoder, [lead, *taken] if lead is not None else taken
 
     def encoded(self, out: bytes | BaseException) -> None:
-        """The fan-out's result, on the loop: the bytes to write, or the error that ends the body."""
+        """The fan-out's result, on the loop: the bytes to write, or the error that ends the body.
+
+        While the body waits, the bytes go out at once through `write_at_once`: a broadcast to
+        thousands of tabs then costs each a write, not a wake-up of its response's task through
+        every middleware's frame and back.
+        """
         self.encoding = False
         self.encodes += 1
-        self._out = out
+        write = self.write_at_once
+        if write is not None and self._waiting and isinstance(out, bytes):
+            try:
+                rest = write(out)
+            except Exception as exc:  # noqa: BLE001 - raised in the body, as an encode's error is
+                self._out = exc
+            else:
+                self.sent_bytes += len(out)
+                if rest is None:
+                    self._wrote()
+                    return
+                self._out = rest
+        else:
+            self._out = out
         self._ready.set()
 
     # -- the body: writes what the fan-out made, keep-alives and hibernation between -----------
@@ -210,7 +238,8 @@ class Stream:
         """The compressed SSE body of this tab: frames as they come, keep-alives, a clean end.
 
         Frames are encoded by `fanout` (the process's shared one if None) on worker threads; the
-        body only writes what is ready. A zstd stream idle for `hibernate_after` seconds ends its
+        body only writes what is ready, and while `write_at_once` is set, only what could not be
+        written at once from the fan-out's callback (a client slow to read). A zstd stream idle for `hibernate_after` seconds ends its
         zstd frame and frees its compressor; the next event opens a new frame (browsers decode
         several in one body). A keep-alive goes through the encoder like any event, so the body
         stays one valid stream; it and hibernation run here, never while a worker holds the
@@ -228,28 +257,23 @@ class Stream:
         if self._pending:  # the first frames arrived before the body started
             self._requested = True
             self._fanout.request(self)
-        last_event = last_write = loop.time()
+        self._last_event = self._last_write = loop.time()
         try:
             while True:
-                can_hibernate = encoder.can_hibernate and not self.hibernated
-                wake = last_write + keepalive
-                if can_hibernate:
-                    wake = min(wake, last_event + hibernate_after)
-                out = await self._next_bytes(wake)
+                out = await self._next_bytes(keepalive, hibernate_after)
                 now = loop.time()
                 if out is not None:
-                    self.sent_bytes += len(out)
-                    yield out
-                    self.hibernated = False
-                    last_event = last_write = now
-                    if encoder.needs_restart:  # a frame outgrew the brotli window: reconnect afresh
-                        self.end()
-                    self._written()
+                    if isinstance(out, bytes):
+                        self.sent_bytes += len(out)
+                        yield out
+                    else:  # a write begun from the fan-out's callback that had to wait
+                        await out
+                    self._wrote()
                     if self.ended:
                         break
                 elif self.ended:
                     break
-                elif can_hibernate and now >= last_event + hibernate_after:
+                elif self._hibernates() and now >= self._last_event + hibernate_after:
                     # A stream whose writes all went alone holds no compressor: nothing to end.
                     self.hibernated = self._busy = True
                     if not encoder.hibernating:
@@ -258,7 +282,7 @@ class Stream:
                         self.sent_bytes += len(out)
                         yield out
                     self._written()
-                elif now >= last_write + keepalive:
+                elif now >= self._last_write + keepalive:
                     lead, self._lead = self._lead, None
                     events = (KEEPALIVE,) if lead is None else (sse_event(lead), KEEPALIVE)
                     out = encoder.encode_asleep(*events)
@@ -266,7 +290,7 @@ class Stream:
                     self.sent_bytes += len(out)
                     yield out
                     self._written()
-                    last_write = now
+                    self._last_write = now
             while self.encoding:  # the encoder comes back from its worker before it closes
                 self._ready.clear()
                 await self._ready.wait()
@@ -282,6 +306,19 @@ class Stream:
             if self._timer is not None:
                 self._timer.cancel()
 
+    def _hibernates(self) -> bool:
+        """Whether this stream may hibernate: its encoder can, and it is not asleep already."""
+        encoder = self._encoder
+        return encoder is not None and encoder.can_hibernate and not self.hibernated
+
+    def _wrote(self) -> None:
+        """An encode's bytes are written, by the body or at once: the clocks start again."""
+        self.hibernated = False
+        self._last_event = self._last_write = asyncio.get_running_loop().time()
+        if self._encoder is not None and self._encoder.needs_restart:
+            self.end()  # a frame outgrew the brotli window: reconnect afresh
+        self._written()
+
     def _written(self) -> None:
         """The body wrote its bytes: frames that came meanwhile go to the next batch."""
         self._busy = False
@@ -295,30 +332,37 @@ class Stream:
         self._timer = None
         self._ready.set()
 
-    async def _next_bytes(self, deadline: float) -> bytes | None:
-        """Encoded bytes to write; None once `deadline` (loop time) passes with none, or once
-        ended with nothing in flight. While a worker holds the encoder the deadline waits: its
-        bytes come next, and a keep-alive or a hibernation meanwhile would use the encoder from
-        two threads at once.
+    async def _next_bytes(self, keepalive: float, hibernate_after: float) -> bytes | Awaitable[None] | None:
+        """Encoded bytes to write (or a write to finish); None once a keep-alive or a hibernation
+        is due with none, or once ended with nothing in flight. While a worker holds the encoder
+        nothing else is due: its bytes come next, and a keep-alive or a hibernation meanwhile
+        would use the encoder from two threads at once.
 
+        The deadline is reckoned again at every wake-up: writes made at once move it meanwhile.
         One timer per stream, armed again only once it fired or when it lies past the deadline:
         deadlines move later with every write, so a busy stream arms none per write.
         """
         loop = asyncio.get_running_loop()
         while self._out is None and not (self.ended and not self.encoding):
-            if self.encoding:  # it may have begun while this waited: a frame went to a worker
-                deadline = math.inf
-            if loop.time() >= deadline:
-                return None
             timer = self._timer
-            if deadline == math.inf:  # bytes are on their way from a worker: no timer needed
-                pass
-            elif timer is None or timer.when() > deadline:
-                if timer is not None:
-                    timer.cancel()
-                self._timer = loop.call_at(deadline, self._wake)
+            if self.encoding:  # it may have begun while this waited: a frame went to a worker
+                pass  # no deadline: bytes are on their way from a worker
+            else:
+                deadline = self._last_write + keepalive
+                if self._hibernates():
+                    deadline = min(deadline, self._last_event + hibernate_after)
+                if loop.time() >= deadline:
+                    return None
+                if timer is None or timer.when() > deadline:
+                    if timer is not None:
+                        timer.cancel()
+                    self._timer = loop.call_at(deadline, self._wake)
             self._ready.clear()
-            await self._ready.wait()
+            self._waiting = True
+            try:
+                await self._ready.wait()
+            finally:
+                self._waiting = False
         out, self._out = self._out, None
         if isinstance(out, BaseException):
             raise out

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable
+import types
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator
+from typing import Any
 
 from sse_starlette import EventSourceResponse
 from sse_starlette.sse import SendTimeoutError
@@ -14,11 +17,16 @@ from starlette.types import Receive, Scope, Send
 
 from ..engine.commands import TAB_ID
 from ..engine.encoders import Encoder
-from ..engine.streams import Principal, Stream, Subscription
+from ..engine.streams import Principal, Stream, Subscription, WriteAtOnce
 from ..exceptions import AccessDenied, ViewError
 from .access import StreamTokens, refusal, stream_path
 
 _HEADERS: dict[tuple[tuple[bytes, bytes], ...], tuple[tuple[bytes, bytes], ...]] = {}
+
+# What asyncio's own eager tasks (3.12) use to run a step of a task's code from outside it; a
+# Python without them writes every frame from the response's task, as before.
+_enter_task = getattr(asyncio.tasks, "_enter_task", None)
+_leave_task = getattr(asyncio.tasks, "_leave_task", None)
 
 
 class StreamResponse(EventSourceResponse):
@@ -68,14 +76,12 @@ class StreamResponse(EventSourceResponse):
         body = self.body_iterator
         loop = asyncio.get_running_loop()
         task = asyncio.current_task()
-        timeout = self.send_timeout
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            if self.stream is not None and task is not None:
+                self.stream.write_at_once = self._write_at_once(send, loop, task)
             async for chunk in body:
-                if timeout is not None:
-                    self._sending_since = now = loop.time()
-                    if self._watchdog is None:
-                        self._watchdog = loop.call_at(now + timeout, self._watch, loop, task, timeout)
+                self._sending(loop, task)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 self._sending_since = None
             await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -94,9 +100,58 @@ class StreamResponse(EventSourceResponse):
                 raise SendTimeoutError() from None
             raise
         finally:
+            if self.stream is not None:
+                self.stream.write_at_once = None
             disconnect.cancel()
             if self._watchdog is not None:
                 self._watchdog.cancel()
+
+    def _write_at_once(self, send: Send, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> WriteAtOnce:
+        """The stream's way to write a chunk from the fan-out's callback while the body waits.
+
+        The send runs as the response's task would run it (that task current, its context), up
+        to where it would wait: nearly always the end, the bytes handed to the socket. When it
+        must wait (a client slow to read, a middleware that passes the message on to a task),
+        the rest goes to the body, which awaits it in the task, watched for `send_timeout`.
+        """
+        context = contextvars.copy_context()
+
+        def write(chunk: bytes) -> Awaitable[None] | None:
+            sending = send({"type": "http.response.body", "body": chunk, "more_body": True})
+            rest: Awaitable[None] = sending
+            step = getattr(sending, "send", None)  # a server's own awaitable may be no coroutine
+            if step is not None and _enter_task is not None and _leave_task is not None:
+                try:
+                    _enter_task(loop, task)
+                except RuntimeError:  # called from a task, not a callback: the body sends it
+                    pass
+                else:
+                    try:
+                        waits_on = context.run(step, None)
+                    except StopIteration:
+                        return None
+                    finally:
+                        _leave_task(loop, task)
+                    rest = _rest_of(sending, waits_on)  # type: ignore[arg-type]
+            self._sending(loop, task)
+            return self._finish(rest)
+
+        return write
+
+    async def _finish(self, rest: Awaitable[None]) -> None:
+        try:
+            await rest
+        finally:
+            self._sending_since = None
+
+    def _sending(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any] | None) -> None:
+        """A send begins: the watchdog ends it if it takes `send_timeout`."""
+        timeout = self.send_timeout
+        if timeout is None:
+            return
+        self._sending_since = now = loop.time()
+        if self._watchdog is None:
+            self._watchdog = loop.call_at(now + timeout, self._watch, loop, task, timeout)
 
     async def _until_disconnect(self, receive: Receive) -> None:
         while (await receive())["type"] != "http.disconnect":
@@ -120,6 +175,29 @@ class StreamResponse(EventSourceResponse):
                 task.cancel()
             return
         self._watchdog = loop.call_at(since + timeout, self._watch, loop, task, timeout)
+
+
+@types.coroutine
+def _rest_of(coroutine: Coroutine[Any, Any, None], waits_on: Any) -> Generator[Any, Any, None]:
+    """Await the rest of `coroutine`, whose first step ran elsewhere and yielded `waits_on`:
+    the task awaiting this waits on that, and each later step runs in the task, as `await`
+    would have run it from the start."""
+    while True:
+        try:
+            value = yield waits_on
+        except GeneratorExit:
+            coroutine.close()
+            raise
+        except BaseException as exc:  # a cancel, or the future's error: the coroutine's to handle
+            try:
+                waits_on = coroutine.throw(exc)
+            except StopIteration:
+                return
+        else:
+            try:
+                waits_on = coroutine.send(value)
+            except StopIteration:
+                return
 
 
 async def stream_response(

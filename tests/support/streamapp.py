@@ -1,7 +1,8 @@
 """A board of 200 cards (about 142 KB of HTML) served for the stream tests.
 
 Settings come from the environment so each test starts the server it needs:
-STREAM_DB, STREAM_KEEPALIVE, STREAM_HIBERNATE, STREAM_SEND_TIMEOUT, STREAM_ENCODING (force one).
+STREAM_DB, STREAM_KEEPALIVE, STREAM_HIBERNATE, STREAM_SEND_TIMEOUT, STREAM_ENCODING (force one),
+STREAM_HTTP_MIDDLEWARE (an `@app.middleware("http")` around every route).
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ import tempfile
 import time
 import weakref
 from pathlib import Path
+from typing import Any
 
 import htpy as h
 import sqlalchemy as sa
-from fastapi import Depends, FastAPI, Header
+from fastapi import Depends, FastAPI, Header, Request, Response
 from fastapi.responses import HTMLResponse
 
 from fastapi_lith import Command, Db, Lith, Tx, Writer, fragment
@@ -104,6 +106,15 @@ def board(db: Db) -> h.Element:
 
 
 app = FastAPI(lifespan=lith.lifespan)
+if os.environ.get("STREAM_HTTP_MIDDLEWARE"):  # a function middleware, as many apps have one
+
+    @app.middleware("http")
+    async def mark(request: Request, call_next: Any) -> Response:
+        response = await call_next(request)
+        response.headers["x-app-middleware"] = "seen"
+        return response
+
+
 lith.install(app)  # the stream route, the body limit, errors as HTML for Datastar
 app.include_router(lith.metrics_router, dependencies=[Depends(lith.unguarded)])  # a test app on 127.0.0.1
 ENCODERS: weakref.WeakSet[Encoder] = weakref.WeakSet()  # open streams' encoders, for /stats
