@@ -239,11 +239,11 @@ class Stream:
 
         Frames are encoded by `fanout` (the process's shared one if None) on worker threads; the
         body only writes what is ready, and while `write_at_once` is set, only what could not be
-        written at once from the fan-out's callback (a client slow to read). A zstd stream idle for `hibernate_after` seconds ends its
-        zstd frame and frees its compressor; the next event opens a new frame (browsers decode
-        several in one body). A keep-alive goes through the encoder like any event, so the body
-        stays one valid stream; it and hibernation run here, never while a worker holds the
-        encoder.
+        written at once from the fan-out's callback (a client slow to read). A zstd stream idle
+        for `hibernate_after` seconds ends its zstd frame and frees its compressor; the next
+        event opens a new frame (browsers decode several in one body). A keep-alive goes through
+        the encoder like any event, so the body stays one valid stream; it and hibernation run
+        here, never while a worker holds the encoder.
 
         `retry` (milliseconds) goes out as SSE's `retry:` field in the first event: how long the
         page waits before it reconnects once this body ends, and before its first retry when a
