@@ -217,7 +217,7 @@ class Stream:
             else:
                 self.sent_bytes += len(out)
                 if rest is None:
-                    self._wrote()
+                    self._frames_written()
                     return
                 self._out = rest
         else:
@@ -268,7 +268,7 @@ class Stream:
                         yield out
                     else:  # a write begun from the fan-out's callback that had to wait
                         await out
-                    self._wrote()
+                    self._frames_written()
                     if self.ended:
                         break
                 elif self.ended:
@@ -311,7 +311,7 @@ class Stream:
         encoder = self._encoder
         return encoder is not None and encoder.can_hibernate and not self.hibernated
 
-    def _wrote(self) -> None:
+    def _frames_written(self) -> None:
         """An encode's bytes are written, by the body or at once: the clocks start again."""
         self.hibernated = False
         self._last_event = self._last_write = asyncio.get_running_loop().time()
@@ -344,15 +344,15 @@ class Stream:
         """
         loop = asyncio.get_running_loop()
         while self._out is None and not (self.ended and not self.encoding):
-            timer = self._timer
-            if self.encoding:  # it may have begun while this waited: a frame went to a worker
-                pass  # no deadline: bytes are on their way from a worker
-            else:
+            # While a frame is with a worker (it may have gone since this began) nothing is due:
+            # its bytes come next.
+            if not self.encoding:
                 deadline = self._last_write + keepalive
                 if self._hibernates():
                     deadline = min(deadline, self._last_event + hibernate_after)
                 if loop.time() >= deadline:
                     return None
+                timer = self._timer
                 if timer is None or timer.when() > deadline:
                     if timer is not None:
                         timer.cancel()
