@@ -313,10 +313,14 @@ class Stream:
 
     def _frames_written(self) -> None:
         """An encode's bytes are written, by the body or at once: the clocks start again."""
-        self.hibernated = False
+        woke, self.hibernated = self.hibernated, False
         self._last_event = self._last_write = asyncio.get_running_loop().time()
         if self._encoder is not None and self._encoder.needs_restart:
             self.end()  # a frame outgrew the brotli window: reconnect afresh
+        elif woke and self._waiting:
+            # Written at once while the body waits with its timer set for the next keep-alive:
+            # awake again, it may hibernate sooner than that, so it sets its timer again.
+            self._ready.set()
         self._written()
 
     def _written(self) -> None:

@@ -108,3 +108,32 @@ def test_streams_behind_an_http_middleware_get_every_change(server_factory: Any,
             assert f"round {i}" in reader.next_event()[0]
     for context in contexts:
         context.close()
+
+
+async def test_a_hibernated_stream_woken_by_a_write_at_once_hibernates_again_on_time(tmp_path: Path) -> None:
+    """A stream asleep waits for its next keep-alive; a change written at once wakes it, and it
+    must hibernate again `hibernate_after` later, not at that keep-alive a minute on."""
+    from fastapi_lith.engine.encoders import ZstdEncoder
+    from tests.engine.test_hub import Add, make_lith
+    from tests.support import until
+
+    lith, _ = make_lith(tmp_path)
+    lith.keepalive, lith.hibernate_after = 60, 0.2
+    async with lith.lifespan():
+        response = await lith.open_stream(stream_request("views=board/1&tab=t1"), ZstdEncoder())
+        exchange = Watching(response, "zstd")
+        await exchange.until('<p id="board-1">0</p>')
+        stream = response.stream
+        assert stream is not None
+
+        async def asleep() -> bool:
+            return stream.hibernated
+
+        for n in range(1, 4):
+            await until(asleep, timeout=10)
+            await lith.writer.do(Add())
+            await exchange.until(f'<p id="board-1">{n}</p>')
+            assert exchange.seen[-1][2]  # written at once, from the fan-out
+        await until(asleep, timeout=10)
+        exchange.gone.set()
+        await asyncio.wait_for(exchange.task, 10)
