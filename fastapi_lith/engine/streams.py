@@ -209,7 +209,8 @@ class Stream:
         self.encoding = False
         self.encodes += 1
         write = self.write_at_once
-        if write is not None and self._waiting and isinstance(out, bytes):
+        # Once ended, the body is on its way out: it writes these bytes itself, then closes.
+        if write is not None and self._waiting and not self.ended and isinstance(out, bytes):
             try:
                 rest = write(out)
             except Exception as exc:  # noqa: BLE001 - raised in the body, as an encode's error is
@@ -317,9 +318,10 @@ class Stream:
         self._last_event = self._last_write = asyncio.get_running_loop().time()
         if self._encoder is not None and self._encoder.needs_restart:
             self.end()  # a frame outgrew the brotli window: reconnect afresh
-        elif woke and self._waiting:
-            # Written at once while the body waits with its timer set for the next keep-alive:
-            # awake again, it may hibernate sooner than that, so it sets its timer again.
+        elif self._waiting and (woke or self._timer is None):
+            # Written at once while the body waits, its timer set for a later keep-alive (asleep
+            # until now, it may hibernate sooner) or for none (it fired while a worker encoded):
+            # the body sets it again from the new clocks.
             self._ready.set()
         self._written()
 

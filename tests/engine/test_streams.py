@@ -6,6 +6,7 @@ import asyncio
 import logging
 import re
 import socket
+import threading
 import time
 import zlib
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ import pytest
 import zstandard
 from prometheus_client.parser import text_string_to_metric_families
 
-from fastapi_lith.engine.encoders import ALONE_BELOW
+from fastapi_lith.engine.encoders import ALONE_BELOW, IdentityEncoder
 from fastapi_lith.engine.frames import Frame, sse_event
 from tests.support import SUPPORT
 from tests.support.browser import Server
@@ -563,32 +564,30 @@ async def test_the_retry_field_opens_the_first_event_once_through_the_encoder() 
     assert chunks[0] == b"retry: 1500\n" + KEEPALIVE
 
 
+class HeldInTheWorker(IdentityEncoder):
+    """Identity, whose encode on a worker waits for `release`; used by two at once, it fails."""
+
+    def __init__(self) -> None:
+        self.entered, self.release, self.in_use = threading.Event(), threading.Event(), threading.Lock()
+
+    def encode(self, *events: bytes) -> bytes:
+        assert self.in_use.acquire(blocking=False), "the encoder is used by two at once"
+        try:
+            if threading.current_thread() is not threading.main_thread():
+                self.entered.set()
+                assert self.release.wait(10)
+            return super().encode(*events)
+        finally:
+            self.in_use.release()
+
+
 async def test_no_keep_alive_touches_the_encoder_while_a_worker_encodes_a_frame() -> None:
     """The keep-alive's deadline passes while a fan-out worker holds the encoder: the body
     waits for the worker's bytes and sends them, and only then its keep-alives. (zstd's
     compressor, used from the loop meanwhile, raised; brotli's and zlib's are no safer.)"""
-    import threading
-
-    from fastapi_lith.engine.encoders import IdentityEncoder
     from fastapi_lith.engine.fanout import INLINE_BELOW, Fanout
     from fastapi_lith.engine.frames import Frame
     from fastapi_lith.engine.streams import KEEPALIVE, Stream
-
-    class HeldInTheWorker(IdentityEncoder):
-        """Identity, whose encode on a worker waits for `release`; used by two at once, it fails."""
-
-        def __init__(self) -> None:
-            self.entered, self.release, self.in_use = threading.Event(), threading.Event(), threading.Lock()
-
-        def encode(self, *events: bytes) -> bytes:
-            assert self.in_use.acquire(blocking=False), "the encoder is used by two at once"
-            try:
-                if threading.current_thread() is not threading.main_thread():
-                    self.entered.set()
-                    assert self.release.wait(10)
-                return super().encode(*events)
-            finally:
-                self.in_use.release()
 
     big = Frame("v", "<p id='v'>" + "x" * INLINE_BELOW + "</p>")  # large enough for a worker
     stream, encoder, fanout = Stream("t1"), HeldInTheWorker(), Fanout(1)
@@ -602,6 +601,60 @@ async def test_no_keep_alive_touches_the_encoder_while_a_worker_encodes_a_frame(
         encoder.release.set()
         assert await asyncio.wait_for(first, 10) == sse_event(big)
         assert await asyncio.wait_for(body.__anext__(), 10) == KEEPALIVE
+    finally:
+        encoder.release.set()
+        await body.aclose()
+        fanout.close()
+
+
+async def test_a_stream_ended_while_a_worker_encodes_writes_that_frame_and_ends() -> None:
+    """The server stops while a worker encodes a tab's frame: the frame comes back, is written,
+    and the body ends, whether the response writes at once or the body writes it."""
+    from fastapi_lith.engine.fanout import INLINE_BELOW, Fanout
+    from fastapi_lith.engine.frames import Frame
+    from fastapi_lith.engine.streams import Stream
+
+    big = Frame("v", "<p id='v'>" + "x" * INLINE_BELOW + "</p>")
+    stream, encoder, fanout = Stream("t1"), HeldInTheWorker(), Fanout(1)
+    written: list[bytes] = []
+    stream.write_at_once = lambda chunk: written.append(chunk)  # a write that never has to wait
+    body = stream.body(encoder, keepalive=60, hibernate_after=60, fanout=fanout)
+    rest = asyncio.ensure_future(body.__anext__())  # the body waits for bytes
+    try:
+        stream.offer(big)
+        assert await asyncio.to_thread(encoder.entered.wait, 10)
+        stream.end()  # the hub at the server's stop signal
+        encoder.release.set()
+        chunks = [await asyncio.wait_for(rest, 10)]
+        chunks += [chunk async for chunk in body]  # the body ends, not waiting for a keep-alive
+        assert b"".join(written + chunks) == sse_event(big)
+    finally:
+        encoder.release.set()
+        await body.aclose()
+        fanout.close()
+
+
+async def test_a_frame_written_at_once_after_its_encode_outlasted_a_keep_alive_keeps_the_keep_alives() -> None:
+    """The keep-alive's timer fires while a worker encodes (nothing is due meanwhile, so none is
+    set again); the frame then goes out at once, and the body sets its timer again from there."""
+    from fastapi_lith.engine.fanout import INLINE_BELOW, Fanout
+    from fastapi_lith.engine.frames import Frame
+    from fastapi_lith.engine.streams import KEEPALIVE, Stream
+
+    big = Frame("v", "<p id='v'>" + "x" * INLINE_BELOW + "</p>")
+    stream, encoder, fanout = Stream("t1"), HeldInTheWorker(), Fanout(1)
+    written: list[bytes] = []
+    stream.write_at_once = lambda chunk: written.append(chunk)
+    body = stream.body(encoder, keepalive=0.05, hibernate_after=60, fanout=fanout)
+    nxt = asyncio.ensure_future(body.__anext__())
+    try:
+        await asyncio.sleep(0)  # the body waits for bytes
+        stream.offer(big)
+        assert await asyncio.to_thread(encoder.entered.wait, 10)
+        await asyncio.sleep(0.2)  # the keep-alive's timer fires meanwhile
+        encoder.release.set()
+        assert await asyncio.wait_for(nxt, 10) == KEEPALIVE
+        assert written == [sse_event(big)]
     finally:
         encoder.release.set()
         await body.aclose()
