@@ -17,6 +17,7 @@ Who calls what of a stream, and nothing else:
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Protocol
 
@@ -118,6 +119,7 @@ class Stream:
         self.write_at_once: WriteAtOnce | None = None
         self._waiting = False  # the body waits for bytes: nothing of it is being written
         self._last_event = self._last_write = 0.0  # loop times: hibernation and keep-alives count from them
+        self._keepalive = self._hibernate_after = math.inf  # set by `body`
 
     @property
     def encoder(self) -> Encoder | None:
@@ -258,10 +260,11 @@ class Stream:
         if self._pending:  # the first frames arrived before the body started
             self._requested = True
             self._fanout.request(self)
+        self._keepalive, self._hibernate_after = keepalive, hibernate_after
         self._last_event = self._last_write = loop.time()
         try:
             while True:
-                out = await self._next_bytes(keepalive, hibernate_after)
+                out = await self._next_bytes()
                 now = loop.time()
                 if out is not None:
                     if isinstance(out, bytes):
@@ -274,7 +277,7 @@ class Stream:
                         break
                 elif self.ended:
                     break
-                elif self._hibernates() and now >= self._last_event + hibernate_after:
+                elif self._hibernates() and now >= self._last_event + self._hibernate_after:
                     # A stream whose writes all went alone holds no compressor: nothing to end.
                     self.hibernated = self._busy = True
                     if not encoder.hibernating:
@@ -283,7 +286,7 @@ class Stream:
                         self.sent_bytes += len(out)
                         yield out
                     self._written()
-                elif now >= self._last_write + keepalive:
+                elif now >= self._last_write + self._keepalive:
                     lead, self._lead = self._lead, None
                     events = (KEEPALIVE,) if lead is None else (sse_event(lead), KEEPALIVE)
                     out = encoder.encode_asleep(*events)
@@ -314,14 +317,15 @@ class Stream:
 
     def _frames_written(self) -> None:
         """An encode's bytes are written, by the body or at once: the clocks start again."""
-        woke, self.hibernated = self.hibernated, False
-        self._last_event = self._last_write = asyncio.get_running_loop().time()
+        self.hibernated = False
+        loop = asyncio.get_running_loop()
+        self._last_event = self._last_write = loop.time()
         if self._encoder is not None and self._encoder.needs_restart:
             self.end()  # a frame outgrew the brotli window: reconnect afresh
-        elif self._waiting and (woke or self._timer is None):
-            # Written at once while the body waits, its timer set for a later keep-alive (asleep
-            # until now, it may hibernate sooner) or for none (it fired while a worker encoded):
-            # the body sets it again from the new clocks.
+        elif self._waiting and not self._set_timer(loop):
+            # Written at once while the body waits, whose timer may be set for a later keep-alive
+            # (asleep until now, it may hibernate sooner) or for none (it fired while a worker
+            # encoded): set again, unless one is due already, which the body sends.
             self._ready.set()
         self._written()
 
@@ -338,31 +342,33 @@ class Stream:
         self._timer = None
         self._ready.set()
 
-    async def _next_bytes(self, keepalive: float, hibernate_after: float) -> bytes | Awaitable[None] | None:
+    def _set_timer(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Have the timer wake the body when a keep-alive or a hibernation is due; False if one
+        is due now. One timer per stream, armed again only once it fired or when it lies past
+        the deadline: deadlines move later with every write, so a busy stream arms none per
+        write."""
+        deadline = self._last_write + self._keepalive
+        if self._hibernates():
+            deadline = min(deadline, self._last_event + self._hibernate_after)
+        if loop.time() >= deadline:
+            return False
+        timer = self._timer
+        if timer is None or timer.when() > deadline:
+            if timer is not None:
+                timer.cancel()
+            self._timer = loop.call_at(deadline, self._wake)
+        return True
+
+    async def _next_bytes(self) -> bytes | Awaitable[None] | None:
         """Encoded bytes to write (or a write to finish); None once a keep-alive or a hibernation
         is due with none, or once ended with nothing in flight. While a worker holds the encoder
         nothing else is due: its bytes come next, and a keep-alive or a hibernation meanwhile
-        would use the encoder from two threads at once.
-
-        The deadline is reckoned again at every wake-up: writes made at once move it meanwhile.
-        One timer per stream, armed again only once it fired or when it lies past the deadline:
-        deadlines move later with every write, so a busy stream arms none per write.
-        """
+        would use the encoder from two threads at once (the frame may have gone to a worker
+        since this began)."""
         loop = asyncio.get_running_loop()
         while self._out is None and not (self.ended and not self.encoding):
-            # While a frame is with a worker (it may have gone since this began) nothing is due:
-            # its bytes come next.
-            if not self.encoding:
-                deadline = self._last_write + keepalive
-                if self._hibernates():
-                    deadline = min(deadline, self._last_event + hibernate_after)
-                if loop.time() >= deadline:
-                    return None
-                timer = self._timer
-                if timer is None or timer.when() > deadline:
-                    if timer is not None:
-                        timer.cancel()
-                    self._timer = loop.call_at(deadline, self._wake)
+            if not self.encoding and not self._set_timer(loop):
+                return None
             self._ready.clear()
             self._waiting = True
             try:
