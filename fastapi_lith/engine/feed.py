@@ -4,7 +4,9 @@ In one process the writer tells its own hub after each commit, and nothing more 
 (`LocalFeed`). With several processes on one database (`uvicorn --workers N`, or two services on
 one database) each has its own writer and hub, so each batch also writes its topics to the feed
 inside its own transaction: they exist exactly when the batch does, survive what it survives,
-and vanish with a rollback. Every hub asks the feed at each tick what other processes committed.
+and vanish with a rollback. Every hub asks the feed at each tick what other processes committed,
+and at once when the feed can tell it something arrived (`Feed.on_arrival`): a commit then
+reaches another process's tabs as soon as its own, not up to a tick later.
 
 The interface is the class `Feed`; each backend has its shared feed: a table and a file lock on
 SQLite (backends/sqlite/feed.py), NOTIFY and a LISTEN connection on PostgreSQL
@@ -17,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -64,6 +66,13 @@ class Feed:
     # this process receiving its NOTIFY: raw observations the metrics drain. None: not measured.
     lags: deque[float] | None = None
     notify_lags: deque[float] | None = None
+    arrived: Callable[[], None] | None = None  # see `on_arrival`
+
+    def on_arrival(self, arrived: Callable[[], None] | None) -> None:
+        """Call `arrived` on the event loop as soon as another process's commit is there to poll,
+        so the hub polls then rather than at its next tick (None: no more calls). A feed that
+        cannot tell never calls it: the hub's poll at every tick is what it relies on."""
+        self.arrived = arrived
 
     @contextmanager
     def turn(self) -> Iterator[None]:

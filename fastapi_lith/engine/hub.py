@@ -131,6 +131,7 @@ class Hub:
         """Tick on a timer. Without it (tests) `await hub.tick()` advances by hand. Streams end
         at the server's stop signal, not at its next look (see shutdown.py)."""
         self._task = asyncio.create_task(self._run(), name="lith-hub")
+        self.feed.on_arrival(self._take_feed)
         end_on_exit_signal(self, self.end_streams)
         collector.space_full_collections()
 
@@ -144,6 +145,7 @@ class Hub:
     async def stop(self) -> None:
         """Stop ticking and end every stream, so each response finishes its body."""
         forget(self)
+        self.feed.on_arrival(None)
         self.end_streams()
         for task in (self._admitting, self._task):
             if task is not None:
@@ -178,10 +180,7 @@ class Hub:
     async def _wait_or_poll(self) -> None:
         """Other processes commit too: ask the feed every `interval` until something is dirty."""
         while True:
-            try:
-                self.poll()
-            except Exception:  # noqa: BLE001 - a broken poll must not end the hub
-                log.exception("feed poll failed")
+            self._take_feed()
             if self._wake.is_set():
                 return
             try:
@@ -192,6 +191,14 @@ class Hub:
                 pass
 
     # -- inputs: commits, other processes, streams ---------------------------------------------
+
+    def _take_feed(self) -> None:
+        """`poll`, at every tick and whenever the feed says something arrived; a poll that fails
+        is tried again at the next."""
+        try:
+            self.poll()
+        except Exception:  # noqa: BLE001 - a broken poll must not end the hub
+            log.exception("feed poll failed")
 
     def poll(self) -> None:
         """Take what other processes committed from the feed: dirty views, pushes to tabs."""

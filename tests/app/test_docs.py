@@ -423,6 +423,7 @@ async def test_one_process_apps_write_no_feed_rows_and_take_no_lock(tmp_path: Pa
     with sqlite3.connect(tmp_path / "app.db") as conn:
         tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert "lith_feed" not in tables and not (tmp_path / "app.db-lock").exists()
+    assert not (tmp_path / "app.db-wake").exists()  # nobody to ring
 
 
 class Bump(Command):

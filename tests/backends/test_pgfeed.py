@@ -254,3 +254,41 @@ async def test_a_commands_topics_reach_another_process_when_its_batch_commits(pg
     finally:
         await writer.close()
         await listener.close()
+
+
+async def test_a_listener_tells_its_hub_as_notifications_arrive_once_for_those_that_come_together(pg_url: str) -> None:
+    """The hub polls when told, not only at its tick: told once per arrival, and what it then
+    polls is everything that arrived."""
+    async with sender_and_listener(pg_url, sender_listens=False) as (sender, listener, conn):
+        told: list[Changes | None] = []
+        arrived = asyncio.Event()
+
+        def poll_now() -> None:
+            told.append(listener.poll())
+            arrived.set()
+
+        listener.on_arrival(poll_now)
+        conn.execute("BEGIN")
+        sender.publish(conn, {"board:1"})
+        conn.execute("COMMIT")
+        await asyncio.wait_for(arrived.wait(), 10)
+        assert told == [Changes(frozenset({"board:1"}), (), False, ())]
+        arrived.clear()
+        for i in range(50):  # 50 commits as fast as they go: fewer calls, nothing lost
+            conn.execute("BEGIN")
+            sender.publish(conn, {f"card:{i}"})
+            conn.execute("COMMIT")
+        topics: set[str] = set()
+        async with asyncio.timeout(10):
+            while len(topics) < 50:
+                await arrived.wait()
+                arrived.clear()
+                topics = {t for got in told[1:] if got is not None for t in got.topics}
+        assert topics == {f"card:{i}" for i in range(50)}
+        assert len(told) <= 51
+        listener.on_arrival(None)
+        conn.execute("BEGIN")
+        sender.publish(conn, {"board:2"})
+        conn.execute("COMMIT")
+        assert (await changes(listener)).topics == {"board:2"}  # polled at a tick, told nobody
+        assert len(told) <= 51 and not any(got and "board:2" in got.topics for got in told)

@@ -428,3 +428,71 @@ async def test_a_feed_built_without_settings_keeps_its_newest_4096_entries_and_l
     assert tuple(conn.execute("SELECT min(seq), count(*) FROM lith_feed").fetchone()) == (257, 4096)
     await other.close()
     conn.close()
+
+
+async def test_a_commit_rings_the_other_process_which_renders_at_once_not_at_its_next_poll(tmp_path: Path) -> None:
+    """b polls only every 60 s here: the frame can come in time only through a's ring."""
+    from fastapi_lith.engine.streams import Stream
+
+    a, b = make_lith(tmp_path), make_lith(tmp_path, tick=60)
+    async with a.lifespan(), b.lifespan():
+        assert isinstance(a.feed, SqliteFeed) and isinstance(b.feed, SqliteFeed)
+        stream = Stream("t1")
+        subscription = await b.hub.open(stream, ["counter"])
+        assert [f.html for f in stream.take()] == ['<p id="counter">0</p>']
+        await a.writer.do(Add())
+        frames = await asyncio.wait_for(stream.next(), 20)
+        assert [f.html for f in frames] == ['<p id="counter">1</p>']
+        assert a.feed.doorbell.rung >= 1 and b.feed.doorbell.heard >= 1
+        # a's hub heard its own commit through its writer: nobody rang it.
+        assert a.feed.doorbell.heard == 0
+        subscription.close()
+
+
+async def test_a_process_nobody_rings_still_hears_the_commit_at_its_next_tick(tmp_path: Path) -> None:
+    from fastapi_lith.engine.streams import Stream
+
+    a, b = make_lith(tmp_path), make_lith(tmp_path)
+    async with a.lifespan(), b.lifespan():
+        assert isinstance(b.feed, SqliteFeed)
+        (tmp_path / "app.db-wake" / b.feed.origin).unlink()  # as if b could not listen
+        stream = Stream("t1")
+        subscription = await b.hub.open(stream, ["counter"])
+        stream.take()
+        await a.writer.do(Add())
+        frames = await asyncio.wait_for(stream.next(), 20)
+        assert [f.html for f in frames] == ['<p id="counter">1</p>']
+        assert b.feed.doorbell.heard == 0
+        subscription.close()
+
+
+async def test_the_wake_folder_lists_the_live_processes_and_forgets_one_killed(tmp_path: Path) -> None:
+    a, b = make_lith(tmp_path), make_lith(tmp_path)
+    folder = tmp_path / "app.db-wake"
+    async with Tabs(a) as tabs_a, Tabs(b):
+        assert isinstance(a.feed, SqliteFeed) and isinstance(b.feed, SqliteFeed)
+        assert sorted(p.name for p in folder.iterdir()) == sorted([a.feed.origin, b.feed.origin])
+        (folder / "0123456789abcdef").touch()  # a process killed with -9 left its name
+        await tabs_a.do(Add())
+        assert sorted(p.name for p in folder.iterdir()) == sorted([a.feed.origin, b.feed.origin])
+        assert a.feed.doorbell.rung == 1  # b, and not the dead one
+        rung = a.feed.doorbell.rung
+        await tabs_a.do(Note(tab="x", text="y"))
+        assert a.feed.doorbell.rung == rung + 1
+    assert list(folder.iterdir()) == []  # each process took its name away as it stopped
+
+
+async def test_a_batch_that_publishes_nothing_or_fails_rings_nobody(tmp_path: Path) -> None:
+    class Quiet(Command):
+        def apply(self, tx: Tx) -> None:
+            tx.execute("UPDATE counter SET n = n WHERE id = 1")
+
+    a, b = make_lith(tmp_path), make_lith(tmp_path)
+    async with Tabs(a) as tabs_a, Tabs(b):
+        assert isinstance(a.feed, SqliteFeed)
+        await tabs_a.do(Quiet())
+        assert a.feed.doorbell.rung == 0
+        refuse_feed_entries(tmp_path / "app.db")
+        with pytest.raises(sqlite3.IntegrityError, match="no feed"):
+            await tabs_a.do(Add())
+        assert a.feed.doorbell.rung == 0

@@ -2,7 +2,8 @@
 
 The writer sends its batch's topics with `pg_notify` just before COMMIT: PostgreSQL delivers
 them to every listener when, and only if, the transaction commits. Each process keeps one
-connection that LISTENs, on a thread of its own, and its hub takes what arrived at every tick.
+connection that LISTENs, on a thread of its own, and its hub takes what arrived at once (and
+at every tick, which catches anything else).
 
 A notification carries fewer than 8000 bytes. Topics are packed into as many notifications as
 they need; a pushed frame too large for one is written to a small table and its row id is sent
@@ -57,6 +58,8 @@ class NotifyFeed(Feed):
         self._listening = threading.Event()
         self._outbox = Outbox(self)
         self._next_prune = 0.0
+        self._loop: asyncio.AbstractEventLoop | None = None  # the hub's, told when something arrives
+        self._telling = False  # a call to `arrived` is on its way: later arrivals ride with it
         # Counters the tests and benchmarks read.
         self.received = 0  # notifications from other processes
         self.reconnects = 0
@@ -117,6 +120,7 @@ class NotifyFeed(Feed):
 
     async def start(self, writer: Applier) -> None:
         self._outbox.writer = writer
+        self._loop = asyncio.get_running_loop()
         self._stop.clear()
         self._thread = threading.Thread(target=self._listen, name="lith-listen", daemon=True)
         self._thread.start()
@@ -144,6 +148,7 @@ class NotifyFeed(Feed):
                 if self._listening.is_set():  # back after a drop: notifications may be lost
                     self.reconnects += 1
                     self._inbox.append(("a", None, None))
+                    self._tell()
                     log.info("feed: listening again; every view renders once")
                 self._listening.set()
             try:
@@ -152,10 +157,12 @@ class NotifyFeed(Feed):
                 # dropped. Stored pushes are read when it ends, within 0.2 s.
                 for note in conn.notifies(timeout=0.2):
                     refs.extend(self._take(note.payload))
+                    self._tell()
                 if refs:
                     rows = conn.execute("SELECT body FROM lith_feed_push WHERE id = ANY(%s) ORDER BY id", (refs,))
                     for (body,) in rows.fetchall():
                         self._take(body)
+                    self._tell()
             except psycopg.Error as exc:
                 if not self._stop.is_set():
                     log.warning("feed: the listening connection dropped (%s)", exc)
@@ -189,7 +196,23 @@ class NotifyFeed(Feed):
             self._inbox.append(("a", None, None))
         return []
 
+    def _tell(self) -> None:
+        """Have the hub poll now: one call on its loop for everything that arrives until then."""
+        loop = self._loop
+        if not self._inbox or self._telling or loop is None:
+            return
+        self._telling = True
+        try:
+            loop.call_soon_threadsafe(self._told)
+        except RuntimeError:  # the loop closed: the hub is gone
+            self._telling = False
+
     # -- the hub's side (event loop) ---------------------------------------------------------
+
+    def _told(self) -> None:
+        self._telling = False
+        if self.arrived is not None:
+            self.arrived()
 
     def poll(self) -> Changes | None:
         inbox = self._inbox
@@ -227,3 +250,4 @@ class NotifyFeed(Feed):
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
             self._thread = None
         self._listening.clear()
+        self._loop = None

@@ -10,18 +10,25 @@ Writers of different processes take turns at the file through an OS lock (`flock
 beside the database) around each batch's transaction. SQLite's own busy handler would have a
 waiting writer sleep and poll in steps of up to 100 ms; the kernel wakes a waiting `flock` the
 moment the lock is released.
+
+After a batch that published something, the writer rings every other process's `Doorbell`, and
+their hubs poll at once instead of at their next tick.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import os
 import secrets
+import socket
 import sqlite3
+import sys
 import time
 from collections import deque
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -36,6 +43,93 @@ except ImportError:  # not Unix: writers fall back on SQLite's busy handler
     fcntl = None  # type: ignore[assignment]
 
 log = logging.getLogger("fastapi_lith.feed")
+
+
+class Doorbell:
+    """Wakes the other processes' hubs on one file the moment a batch commits.
+
+    Each process listens on a Unix datagram socket in Linux's abstract namespace, named by its
+    feed's origin, and leaves an empty file of that name in `folder` (beside the database): the
+    folder is the list of whom to ring. A ring nobody answers (a process killed with -9) removes
+    that file. A doorbell only saves waiting: where it cannot work (not Linux; processes in
+    different network namespaces) the hubs hear each other at their polls, every tick.
+    """
+
+    def __init__(self, folder: Path, name: str) -> None:
+        self.folder = folder
+        self.name = name
+        self.rung = 0  # rings sent
+        self.heard = 0  # wake-ups taken (each may be several rings)
+        self._listening: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ringing: socket.socket | None = None  # the writer thread's
+
+    @staticmethod
+    def address(name: str) -> bytes:
+        return b"\0lith-feed-" + name.encode()
+
+    def listen(self, heard: Callable[[], None]) -> bool:
+        """Call `heard` on this event loop whenever another process rings; False: cannot here."""
+        if sys.platform != "linux":
+            return False
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            sock.bind(self.address(self.name))
+            sock.setblocking(False)
+            self.folder.mkdir(exist_ok=True)
+            (self.folder / self.name).touch()
+        except OSError as exc:
+            sock.close()
+            log.info("feed: no doorbell (%s); other processes' commits are heard at each tick", exc)
+            return False
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(sock.fileno(), self._take, sock, heard)
+        self._listening = sock
+        return True
+
+    def _take(self, sock: socket.socket, heard: Callable[[], None]) -> None:
+        with contextlib.suppress(OSError):  # BlockingIOError: every ring read
+            while True:
+                sock.recv(16)
+        self.heard += 1
+        heard()
+
+    def ring(self) -> None:
+        """Wake every other listening process (writer thread, after the commit)."""
+        if sys.platform != "linux":
+            return
+        try:
+            names = os.listdir(self.folder)
+        except OSError:  # nobody listens yet
+            return
+        sock = self._ringing
+        if sock is None:
+            sock = self._ringing = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            sock.setblocking(False)
+        for name in names:
+            if name == self.name:
+                continue
+            try:
+                sock.sendto(b"!", self.address(name))
+            except ConnectionRefusedError:  # its process is gone: ring it no more
+                with contextlib.suppress(OSError):
+                    os.unlink(self.folder / name)
+            except OSError:  # its queue is full: it has rings to read already
+                pass
+            else:
+                self.rung += 1
+
+    def close(self) -> None:
+        sock, self._listening = self._listening, None
+        if sock is not None:
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.remove_reader(sock.fileno())
+            sock.close()
+            with contextlib.suppress(OSError):
+                os.unlink(self.folder / self.name)
+        if self._ringing is not None:
+            self._ringing.close()
+            self._ringing = None
 
 
 class SqliteFeed(Feed):
@@ -54,6 +148,8 @@ class SqliteFeed(Feed):
         self.keep = keep
         self.prune_every = prune_every
         self.origin = secrets.token_hex(8)  # this process's entries: its hub heard them already
+        self.doorbell = Doorbell(self.path.with_name(self.path.name + "-wake"), self.origin)
+        self._published = False  # in this turn: ring the others once it is over
         self._lock_fd: int | None = None
         self._conn: sqlite3.Connection | None = None
         self._version: int | None = None
@@ -77,10 +173,13 @@ class SqliteFeed(Feed):
             fd = self._lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o660)
         # flock belongs to this open file: it is released when the process dies, kill -9 too.
         fcntl.flock(fd, fcntl.LOCK_EX)
+        self._published = False
         try:
             yield
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
+        if self._published:  # committed (a failed batch raised past this)
+            self.doorbell.ring()
 
     def setup(self, conn: sqlite3.Connection) -> None:
         conn.execute(
@@ -101,6 +200,7 @@ class SqliteFeed(Feed):
     ) -> None:
         if not topics and not pushes and not revoked:
             return
+        self._published = True
         sent = json.dumps([[tab, f.key, f.html, f.signals] for tab, f in pushes]) if pushes else None
         # Rows are only ever deleted below the newest, so the next seq is always the next number:
         # a gap in what a hub reads means entries were pruned before it saw them.
@@ -123,6 +223,11 @@ class SqliteFeed(Feed):
         self._version = conn.execute("PRAGMA data_version").fetchone()[0]
         self._last = conn.execute(f"SELECT coalesce(max(seq), 0) FROM {self.TABLE}").fetchone()[0]
         self._conn = conn
+        self.doorbell.listen(self._rung)
+
+    def _rung(self) -> None:
+        if self.arrived is not None:
+            self.arrived()
 
     def poll(self) -> Changes | None:
         conn = self._conn
@@ -177,6 +282,7 @@ class SqliteFeed(Feed):
 
     async def close(self) -> None:
         self._outbox.close()
+        self.doorbell.close()
         if self._conn is not None:
             self._conn.close()
             self._conn = None
