@@ -12,7 +12,7 @@ On one server (bench/lib/pg.py: a throwaway cluster with PostgreSQL's durable de
               lith 2x100   two processes of 100 producers each, one writer each
             every acknowledged command is checked in the database afterwards
   latency   commit in process A → frame offered to a stream in process B (NOTIFY, B's
-            listener, B's next tick), beside commit → frame in A itself
+            listener, B's hub), beside commit → frame in A itself
 
     python -m bench.postgres                  # about a minute
     python -m bench.postgres --quick --plot   # bench/plots/commit-to-frame-postgres.svg

@@ -96,7 +96,7 @@ async def broadcast(herd: Herd, rounds: int, pid: int, profile: float = 0.0) -> 
     window = Window.open(pid)
     frames_before = herd.frames
     spy = Spy(pid, profile) if profile else None
-    began = time.perf_counter()
+    began, client_began = time.perf_counter(), time.process_time()
     done = 0
     while done < rounds or time.perf_counter() - began < profile:
         done += 1
@@ -108,6 +108,7 @@ async def broadcast(herd: Herd, rounds: int, pid: int, profile: float = 0.0) -> 
         latencies += herd.latencies(value, answered)
         missed += herd.missed(value)
     cost = window.close()
+    client_seconds = time.process_time() - client_began
     frames = herd.frames - frames_before
     stop.set()
     await prober
@@ -117,7 +118,7 @@ async def broadcast(herd: Herd, rounds: int, pid: int, profile: float = 0.0) -> 
               file=sys.stderr, flush=True)
     return {"latencies": latencies, "missed": missed, "post_p95_ms": percentile(answers, 95) * 1000,
             "cpu_us_per_frame": cost.cores * cost.seconds / max(1, frames) * 1e6, "cores": cost.cores,
-            "frames": frames}
+            "client_us_per_frame": client_seconds / max(1, frames) * 1e6, "frames": frames}
 
 
 async def storm(herd: Herd, server: Server) -> dict[str, Any]:
@@ -221,6 +222,7 @@ async def run_size(variant: str, n: int, rounds: int, hibernate_after: float, wo
         **{f"p{q}_ms": percentile(lat, q) * 1000 for q in (50, 95, 99)},
         "missed": cast["missed"] + woken["missed"], "wake_p95_ms": percentile(woken["latencies"], 95) * 1000,
         "post_p95_ms": cast["post_p95_ms"], "cpu_us_per_frame": cast["cpu_us_per_frame"],
+        "client_us_per_frame": cast["client_us_per_frame"],
         **{f"storm_{k}": float(v) for k, v in gone.items() if k != "failures"},
     }
 
@@ -283,14 +285,15 @@ def measure(args: argparse.Namespace) -> harness.Result:
         f"hibernate_after {hibernate:g} s; {args.workers} uvicorn worker(s); "
         f"this client used {mine.cores:.2f} cores on average; each row the median of {storms} run(s)\n",
         "| tabs | connected s | first frame s | KiB/tab awake | KiB/tab asleep | p50 ms | p95 ms | p99 ms "
-        "| missed | after wake p95 ms | POST 204 p95 ms | server µs CPU/frame |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| missed | after wake p95 ms | POST 204 p95 ms | server µs CPU/frame | client µs CPU/frame |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for key, r in rows.items():
         text.append(
             f"| {key} | {r['connected_s']:.2f} | {r['first_frame_s']:.2f} | {number(r['awake_kib'], 1)} "
             f"| {number(r['asleep_kib'], 1)} | {r['p50_ms']:.0f} | {r['p95_ms']:.0f} | {r['p99_ms']:.0f} "
-            f"| {r['missed']:.0f} | {r['wake_p95_ms']:.0f} | {r['post_p95_ms']:.1f} | {r['cpu_us_per_frame']:.1f} |")
+            f"| {r['missed']:.0f} | {r['wake_p95_ms']:.0f} | {r['post_p95_ms']:.1f} | {r['cpu_us_per_frame']:.1f} "
+            f"| {r['client_us_per_frame']:.1f} |")
     if args.no_storm:
         return harness.Result(figures, "\n".join(text), {"rows": rows, "runs": runs})
     text += [

@@ -1,8 +1,8 @@
 """Several processes on one SQLite file: what the change feed and the writers' lock cost.
 
   latency   commit in process A → frame offered to a stream in process B, through the SQLite
-            feed (`PRAGMA data_version` polled each tick, then the new entries), beside the same
-            commit → frame in A itself (bench/lib/crossing.py)
+            feed (A's writer rings B, whose hub asks `PRAGMA data_version`, then reads the new
+            entries), beside the same commit → frame in A itself (bench/lib/crossing.py)
   writer    commands/s and the callers' p50/p99 through `Writer.do`, no HTTP, closed loop, each
             process counting the same window of wall-clock time:
               1x200 local   one process, 200 producers, no feed

@@ -7,7 +7,7 @@
 The latency: process A sets a counter to 1, 2, 3, ... 20 to 80 ms apart; "commit" is when A's
 writer tells its subscribers, "offered" is when a hub offers a stream the frame that shows the
 value, in A itself (the writer's subscriber) and in a child B (through the feed: SQLite's
-table polled each tick, or PostgreSQL's NOTIFY). Both read CLOCK_MONOTONIC. `target` is a
+table, which A's ring has B read at once, or PostgreSQL's NOTIFY). Both read CLOCK_MONOTONIC. `target` is a
 SQLite file or a PostgreSQL URL: `Lith` takes either.
 """
 

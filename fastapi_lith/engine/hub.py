@@ -119,6 +119,7 @@ class Hub:
         self.dirty: set[Instance] = set()  # changed since their last render
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._idle = False  # waiting for something dirty: see `_arrival`
         self.ending = False  # told to stop (`end_streams`): a stream that opens now ends at once
         self.trace: FrameTracer | None = None  # told of frames made and taken, when the app traces
         # Opens whose views have no frame yet, with what each awaits: see `_first_renders`.
@@ -131,7 +132,7 @@ class Hub:
         """Tick on a timer. Without it (tests) `await hub.tick()` advances by hand. Streams end
         at the server's stop signal, not at its next look (see shutdown.py)."""
         self._task = asyncio.create_task(self._run(), name="lith-hub")
-        self.feed.on_arrival(self._take_feed)
+        self.feed.on_arrival(self._arrival)
         end_on_exit_signal(self, self.end_streams)
         collector.space_full_collections()
 
@@ -178,19 +179,30 @@ class Hub:
                 self.counters.late_ticks += 1
 
     async def _wait_or_poll(self) -> None:
-        """Other processes commit too: ask the feed every `interval` until something is dirty."""
+        """Other processes commit too: ask the feed every `interval`, and whenever it says
+        something arrived, until something is dirty."""
         while True:
             self._take_feed()
             if self._wake.is_set():
                 return
+            self._idle = True
             try:
                 async with asyncio.timeout(self.interval):
                     await self._wake.wait()
                 return
             except TimeoutError:
                 pass
+            finally:
+                self._idle = False
 
     # -- inputs: commits, other processes, streams ---------------------------------------------
+
+    def _arrival(self) -> None:
+        """The feed says another process committed. Only a hub that waits for work polls now:
+        one that ticks, or rests until its next tick may begin, polls as that tick begins, and
+        could not render sooner."""
+        if self._idle:
+            self._take_feed()
 
     def _take_feed(self) -> None:
         """`poll`, at every tick and whenever the feed says something arrived; a poll that fails

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import re
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 import htpy as h
@@ -22,6 +23,15 @@ from fastapi_lith.engine.feed import LocalFeed, Outbox
 from fastapi_lith.engine.frames import sse_event
 from fastapi_lith.testing import Tabs
 from tests.support import until
+
+
+async def until_async(check: Callable[[], object]) -> None:
+    """`until` for a plain condition."""
+
+    async def holds() -> object:
+        return check()
+
+    await until(holds)
 
 MIGRATION = """
 CREATE TABLE counter (id INTEGER PRIMARY KEY, n INTEGER NOT NULL);
@@ -446,6 +456,26 @@ async def test_a_commit_rings_the_other_process_which_renders_at_once_not_at_its
         assert a.feed.doorbell.rung >= 1 and b.feed.doorbell.heard >= 1
         # a's hub heard its own commit through its writer: nobody rang it.
         assert a.feed.doorbell.heard == 0
+        subscription.close()
+
+
+async def test_a_ring_while_the_hub_rests_between_ticks_waits_for_the_next_tick(tmp_path: Path) -> None:
+    """Between ticks a render could not come sooner, so a ring polls nothing: under a steady
+    load of commits the hubs do not poll once per batch of every other process."""
+    from fastapi_lith.engine.streams import Stream
+
+    a, b = make_lith(tmp_path), make_lith(tmp_path, tick=60)
+    async with a.lifespan(), b.lifespan():
+        assert isinstance(b.feed, SqliteFeed)
+        stream = Stream("t1")
+        subscription = await b.hub.open(stream, ["counter"])
+        stream.take()
+        await b.writer.do(Add())  # b's own commit: a tick, then 60 s until the next may begin
+        assert [f.html for f in await asyncio.wait_for(stream.next(), 20)] == ['<p id="counter">1</p>']
+        polls, heard = b.feed.changed, b.feed.doorbell.heard
+        await a.writer.do(Add())
+        await until_async(lambda: b.feed.doorbell.heard > heard)
+        assert b.feed.changed == polls and b.hub.dirty == set()
         subscription.close()
 
 
