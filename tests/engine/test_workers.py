@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import re
 import sqlite3
 import time
@@ -136,6 +137,7 @@ async def test_workers_2_every_command_reaches_every_stream_of_both(
     total = count(tmp_path / "app.db")
     for tab in tabs:
         await tab.until(lambda t: t.count() == total)
+    assert len(os.listdir(tmp_path / "app.db-wake")) == 2  # each worker listens for the other's rings
     for tab in tabs:
         tab.close()
 
