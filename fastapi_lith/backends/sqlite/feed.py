@@ -52,7 +52,8 @@ class Doorbell:
     feed's origin, and leaves an empty file of that name in `folder` (beside the database): the
     folder is the list of whom to ring. A ring nobody answers (a process killed with -9) removes
     that file. A doorbell only saves waiting: where it cannot work (not Linux; processes in
-    different network namespaces) the hubs hear each other at their polls, every tick.
+    different network namespaces) the hubs hear each other at their polls, every tick. Any
+    process on the host could ring; a ring carries nothing, it only has the hub ask the database.
     """
 
     def __init__(self, folder: Path, name: str) -> None:
