@@ -595,7 +595,11 @@ async def test_no_keep_alive_touches_the_encoder_while_a_worker_encodes_a_frame(
     body = stream.body(encoder, keepalive=0.02, hibernate_after=60, fanout=fanout)
     first = asyncio.ensure_future(body.__anext__())
     try:
-        assert await asyncio.to_thread(encoder.entered.wait, 10)
+        entered = await asyncio.to_thread(encoder.entered.wait, 10)
+        assert entered, (  # what the body and the fan-out were doing, if a worker never began
+            f"body done: {first.done()}, its error: {first.exception() if first.done() else None!r}, "
+            f"hops: {fanout.hops}, encodes: {fanout.encodes}, encoding: {stream.encoding}, "
+            f"encoder in use: {encoder.in_use.locked()}, threads: {[t.name for t in threading.enumerate()]}")
         await asyncio.sleep(0.1)  # five keep-alive intervals pass with the worker holding the encoder
         assert not first.done()
         encoder.release.set()
