@@ -294,7 +294,7 @@ def measure(args: argparse.Namespace) -> harness.Result:
             figures["ceiling_moves_s"] = r["moves_s"]
             continue
         k = key.replace("@", "_")
-        for name in ("moves_s", "p95_ms", "post_p50_ms", "server_ms_per_board_frame", "bytes_per_frame"):
+        for name in ("moves_s", "p50_ms", "p95_ms", "post_p50_ms", "server_ms_per_board_frame", "bytes_per_frame"):
             figures[f"{k}_{name}"] = r[name]
     return harness.Result(figures, table(results, args), {"runs": results})
 
