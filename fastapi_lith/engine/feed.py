@@ -74,6 +74,11 @@ class Feed:
         cannot tell never calls it: the hub's poll at every tick is what it relies on."""
         self.arrived = arrived
 
+    def _tell_arrived(self) -> None:
+        """On the loop: something arrived; tell the hub, if it asked (`on_arrival`)."""
+        if self.arrived is not None:
+            self.arrived()
+
     @contextmanager
     def turn(self) -> Iterator[None]:
         """Held around each write transaction: writers of all processes take turns."""

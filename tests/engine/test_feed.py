@@ -10,7 +10,6 @@ import asyncio
 import logging
 import re
 import sqlite3
-from collections.abc import Callable
 from pathlib import Path
 
 import htpy as h
@@ -22,16 +21,7 @@ from fastapi_lith.backends.sqlite.feed import SqliteFeed
 from fastapi_lith.engine.feed import LocalFeed, Outbox
 from fastapi_lith.engine.frames import sse_event
 from fastapi_lith.testing import Tabs
-from tests.support import until
-
-
-async def until_async(check: Callable[[], object]) -> None:
-    """`until` for a plain condition."""
-
-    async def holds() -> object:
-        return check()
-
-    await until(holds)
+from tests.support import holds, until
 
 MIGRATION = """
 CREATE TABLE counter (id INTEGER PRIMARY KEY, n INTEGER NOT NULL);
@@ -474,7 +464,7 @@ async def test_a_ring_while_the_hub_rests_between_ticks_waits_for_the_next_tick(
         assert [f.html for f in await asyncio.wait_for(stream.next(), 20)] == ['<p id="counter">1</p>']
         polls, heard = b.feed.changed, b.feed.doorbell.heard
         await a.writer.do(Add())
-        await until_async(lambda: b.feed.doorbell.heard > heard)
+        await until(holds(lambda: b.feed.doorbell.heard > heard))
         assert b.feed.changed == polls and b.hub.dirty == set()
         subscription.close()
 

@@ -10,13 +10,13 @@ import asyncio
 import signal
 import threading
 import types
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 import uvicorn
 
 from fastapi_lith.engine import shutdown
-from tests.support import until
+from tests.support import holds, until
 
 
 @pytest.fixture
@@ -29,15 +29,6 @@ def handlers() -> Iterator[None]:
         signal.signal(sig, handler)
     shutdown._ends.clear()
     shutdown._ends.update(owners)
-
-
-def holds(condition: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
-    """`condition` as `until` asks it: the ends run on the loop, between its polls."""
-
-    async def check() -> bool:
-        return condition()
-
-    return check
 
 
 async def test_every_owner_ends_at_a_signal_and_the_server_hears_which_one(handlers: None) -> None:

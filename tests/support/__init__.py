@@ -45,6 +45,15 @@ async def until(check: Callable[[], Awaitable[Any]], timeout: float = 30.0) -> A
         await asyncio.sleep(0.05)
 
 
+def holds(condition: Callable[[], object]) -> Callable[[], Awaitable[object]]:
+    """A plain `condition` as `until` asks it: checked on the loop, between its polls."""
+
+    async def check() -> object:
+        return condition()
+
+    return check
+
+
 def line_with(lines: Iterator[str], text: str, timeout: float = 60.0) -> str:
     """The next line of a stream's body that holds `text`; each wait is bounded by the stream's
     keep-alives (and the client's read timeout), the whole by `timeout`."""

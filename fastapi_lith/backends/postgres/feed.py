@@ -211,8 +211,7 @@ class NotifyFeed(Feed):
 
     def _told(self) -> None:
         self._telling = False
-        if self.arrived is not None:
-            self.arrived()
+        self._tell_arrived()
 
     def poll(self) -> Changes | None:
         inbox = self._inbox

@@ -97,11 +97,9 @@ class Doorbell:
 
     def ring(self) -> None:
         """Wake every other listening process (writer thread, after the commit)."""
-        if sys.platform != "linux":
-            return
         try:
             names = os.listdir(self.folder)
-        except OSError:  # nobody listens yet
+        except OSError:  # nobody listens yet, or cannot here (the folder is made by `listen`)
             return
         sock = self._ringing
         if sock is None:
@@ -224,11 +222,7 @@ class SqliteFeed(Feed):
         self._version = conn.execute("PRAGMA data_version").fetchone()[0]
         self._last = conn.execute(f"SELECT coalesce(max(seq), 0) FROM {self.TABLE}").fetchone()[0]
         self._conn = conn
-        self.doorbell.listen(self._rung)
-
-    def _rung(self) -> None:
-        if self.arrived is not None:
-            self.arrived()
+        self.doorbell.listen(self._tell_arrived)
 
     def poll(self) -> Changes | None:
         conn = self._conn
