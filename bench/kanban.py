@@ -84,19 +84,23 @@ class Tabs:
         self.port, self.encoding = port, encoding
         self.streams: list[client.SseStream] = []
         self.waiting: dict[str, tuple[int, asyncio.Future[float]]] = {}
-        self.board_frames = self.reconnects = 0
+        self.board_frames = self.outcomes = self.reconnects = 0
+        self.board_at: dict[str, float] = {}  # when each tab's last board event was decoded
         self.closing = False
 
     def on_event(self, stream: client.SseStream, event: bytes, at: float) -> None:
         head = event[:120]
         if b'id="outcome"' in head:
+            self.outcomes += 1
             i = event.find(DONE)
             if i >= 0:
                 op = int(event[i + len(DONE):event.index(b'"', i + len(DONE))])
                 waiting = self.waiting.get(stream.tab)
                 if waiting is not None and op >= waiting[0] and not waiting[1].done():
                     waiting[1].set_result(at)
-        elif b"board" in head:
+        # A board frame: the whole board, or its patches' events, which decode together.
+        elif not event.startswith(b":") and self.board_at.get(stream.tab) != at:
+            self.board_at[stream.tab] = at
             self.board_frames += 1
 
     async def open(self, tab: str) -> client.SseStream:
@@ -112,7 +116,8 @@ class Tabs:
             asyncio.get_running_loop().create_task(self.open(stream.tab))
 
     def totals(self) -> tuple[int, int]:
-        return sum(s.body for s in self.streams), sum(s.events for s in self.streams)
+        """Body bytes decoded so far, and the frames they carried (a board's patches are one)."""
+        return sum(s.body for s in self.streams), self.board_frames + self.outcomes
 
 
 async def scrape(port: int) -> Counts | None:

@@ -75,7 +75,7 @@ def lane_column(lane: sqlite3.Row, cards: list[sqlite3.Row], left: int | None, r
     return h.section(f"#lane-{lane_id}.lane", aria_labelledby=f"lane-{lane_id}-title")[
         h.header(".lane-head")[
             h.h2(".lane-title", id=f"lane-{lane_id}-title")[lane["title"]],
-            h.span(".count", title=f"{len(cards)} cards")[str(len(cards))],
+            h.span(".count", id=f"lane-{lane_id}-count", title=f"{len(cards)} cards")[str(len(cards))],
             h.button(".icon.ghost", name="rename", aria_label=f"Edit lane {lane['title']}")["✎"],
         ],
         h.ol(".cards")[(card_item(card, left, right) for card in cards)],

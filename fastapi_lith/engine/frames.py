@@ -1,28 +1,73 @@
-"""`Frame`: one render of one view instance, and its Datastar SSE event (datastar-py only)."""
+"""`Frame`: one render of one view instance, and its Datastar SSE event (datastar-py only).
+
+A long render is sent whole only to a tab that shows nothing of its view yet; a tab that shows
+an earlier render gets the patches from that one (`Frame.since`, patches.py).
+"""
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from datastar_py.sse import ServerSentEventGenerator
 
+from .patches import Index, index, patch_events
+
+# Frames this long or longer are indexed by their keyed elements when rendered, so a tab that
+# shows the previous one is sent patches (patches.py); shorter ones cost less sent whole.
+PATCH_FROM = 4096
+# Patches of one frame kept per frame it follows: the tabs a few frames behind.
+_PATCHES_KEPT = 4
+_SERIALS = itertools.count()
+
 
 class Frame:
     """One render of one view instance: its HTML, and the signals to set with it, if any.
 
     Frames know nothing of a transport: `sse_event(frame)` encodes one for SSE, once however
-    many streams send it, where the stream's bytes are made.
+    many streams send it, where the stream's bytes are made. A frame of patches is a frame
+    too: the same key and HTML, and the render it starts from, whose events it formats.
     """
 
-    __slots__ = ("key", "html", "signals", "_sse", "__weakref__")
+    __slots__ = ("key", "html", "signals", "index", "serial", "_sse", "_base", "_patches", "__weakref__")
 
-    def __init__(self, key: str, html: str, signals: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self, key: str, html: str, signals: Mapping[str, Any] | None = None, *, index: Index | None = None
+    ) -> None:
         self.key = key
         self.html = html
         self.signals = signals
+        self.index = index  # its keyed elements: set for a view's long frame (`rendered`)
+        self.serial = next(_SERIALS)
         self._sse: bytes | None = None
+        self._base: Index | None = None  # set on a frame of patches: the render they start from
+        self._patches: dict[int, Frame] | None = None
+
+    @classmethod
+    def rendered(cls, key: str, html: str) -> Frame:
+        """A view's render: indexed when long, which happens on the reader thread that rendered
+        it, so the tabs that show the previous render can be sent what changed (`since`)."""
+        return cls(key, html, index=index(html) if len(html) >= PATCH_FROM else None)
+
+    def since(self, shown: Frame) -> Frame:
+        """What to send a tab that shows `shown`, a frame of the same view: a frame of patches,
+        its events made once by the first worker to need them (`sse_event`), or this frame
+        when it is not indexed. Made on the loop, so it does nothing but look up and allocate.
+        """
+        if self.index is None or shown.index is None or shown is self:
+            return self
+        patches = self._patches
+        if patches is None:
+            patches = self._patches = {}
+        frame = patches.get(shown.serial)
+        if frame is None:
+            if len(patches) >= _PATCHES_KEPT:
+                del patches[next(iter(patches))]
+            frame = patches[shown.serial] = Frame(self.key, self.html, index=self.index)
+            frame._base = shown.index
+        return frame
 
     def __repr__(self) -> str:
         return f"Frame({self.key!r}, {len(self.html)} chars, signals={self.signals!r})"
@@ -48,10 +93,18 @@ def sse_event(frame: Frame) -> bytes:
         with _FORMATTING:
             event = frame._sse  # noqa: SLF001
             if event is None:
-                text: str = ServerSentEventGenerator.patch_elements(frame.html)
+                base, new = frame._base, frame.index  # noqa: SLF001
+                patches = patch_events(base, new) if base is not None and new is not None else None
+                # Patches are mostly HTML the stream sent before, which its compressor finds
+                # in its window at a fraction of the whole render's cost: only longer ones lose.
+                if patches is not None and len(patches) < len(frame.html):
+                    text: str = patches
+                else:
+                    text = ServerSentEventGenerator.patch_elements(frame.html)
                 if frame.signals:
                     text += ServerSentEventGenerator.patch_signals(dict(frame.signals))
                 event = frame._sse = str(text).encode()  # noqa: SLF001
+                frame._base = None  # noqa: SLF001 - the render patched from may go: its bytes are made
     return event
 
 

@@ -114,6 +114,7 @@ class Stream:
         self._out: bytes | Awaitable[None] | BaseException | None = None
         self._timer: asyncio.TimerHandle | None = None  # wakes the body for keep-alives
         self._lead: Frame | None = None  # set by `body`: the `retry:` field, before the first event
+        self._shown: dict[str, Frame] | None = None  # the indexed frames sent last, by view
         # Set by the response while it writes the body: encoded bytes go out from the fan-out's
         # callback while the body waits, instead of waking the body's task to write them.
         self.write_at_once: WriteAtOnce | None = None
@@ -198,8 +199,24 @@ class Stream:
         self._busy = self.encoding = True
         if self._subscription is not None:
             self._subscription.caught_up(frames.keys())
+        for frame in taken:  # a broadcast's one small frame: one look, nothing made
+            if frame.index is not None:
+                taken = [self._since_shown(frame) for frame in taken]
+                break
         lead, self._lead = self._lead, None
         return self, self._encoder, [lead, *taken] if lead is not None else taken
+
+    def _since_shown(self, frame: Frame) -> Frame:
+        """`frame`, or its patches from the frame of its view this stream sent last: the page
+        shows that one, whatever the encoder did since (a hibernated stream's page keeps it)."""
+        if frame.index is None:
+            return frame
+        shown = self._shown
+        if shown is None:
+            shown = self._shown = {}
+        last = shown.get(frame.key)
+        shown[frame.key] = frame
+        return frame if last is None else frame.since(last)
 
     def encoded(self, out: bytes | BaseException) -> None:
         """The fan-out's result, on the loop: the bytes to write, or the error that ends the body.

@@ -166,6 +166,22 @@ def test_one_card_change_after_the_first_frame_is_small(server: Server, encoding
     assert max(sizes) < limit, sizes
 
 
+def test_a_moved_card_goes_out_as_patches_of_the_board_the_tab_shows(server: Server) -> None:
+    """The first event is the whole board; a move, as the frame after it, is a remove and an
+    insert by id (engine/patches.py), a few hundred bytes where the board is 140 KB."""
+    context = open_stream(server, "identity", "views=board&tab=patched")
+    reader = next(context)
+    first, _ = reader.next_event()
+    assert '<main id="board">' in first and len(first) > 130_000
+    assert httpx.post(f"{server.url}/move", json={"card": 20, "to": 3}).status_code == 204
+    removed, _ = reader.next_event()
+    inserted, _ = reader.next_event()
+    context.close()
+    assert removed == "event: datastar-patch-elements\ndata: mode remove\ndata: selector #card-20"
+    assert inserted.startswith("event: datastar-patch-elements\ndata: mode after\ndata: selector #card-")
+    assert '<article id="card-20" class="card">' in inserted and len(inserted) < 1_000
+
+
 def test_a_zstd_stream_sizes_its_window_from_its_first_write(server: Server) -> None:
     headers = {"Accept-Encoding": "zstd"}
     with httpx.stream("GET", f"{server.url}/lith/stream?views=board&tab=win", headers=headers, timeout=10) as r:
@@ -270,7 +286,7 @@ def test_a_client_that_stops_reading_is_ended_alone(server_factory: Any, tmp_pat
     i = 0
     while httpx.get(f"{server.url}/stats").json()["streams"] > 1:
         assert time.monotonic() < deadline, "the stuck stream was never ended"
-        rename(server, 11, f"tick {i}")  # full frames of 142 KB fill the stuck socket
+        rename(server, 11, f"tick {i} " + "w" * 60_000)  # a card's patch of 60 KB a frame fills it
         assert f"tick {i}" in healthy.next_event()[0]  # the healthy tab is not held up
         i += 1
     rename(server, 11, "after")

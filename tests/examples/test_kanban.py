@@ -7,6 +7,7 @@ board on first start) and opens two pages, `a` and `b`, as two people would.
 from __future__ import annotations
 
 import json
+import random
 import re
 import socket
 import sqlite3
@@ -119,6 +120,36 @@ def test_add_move_rename_delete_show_in_the_other_page(two_pages: tuple[Page, Pa
     expect(b.locator(f"#{card_id}")).to_have_count(0, timeout=LIVE)
     expect(a.locator(f"#{card_id}")).to_have_count(0)
     no_page_errors(a, b)
+
+
+def test_a_page_patched_through_many_moves_is_the_page_a_reload_shows(
+    new_page: Callable[..., Page], server: Server, db_path: Path
+) -> None:
+    """The other tabs get a board's changes as patches (a card removed here, inserted there, a
+    count morphed) from the render they show: after many moves at once, in and across lanes,
+    the watching page's board is the one a fresh page renders, element for element."""
+    watching = open_board(new_page, server)
+    expect(watching.locator(".card")).to_have_count(12)
+    rnd = random.Random(7)
+    cards = [c for (c,) in rows(db_path, "SELECT id FROM card")]
+    with httpx.Client(base_url=server.url, headers=SAME_ORIGIN) as client:
+        for op in range(1, 41):
+            move = {"tab": "mover", "op": op, "card_id": rnd.choice(cards), "lane_id": rnd.randint(1, 4),
+                    "position": rnd.randint(0, 5)}
+            assert client.post("/cards/move", json=move).status_code == 204
+    order = rows(db_path, "SELECT lane_id, id FROM card ORDER BY lane_id, position")
+    expected = ",".join(f"{lane}:{card}" for lane, card in order)
+    watching.wait_for_function(
+        """expected => [...document.querySelectorAll('#board .card')]
+             .map(c => c.closest('.lane').id.slice(5) + ':' + c.id.slice(5)).join(',') == expected""",
+        arg=expected, timeout=LIVE,
+    )
+    fresh = open_board(new_page, server).locator("#board").evaluate("e => e.outerHTML")
+    # Equal as DOM nodes: the same elements, text and attributes (a morph may order them anew).
+    same = """html => { const t = document.createElement('template'); t.innerHTML = html;
+                      return t.content.firstElementChild.isEqualNode(document.getElementById('board')) }"""
+    assert watching.evaluate(same, fresh)
+    no_page_errors(watching)
 
 
 def screenshot(page: Page, path: Path) -> None:

@@ -1,0 +1,328 @@
+"""Patches between two renders, applied as Datastar applies them, give the second render.
+
+The page here is a small DOM of our own, built by the standard library's HTML parser (not the
+scanner under test) and patched the way Datastar 1.0's `datastar-patch-elements` does: `remove`
+every element a selector names, insert `before`/`after` the element a selector names, and morph
+each top-level element of an outer patch into the element with its id (a perfect morph: the
+element becomes the new one). The browser does the same in tests/examples/test_kanban.py.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+import weakref
+from html.parser import HTMLParser
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fastapi_lith.engine.frames import Frame, sse_event
+from fastapi_lith.engine.patches import index, patch_events
+
+VOID = {"br", "input", "img", "hr"}
+
+
+class Node:
+    def __init__(self, tag: str, start: str, attrs: dict[str, str | None]) -> None:
+        self.tag, self.start, self.id = tag, start, attrs.get("id")
+        self.children: list[Node | str] = []
+        self.parent: Node | None = None
+
+    def html(self) -> str:
+        if self.tag in VOID:
+            return self.start
+        inner = "".join(c if isinstance(c, str) else c.html() for c in self.children)
+        return f"{self.start}{inner}</{self.tag}>"
+
+    def find(self, id_: str) -> Node | None:
+        if self.id == id_:
+            return self
+        for c in self.children:
+            if isinstance(c, Node) and (found := c.find(id_)) is not None:
+                return found
+        return None
+
+
+class Builder(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=False)
+        self.top = Node("#fragment", "", {})
+        self.open = [self.top]
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        node = Node(tag, self.get_starttag_text() or "", dict(attrs))
+        node.parent = self.open[-1]
+        self.open[-1].children.append(node)
+        if tag not in VOID:
+            self.open.append(node)
+
+    def handle_endtag(self, tag: str) -> None:
+        assert self.open[-1].tag == tag
+        self.open.pop()
+
+    def handle_data(self, data: str) -> None:
+        self.open[-1].children.append(data)
+
+    def handle_entityref(self, name: str) -> None:
+        self.open[-1].children.append(f"&{name};")
+
+    def handle_charref(self, name: str) -> None:
+        self.open[-1].children.append(f"&#{name};")
+
+    def handle_comment(self, data: str) -> None:
+        self.open[-1].children.append(f"<!--{data}-->")
+
+
+def parse(html: str) -> list[Node]:
+    builder = Builder()
+    builder.feed(html)
+    builder.close()
+    nodes = [c for c in builder.top.children if isinstance(c, Node)]
+    for node in nodes:
+        node.parent = None
+    return nodes
+
+
+def events(text: str) -> list[dict[str, str]]:
+    """Each event's data lines, as Datastar reads them: `mode`, `selector`, `elements`."""
+    out = []
+    for block in filter(None, text.strip("\n").split("\n\n")):
+        lines = block.split("\n")
+        assert lines[0] == "event: datastar-patch-elements"
+        fields: dict[str, str] = {}
+        for line in lines[1:]:
+            name, _, value = line.removeprefix("data: ").partition(" ")
+            fields[name] = fields[name] + "\n" + value if name in fields else value
+        out.append(fields)
+    return out
+
+
+def apply(page: Node, text: str) -> None:
+    for event in events(text):
+        mode, selector = event.get("mode", "outer"), event.get("selector")
+        if mode == "remove":
+            found = [page.find(one.removeprefix("#")) for one in selector.split(", ")]  # querySelectorAll
+            for node in found:
+                assert node is not None and node.parent is not None, selector
+                node.parent.children.remove(node)
+            continue
+        new = parse(event["elements"])
+        if mode == "outer":
+            assert selector is None
+            for node in new:
+                old = page.find(node.id)
+                assert old is not None and old.parent is not None, node.id
+                siblings = old.parent.children
+                node.parent = old.parent
+                siblings[siblings.index(old)] = node
+            continue
+        target = page.find(selector.removeprefix("#"))
+        assert target is not None and target.parent is not None, selector
+        siblings = target.parent.children
+        at = siblings.index(target) + (mode == "after")
+        for node in new:
+            node.parent = target.parent
+        siblings[at:at] = new
+
+
+def patched(old: str, new: str) -> str | None:
+    """The page of `old` after the patches to `new`; None when the whole render is sent."""
+    before, after = index(old), index(new)
+    assert before is not None and after is not None
+    text = patch_events(before, after)
+    if text is None:
+        return None
+    holder = Node("body", "<body>", {})
+    (page,) = parse(old)
+    page.parent = holder
+    holder.children = [page]
+    apply(holder, text)
+    return holder.children[0].html()
+
+
+# -- a board as an app would render it ----------------------------------------------------------
+
+
+def card(n: int, title: str | None = None) -> str:
+    return f'<li id="card-{n}" class="card"><h3>{title or f"Card {n}"}</h3><button name="move" value="{n}">&rarr;</button></li>'
+
+
+def board(lanes: dict[int, list[int]], titles: dict[int, str] | None = None) -> str:
+    titles = titles or {}
+    return '<main id="board">' + "".join(
+        f'<section id="lane-{lane}"><header><h2>Lane {lane}</h2><span id="lane-{lane}-count">{len(cards)}</span></header>'
+        f'<ol class="cards">{"".join(card(c, titles.get(c)) for c in cards)}</ol></section>'
+        for lane, cards in lanes.items()
+    ) + "</main>"
+
+
+def test_a_card_moved_to_another_lane_is_one_remove_and_one_insert() -> None:
+    old = board({1: [1, 2, 3], 2: [4, 5]})
+    new = board({1: [1, 3], 2: [4, 2, 5]})
+    text = patch_events(index(old), index(new))  # type: ignore[arg-type]
+    assert [(e.get("mode", "outer"), e.get("selector")) for e in events(text or "")] == [
+        ("remove", "#card-2"),
+        ("after", "#card-4"),
+        ("outer", None),  # the two lanes' counts, in one event
+    ]
+    assert events(text or "")[-1]["elements"] == '<span id="lane-1-count">2</span><span id="lane-2-count">3</span>'
+    assert patched(old, new) == new
+
+
+def test_a_changed_card_is_morphed_alone_and_nothing_changed_is_no_event() -> None:
+    old = board({1: [1, 2, 3]})
+    new = board({1: [1, 2, 3]}, {2: "Renamed <b>bold</b> &amp; more"})
+    text = patch_events(index(old), index(new))  # type: ignore[arg-type]
+    assert events(text or "") == [{"elements": card(2, "Renamed <b>bold</b> &amp; more")}]
+    assert patch_events(index(new), index(new)) == ""  # type: ignore[arg-type]
+
+
+def test_the_first_card_of_a_lane_goes_before_the_one_that_stays_and_an_emptied_lane_is_morphed() -> None:
+    old = board({1: [1, 2], 2: [3]})
+    assert patched(old, board({1: [3, 1, 2], 2: []})) == board({1: [3, 1, 2], 2: []})
+    text = patch_events(index(old), index(board({1: [1], 2: [2, 3]})))  # type: ignore[arg-type]
+    assert ("before", "#card-3") in [(e.get("mode"), e.get("selector")) for e in events(text or "")]
+
+
+def test_what_patches_cannot_say_exactly_is_sent_whole() -> None:
+    old = board({1: [1, 2]})
+    assert patch_events(index(old), index(old.replace('id="board"', 'id="other"'))) is None  # type: ignore[arg-type]
+    assert patch_events(index(old), index(old.replace("<main", '<main class="dark"'))) is None  # type: ignore[arg-type]
+    assert index(old.replace("</h2>", "")) is None  # does not nest as written
+    assert index(old.replace("card-2", "card-1")) is None  # an id twice
+    assert index(old + "<p>after</p>") is None  # beside the root
+    assert index("<p>no id</p>") is None
+
+
+def test_script_text_comments_and_void_elements_are_not_markup_to_the_index() -> None:
+    old = board({1: [1, 2]}).replace(
+        "</main>", '<script>if (a <b) x("</div>")</script><!-- <p id="x"> --><br><img id="pic" src="a.png"></main>'
+    )
+    found = index(old)
+    assert found is not None and "pic" in found.ids and "x" not in found.ids
+    new = old.replace("Card 2", "Card two")
+    assert patched(old, new) == new
+    assert index(old.replace("</script>", "")) is None  # a script that never ends
+
+
+def test_a_long_frame_is_sent_as_patches_to_a_tab_that_shows_the_one_before_and_whole_otherwise() -> None:
+    lanes = {lane: list(range(lane * 20, lane * 20 + 20)) for lane in range(4)}
+    first = Frame.rendered("board", board(lanes))
+    lanes[1].insert(3, lanes[0].pop(5))
+    second = Frame.rendered("board", board(lanes))
+    assert first.index is not None and second.index is not None
+    patch = second.since(first)
+    assert patch is second.since(first)  # made once for every tab that shows `first`
+    event = sse_event(patch).decode()
+    assert event.startswith("event: datastar-patch-elements\ndata: mode remove\ndata: selector #card-5\n")
+    assert len(event) < 3_000 < len(second.html)
+    assert second.since(second) is second
+    small = Frame.rendered("count", '<p id="count">1</p>')
+    assert small.index is None and small.since(Frame.rendered("count", '<p id="count">0</p>')) is small
+    # Patches longer than the whole render: sent whole.
+    lanes = {lane: [c + 1000 for c in cards] for lane, cards in lanes.items()}
+    third = Frame.rendered("board", board(lanes))
+    assert sse_event(third.since(second)) == sse_event(third)
+
+
+def test_a_frame_of_patches_keeps_no_earlier_render_once_its_bytes_are_made() -> None:
+    """A view that stays unchanged for hours keeps its frame, and the patches cached on it: they
+    must not keep the renders they were made from (158 KB each on a board)."""
+    lanes = {lane: list(range(lane * 20, lane * 20 + 20)) for lane in range(4)}
+    first = Frame.rendered("board", board(lanes))
+    lanes[2].reverse()
+    second = Frame.rendered("board", board(lanes))
+    patch = second.since(first)
+    first_index = weakref.ref(first.index)  # type: ignore[arg-type]
+    del first
+    gc.collect()
+    assert first_index() is not None  # wanted until the patches are made
+    assert b"mode before" in sse_event(patch) or b"mode after" in sse_event(patch)
+    gc.collect()
+    assert first_index() is None
+
+
+# -- any two renders ------------------------------------------------------------------------------
+
+TAGS = ["div", "section", "ul", "li", "span", "p"]
+
+
+def render(node: dict) -> str:
+    attrs = "".join(f' {k}="{v}"' for k, v in node["attrs"].items())
+    if node["tag"] == "br":
+        return f"<br{attrs}>"
+    inner = "".join(c if isinstance(c, str) else render(c) for c in node["children"])
+    return f"<{node['tag']}{attrs}>{inner}</{node['tag']}>"
+
+
+def grow(rnd: random.Random, depth: int, ids: list[int]) -> dict:
+    keyed = rnd.random() < 0.6
+    attrs = {"id": f"k{ids.pop()}"} if keyed and ids else {}
+    if rnd.random() < 0.2:
+        attrs["class"] = rnd.choice(["a", "b"])
+    if depth == 0 or rnd.random() < 0.2:
+        if rnd.random() < 0.1:
+            return {"tag": "br", "attrs": attrs, "children": []}
+        return {"tag": rnd.choice(TAGS), "attrs": attrs, "children": [rnd.choice(["x", "y &amp; z", ""])]}
+    children: list = [grow(rnd, depth - 1, ids) for _ in range(rnd.randint(0, 4))]
+    if rnd.random() < 0.3:
+        children.insert(rnd.randint(0, len(children)), rnd.choice(["text", "<!-- c -->"]))
+    return {"tag": rnd.choice(TAGS), "attrs": attrs, "children": children}
+
+
+def elements(node: dict) -> list[dict]:
+    found = [node]
+    for c in node["children"]:
+        if isinstance(c, dict):
+            found.extend(elements(c))
+    return found
+
+
+def mutate(rnd: random.Random, root: dict, ids: list[int]) -> None:
+    nodes = elements(root)
+    for _ in range(rnd.randint(1, 4)):
+        kind = rnd.choice(["move", "move", "insert", "delete", "text", "attr"])
+        target = rnd.choice(nodes)
+        if kind == "text":
+            target["children"].append("changed")
+        elif kind == "attr" and target is not root:
+            target["attrs"]["class"] = "changed"
+        elif kind == "insert" and target["tag"] != "br":
+            target["children"].insert(rnd.randint(0, len(target["children"])), grow(rnd, 1, ids))
+        elif kind in ("move", "delete") and target is not root:
+            parent = next(n for n in elements(root) if any(c is target for c in n["children"]))
+            parent["children"] = [c for c in parent["children"] if c is not target]
+            if kind == "move":
+                inside = {id(n) for n in elements(target)}
+                homes = [n for n in elements(root) if id(n) not in inside and n["tag"] != "br"]
+                home = rnd.choice(homes)
+                home["children"].insert(rnd.randint(0, len(home["children"])), target)
+        nodes = elements(root)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.randoms(use_true_random=False))
+def test_patches_turn_any_render_into_the_next(rnd: random.Random) -> None:
+    ids = list(range(200, 0, -1))
+    root = grow(rnd, 4, ids)
+    root["tag"], root["attrs"]["id"] = "div", "root"
+    old = render(root)
+    mutate(rnd, root, ids)
+    new = render(root)
+    assert patched(old, new) in (new, None)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.randoms(use_true_random=False))
+def test_boards_after_any_moves_are_patched_not_sent_whole(rnd: random.Random) -> None:
+    lanes = {lane: list(range(lane * 10, lane * 10 + rnd.randint(2, 10))) for lane in range(4)}
+    old = board(lanes)
+    for _ in range(rnd.randint(1, 5)):
+        source = rnd.choice([lane for lane, cards in lanes.items() if len(cards) > 1])
+        moved = lanes[source].pop(rnd.randrange(len(lanes[source])))
+        into = lanes[rnd.choice(list(lanes))]
+        into.insert(rnd.randint(0, len(into)), moved)
+    titles = {c: "Edited" for c in rnd.sample(sorted(c for cards in lanes.values() for c in cards), 2)}
+    new = board(lanes, titles)
+    assert patched(old, new) == new
