@@ -35,6 +35,11 @@ _VOID = frozenset(
     ("area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param", "source", "track", "wbr")
 )
 _RAW_TEXT = frozenset(("script", "style", "textarea", "title"))
+# Inside these an id is content, never a key: a patch's elements are parsed as HTML (an SVG
+# `<g>` inserted alone would not be SVG), and a template's are not in the page. In the first
+# two, as in a browser, `<x/>` closes itself; elsewhere only a void element does.
+_FOREIGN = frozenset(("svg", "math"))
+_OPAQUE = _FOREIGN | {"template"}
 
 
 @dataclass(eq=False, slots=True, weakref_slot=True)
@@ -81,10 +86,13 @@ class Index:
 def index(html: str) -> Index | None:
     """The keyed elements of `html`, or None where patches could not be exact: HTML that does not
     nest as written, an id twice, or anything beside the root element."""
+    if "data-ignore-morph" in html:  # a part the page keeps as it is: only a morph knows it
+        return None
     found = Index(html)
     ids, starts, ends, children, where = found.ids, found.starts, found.ends, found.children, found.where
     open_tags: list[tuple[str, int]] = []  # tag name, and its keyed element or -1
     keyed: list[int] = []  # the keyed elements open, innermost last
+    opaque = foreign = 0  # how deep inside an svg, a math or a template; inside the first two
     tags = _TAG.finditer(html)
     while True:
         for m in tags:
@@ -98,9 +106,12 @@ def index(html: str) -> Index | None:
                 if k >= 0:
                     ends[k] = m.end()
                     keyed.pop()
+                if name in _OPAQUE:
+                    opaque -= 1
+                    foreign -= name in _FOREIGN
                 continue
             k = -1
-            if "id" in attrs and (found_id := _ID.search(attrs)) is not None:
+            if "id" in attrs and not opaque and (found_id := _ID.search(attrs)) is not None:
                 value = next(g for g in found_id.groups() if g is not None)
                 if _PLAIN_ID.match(value):
                     if value in where:
@@ -114,11 +125,14 @@ def index(html: str) -> Index | None:
                         children[keyed[-1]].append(k)
                     elif k:  # a second element at the top
                         return None
-            if name in _VOID or attrs.endswith("/"):
+            if name in _VOID or (attrs.endswith("/") and (foreign or name in _FOREIGN)):
                 continue
             open_tags.append((name, k))
             if k >= 0:
                 keyed.append(k)
+            if name in _OPAQUE:
+                opaque += 1
+                foreign += name in _FOREIGN
             if name in _RAW_TEXT:  # its text is not markup: read on from its end tag
                 text_end = html.find(f"</{name}", m.end())
                 if text_end < 0:

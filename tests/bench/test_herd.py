@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -97,6 +98,7 @@ def test_a_restart_on_a_held_socket_refuses_no_connect_and_brings_every_tab_back
         try:
             await herd.open(TABS, timeout=50)
             # Stopped and started beside the loop, so the tabs reconnect while no process serves.
+            stopped_at = time.perf_counter()
             await asyncio.to_thread(server.stop, signal.SIGTERM)
             with socket.create_connection(("127.0.0.1", server.port), timeout=60) as waiting:  # queued, not refused
                 waiting.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
@@ -105,7 +107,11 @@ def test_a_restart_on_a_held_socket_refuses_no_connect_and_brings_every_tab_back
             assert await change(herd, timeout=50) == 0
             assert herd.refused() == 0, f"{herd.refused()} connects refused"
             assert herd.failures() == {}, herd.failures()
-            assert all(t.connects == 2 for t in herd.tabs)
+            # Once before the restart, once after. A tab that came a third time (seen once in a
+            # full suite, never alone) says when, for the next time.
+            extra = [(t.id, [round(at - stopped_at, 2) for at in t.connected_at], t.retries)
+                     for t in herd.tabs if t.connects != 2]
+            assert not extra, f"{len(extra)} tabs connected other than twice (s after the stop, retry:): {extra[:5]}"
             assert herd.statuses() == {}, "answers other than 200 while the tabs came back"
         finally:
             await herd.close()

@@ -35,6 +35,13 @@ class Node:
         inner = "".join(c if isinstance(c, str) else c.html() for c in self.children)
         return f"{self.start}{inner}</{self.tag}>"
 
+    def ids(self) -> list[str]:
+        found = [self.id] if self.id else []
+        for c in self.children:
+            if isinstance(c, Node):
+                found.extend(c.ids())
+        return found
+
     def find(self, id_: str) -> Node | None:
         if self.id == id_:
             return self
@@ -99,7 +106,11 @@ def events(text: str) -> list[dict[str, str]]:
 
 
 def apply(page: Node, text: str) -> None:
+    """Apply each event, and check that no id is ever in the page twice: a morph or an insert
+    that meets an element with its id elsewhere in the page is not exact in Datastar."""
     for event in events(text):
+        ids = page.ids()
+        assert len(ids) == len(set(ids)), f"an id twice before {event}"
         mode, selector = event.get("mode", "outer"), event.get("selector")
         if mode == "remove":
             found = [page.find(one.removeprefix("#")) for one in selector.split(", ")]  # querySelectorAll
@@ -110,12 +121,14 @@ def apply(page: Node, text: str) -> None:
         new = parse(event["elements"])
         if mode == "outer":
             assert selector is None
-            for node in new:
+            for node in new:  # one morph after another: none may meet an id twice either
                 old = page.find(node.id)
                 assert old is not None and old.parent is not None, node.id
                 siblings = old.parent.children
                 node.parent = old.parent
                 siblings[siblings.index(old)] = node
+                ids = page.ids()
+                assert len(ids) == len(set(ids)), f"an id twice after the morph of {node.id}"
             continue
         target = page.find(selector.removeprefix("#"))
         assert target is not None and target.parent is not None, selector
@@ -124,6 +137,8 @@ def apply(page: Node, text: str) -> None:
         for node in new:
             node.parent = target.parent
         siblings[at:at] = new
+    ids = page.ids()
+    assert len(ids) == len(set(ids)), "an id twice after the last event"
 
 
 def patched(old: str, new: str) -> str | None:
@@ -195,6 +210,25 @@ def test_what_patches_cannot_say_exactly_is_sent_whole() -> None:
     assert index("<p>no id</p>") is None
 
 
+def test_two_cards_moved_together_go_in_one_insert_and_a_part_moved_inside_another_goes_first() -> None:
+    old = board({1: [1, 2, 3, 4], 2: [5]})
+    new = board({1: [1, 4], 2: [5, 2, 3]})
+    text = patch_events(index(old), index(new))  # type: ignore[arg-type]
+    inserts = [e for e in events(text or "") if e.get("mode") == "after"]
+    assert inserts == [{"mode": "after", "selector": "#card-5", "elements": card(2) + card(3)}]
+    assert patched(old, new) == new
+    # A badge with an id moves from card 1 into card 3, which moves lanes; and from card 5 into
+    # card 4, which is morphed before card 5 is: each is removed from where it was first.
+    badge = '<b id="badge-{}">!</b>'
+    old = board({1: [1, 2, 3, 4], 2: [5]}).replace("Card 1<", f"Card 1{badge.format(1)}<")
+    old = old.replace("Card 5<", f"Card 5{badge.format(2)}<")
+    new = board({1: [1, 2, 4], 2: [3, 5]}).replace("Card 3<", f"Card 3{badge.format(1)}<")
+    new = new.replace("Card 4<", f"Card 4 edited{badge.format(2)}<")
+    text = patch_events(index(old), index(new)) or ""  # type: ignore[arg-type]
+    assert events(text)[0] == {"mode": "remove", "selector": "#card-3, #badge-1, #badge-2"}
+    assert patched(old, new) == new
+
+
 def test_script_text_comments_and_void_elements_are_not_markup_to_the_index() -> None:
     old = board({1: [1, 2]}).replace(
         "</main>", '<script>if (a <b) x("</div>")</script><!-- <p id="x"> --><br><img id="pic" src="a.png"></main>'
@@ -204,6 +238,26 @@ def test_script_text_comments_and_void_elements_are_not_markup_to_the_index() ->
     new = old.replace("Card 2", "Card two")
     assert patched(old, new) == new
     assert index(old.replace("</script>", "")) is None  # a script that never ends
+    two = old.replace("<br>", '<i id="between"></i><script>"<p>"</script><br/><input id="field" />')
+    assert index(two) is not None and {"pic", "field", "between"} <= set(index(two).ids)  # type: ignore[union-attr]
+    # `<x/>` closes itself in SVG, as in a browser; in HTML a `<div/>` is opened, as in a browser.
+    svg = old.replace("<br>", '<svg id="icon"><circle r="1"/><path d="M0"/></svg><svg id="empty"/>')
+    assert index(svg) is not None and {"icon", "empty"} <= set(index(svg).ids)  # type: ignore[union-attr]
+    assert index(old.replace("<br>", '<div id="open"/>')) is None  # never closed
+    assert index('<main id="board"><p>x</span></main>') is None  # an end tag of another element
+
+
+def test_ids_inside_svg_and_templates_are_content_and_a_part_the_page_keeps_sends_the_whole() -> None:
+    chart = '<svg id="chart"><g id="bar-1"><rect width="3"></rect></g><g id="bar-2"></g></svg>'
+    template = '<template id="t"><svg></svg><li id="card-9"></li></template>'
+    old = board({1: [1, 2]}).replace("</main>", chart + template + "</main>")
+    found = index(old)
+    assert found is not None
+    assert {"chart", "t"} <= set(found.ids) and not {"bar-1", "bar-2", "card-9"} & set(found.ids)
+    new = old.replace('width="3"', 'width="4"')
+    assert events(patch_events(found, index(new)) or "") == [{"elements": chart.replace('width="3"', 'width="4"')}]
+    assert patched(old, new) == new
+    assert index(old.replace('<li id="card-1"', '<li data-ignore-morph id="card-1"')) is None
 
 
 def test_a_long_frame_is_sent_as_patches_to_a_tab_that_shows_the_one_before_and_whole_otherwise() -> None:
@@ -217,7 +271,12 @@ def test_a_long_frame_is_sent_as_patches_to_a_tab_that_shows_the_one_before_and_
     event = sse_event(patch).decode()
     assert event.startswith("event: datastar-patch-elements\ndata: mode remove\ndata: selector #card-5\n")
     assert len(event) < 3_000 < len(second.html)
-    assert second.since(second) is second
+    assert second.since(second) is second and patch.key == "board"
+    # From another render, other patches; a frame keeps those of its last four.
+    others = [Frame.rendered("board", board({lane: cards[n:] for lane, cards in lanes.items()})) for n in range(5)]
+    made = [second.since(other) for other in others]
+    assert len({sse_event(p) for p in made}) == 5 and sse_event(made[0]) != event.encode()
+    assert second.since(others[4]) is made[4] and second.since(others[0]) is not made[0]
     small = Frame.rendered("count", '<p id="count">1</p>')
     assert small.index is None and small.since(Frame.rendered("count", '<p id="count">0</p>')) is small
     # Patches longer than the whole render: sent whole.

@@ -508,6 +508,37 @@ async def test_frames_waiting_together_go_out_in_one_write() -> None:
     assert chunks == [sse_event(one) + sse_event(two), b""]
 
 
+async def test_a_long_view_goes_whole_once_then_as_patches_from_the_render_the_stream_sent() -> None:
+    from fastapi_lith.engine.encoders import IdentityEncoder
+    from fastapi_lith.engine.streams import Stream
+    from tests.engine.test_patches import board
+
+    lanes = {lane: list(range(lane * 20, lane * 20 + 20)) for lane in range(4)}
+    renders = [Frame.rendered("board", board(lanes))]
+    for lane in range(3):  # a card moves to the next lane, three times
+        lanes[lane + 1].insert(0, lanes[lane].pop())
+        renders.append(Frame.rendered("board", board(lanes)))
+    first, second, third, fourth = renders
+    small = Frame.rendered("count", '<p id="count">1</p>')
+    stream = Stream("t1")
+    stream.offer(first)
+    stream.offer(small)
+
+    def until(chunks: list[bytes]) -> bool:
+        if len(chunks) == 1:
+            stream.offer(second)
+        elif len(chunks) == 2:
+            stream.offer(third)
+            stream.offer(fourth)  # the third is never sent: the page shows the second
+        return len(chunks) == 3
+
+    chunks = await collect(stream, IdentityEncoder(), until)
+    assert chunks[0] == sse_event(first) + sse_event(small)
+    assert chunks[1] == sse_event(second.since(first)) and chunks[1].startswith(b"event: datastar-patch-elements\ndata: mode remove")
+    assert len(chunks[1]) < 3_000 < len(second.html)
+    assert chunks[2] == sse_event(fourth.since(second)) != sse_event(fourth.since(third))
+
+
 async def test_a_stream_counts_what_it_took_and_every_byte_its_body_wrote() -> None:
     import asyncio
 
