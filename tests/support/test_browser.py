@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 import textwrap
 import threading
@@ -12,7 +14,15 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.support import REPO
-from tests.support.browser import DATASTAR_CDN_URL, Server, alive, port_answers, wait_for_datastar
+from tests.support.browser import (
+    DATASTAR_CDN_URL,
+    Server,
+    ServerError,
+    alive,
+    listens,
+    port_answers,
+    wait_for_datastar,
+)
 
 # A throwaway app. Datastar 1.0 syntax: data-init runs on load (data-on-load is the
 # pre-1.0 name), data-on:click (colon, not dash), actions are @get/@post.
@@ -169,6 +179,26 @@ def test_server_that_dies_reports_its_output(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="boom: broken app"):
         server.start()
     server.close()
+
+
+def test_a_port_another_process_listens_on_is_not_taken_for_the_server(app_dir: Path) -> None:
+    """The port answers, but not from the server started: a chosen port is given up for
+    another, a fixed one fails with the bind's error, never a test against the wrong server."""
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        taken = other.getsockname()[1]
+        assert listens(os.getpid(), taken) is True
+        env = {"DATASTAR_URL": DATASTAR_CDN_URL}
+        fixed = Server("harness_app:app", cwd=app_dir, env=env, port=taken, log_path=app_dir / "fixed.log")
+        with pytest.raises(ServerError, match="address already in use"):
+            fixed.start()
+        fixed.close()
+        chosen = Server("harness_app:app", cwd=app_dir, env=env, log_path=app_dir / "chosen.log")
+        chosen.port = taken  # as if another test's server had taken it since it was chosen
+        with chosen:
+            assert chosen.port != taken and listens(chosen.pid or 0, chosen.port) is True
+        assert "address already in use" in chosen.output
 
 
 def test_a_server_imports_the_package_of_this_checkout_from_any_folder(tmp_path: Path) -> None:
