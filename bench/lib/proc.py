@@ -51,6 +51,31 @@ def children(pid: int) -> list[int]:
     return out
 
 
+def listens(pid: int, port: int) -> bool:
+    """Whether `pid` or a process of its tree holds the socket that listens on TCP `port`: a port
+    that answers may be another server's, which took it between `free_port()` and this bind."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = [line.split() for line in Path(table).read_text().splitlines()[1:]]
+        except OSError:
+            continue
+        inodes.update(r[9] for r in rows if r[3] == "0A" and int(r[1].rsplit(":", 1)[1], 16) == port)
+    sockets = {f"socket:[{inode}]" for inode in inodes}
+    for member in tree(pid):
+        try:
+            fds = os.listdir(f"/proc/{member}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{member}/fd/{fd}") in sockets:
+                    return True
+            except OSError:
+                continue
+    return False
+
+
 def _stat_fields(path: Path) -> list[str] | None:
     try:
         text = path.read_text()

@@ -28,6 +28,7 @@ from pathlib import Path
 from types import TracebackType
 
 from .checkout import LIBRARY, ROOT, child_env
+from .proc import listens
 
 STARTUP_SECONDS = 60.0
 BACKLOG = 16384  # the unit's --backlog and the socket unit's Backlog= (the kernel caps it at somaxconn)
@@ -133,7 +134,8 @@ class Server:
             fds = () if self.socket is None else (self.socket.fileno(),)
             self.proc = subprocess.Popen(self.command, cwd=LIBRARY, env=self.env, stdout=out, stderr=subprocess.STDOUT,
                                          pass_fds=fds)
-        while not answers(self.port, self.ready):
+        # Its own answer: another server that took a free port before this one bound it answers too.
+        while not (answers(self.port, self.ready) and listens(self.proc.pid, self.port)):
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.serving} exited with {self.proc.returncode}:\n{self.tail()}")
             if time.monotonic() - began > STARTUP_SECONDS:

@@ -39,6 +39,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.lib.proc import listens
 from fastapi_lith.web.layer import WebSettings
 from tests.support import REPO, child_env
 
@@ -223,45 +224,6 @@ def port_answers(host: str, port: int, timeout: float = 0.2) -> bool:
             return True
     except OSError:
         return False
-
-
-def listens(pid: int, port: int) -> bool | None:
-    """Whether process `pid`, or one of its descendants, holds the socket that listens on TCP
-    `port` (None where /proc cannot say): a port that answers may be another test's server,
-    which took it between `free_port()` and this server's bind."""
-    inodes: set[str] = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                rows = [line.split() for line in f.readlines()[1:]]
-        except OSError:
-            continue
-        inodes.update(r[9] for r in rows if r[3] == "0A" and int(r[1].rsplit(":", 1)[1], 16) == port)
-    if not os.path.isdir("/proc/self/fd"):
-        return None
-    sockets = {f"socket:[{inode}]" for inode in inodes}
-    family, found = {pid}, True
-    while found:  # the whole tree: uvicorn's workers, granian under `fastapi_lith serve`
-        found = False
-        for entry in os.listdir("/proc"):
-            if entry.isdigit() and int(entry) not in family and _parent(int(entry)) in family:
-                family.add(int(entry))
-                found = True
-    for member in family:
-        with contextlib.suppress(OSError):
-            for fd in os.listdir(f"/proc/{member}/fd"):
-                with contextlib.suppress(OSError):
-                    if os.readlink(f"/proc/{member}/fd/{fd}") in sockets:
-                        return True
-    return False
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(") ", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def alive(pid: int) -> bool:
@@ -470,7 +432,7 @@ class Server:
                     f"{self._last_run_output()}"
                 )
             # Ours only: another server on this port answers too, while ours fails to bind it.
-            if port_answers(self.host, self.port) and listens(self.proc.pid, self.port) is not False:
+            if port_answers(self.host, self.port) and listens(self.proc.pid, self.port):
                 return
             if time.monotonic() > deadline:
                 self.stop()

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
+from bench.lib.proc import listens
 from tests.support import REPO
 from tests.support.browser import (
     DATASTAR_CDN_URL,
     Server,
     ServerError,
     alive,
-    listens,
     port_answers,
     wait_for_datastar,
 )
