@@ -23,11 +23,12 @@ from dataclasses import dataclass, field
 from datastar_py.consts import ElementPatchMode
 from datastar_py.sse import ServerSentEventGenerator
 
-__all__ = ["Index", "index", "patch_events"]
+__all__ = ["Index", "index", "patch_events", "root_id"]
 
 # A tag, its attributes read quote-aware (a quoted value may hold `>`), or a comment.
 _TAG = re.compile(r"""<(?:(/?)([a-zA-Z][^\s/>]*+)((?:[^>"']++|"[^"]*+"|'[^']*+')*+)>|!--.*?-->)""", re.S)
 _ID = re.compile(r"""(?:^|\s)id\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s"'=<>`]+))""")
+_FIRST_TAG = re.compile(r"\s*" + _TAG.pattern, re.S)
 # Ids a CSS selector can name as `#id` without escaping: the others are content, never keys.
 _PLAIN_ID = re.compile(r"[A-Za-z_][\w-]*\Z")
 # Tag names as htpy writes them; one written otherwise only fails to nest, and is sent whole.
@@ -40,6 +41,18 @@ _RAW_TEXT = frozenset(("script", "style", "textarea", "title"))
 # two, as in a browser, `<x/>` closes itself; elsewhere only a void element does.
 _FOREIGN = frozenset(("svg", "math"))
 _OPAQUE = _FOREIGN | {"template"}
+
+
+def root_id(html: str) -> str | None:
+    """The id of the first element of `html`, the element Datastar morphs by id."""
+    m = _FIRST_TAG.match(html)
+    return None if m is None or m.group(2) is None or m.group(1) else _id_of(m.group(3))
+
+
+def _id_of(attrs: str) -> str | None:
+    """The value of the `id` among a start tag's attributes, if any."""
+    found = _ID.search(attrs) if "id" in attrs else None
+    return None if found is None else next(g for g in found.groups() if g is not None)
 
 
 @dataclass(eq=False, slots=True, weakref_slot=True)
@@ -111,20 +124,18 @@ def index(html: str) -> Index | None:
                     foreign -= name in _FOREIGN
                 continue
             k = -1
-            if "id" in attrs and not opaque and (found_id := _ID.search(attrs)) is not None:
-                value = next(g for g in found_id.groups() if g is not None)
-                if _PLAIN_ID.match(value):
-                    if value in where:
-                        return None
-                    k = where[value] = len(ids)
-                    ids.append(value)
-                    starts.append(m.start())
-                    ends.append(m.end())
-                    children.append([])
-                    if keyed:
-                        children[keyed[-1]].append(k)
-                    elif k:  # a second element at the top
-                        return None
+            if "id" in attrs and not opaque and (value := _id_of(attrs)) is not None and _PLAIN_ID.match(value):
+                if value in where:
+                    return None
+                k = where[value] = len(ids)
+                ids.append(value)
+                starts.append(m.start())
+                ends.append(m.end())
+                children.append([])
+                if keyed:
+                    children[keyed[-1]].append(k)
+                elif k:  # a second element at the top
+                    return None
             if name in _VOID or (attrs.endswith("/") and (foreign or name in _FOREIGN)):
                 continue
             open_tags.append((name, k))

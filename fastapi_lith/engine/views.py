@@ -27,6 +27,7 @@ from pydantic import BaseModel, ValidationError, create_model
 from .. import settings
 from ..exceptions import AccessDenied, BadParameter, ViewError
 from .db import Db, oversized_int
+from .patches import root_id
 from .streams import Principal
 
 log = logging.getLogger("fastapi_lith.views")
@@ -41,7 +42,6 @@ Access = Callable[..., bool]  # fn(db, principal, **params): may this principal 
 Topics = set[str] | frozenset[str] | tuple[str, ...] | list[str]
 
 
-_ROOT_ID = re.compile(r"""\A\s*<[a-zA-Z][\w:-]*(?:\s[^>]*?)?\sid=(?:"([^"]+)"|'([^']+)'|([^\s>"']+))""")
 
 
 def html_of(out: Any) -> Markup:
@@ -53,12 +53,6 @@ def html_of(out: Any) -> Markup:
     vouch for, with `Markup(...)`.
     """
     return escape(out)
-
-
-def root_id(html: str) -> str | None:
-    """The id of the first element of `html`, the element Datastar morphs by id."""
-    match = _ROOT_ID.match(html)
-    return next((g for g in match.groups() if g), None) if match else None
 
 
 @dataclass(eq=False)
