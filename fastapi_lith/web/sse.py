@@ -20,6 +20,7 @@ from ..engine.encoders import Encoder
 from ..engine.streams import Principal, Stream, Subscription, WriteAtOnce
 from ..exceptions import AccessDenied, ViewError
 from .access import StreamTokens, refusal, stream_path
+from .server_send import server_send
 
 _HEADERS: dict[tuple[tuple[bytes, bytes], ...], tuple[tuple[bytes, bytes], ...]] = {}
 
@@ -66,18 +67,20 @@ class StreamResponse(EventSourceResponse):
             if scope["type"] != "http" or scope["method"] == "HEAD":
                 await super().__call__(scope, receive, send)  # headers only: no body starts
             else:
-                await self._stream(receive, send)
+                await self._stream(scope, receive, send)
         finally:
             if self.on_close is not None:
                 self.on_close()
 
-    async def _stream(self, receive: Receive, send: Send) -> None:
+    async def _stream(self, scope: Scope, receive: Receive, send: Send) -> None:
         disconnect = asyncio.ensure_future(self._until_disconnect(receive))
         body = self.body_iterator
         loop = asyncio.get_running_loop()
         task = asyncio.current_task()
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            # Every layer saw the headers; the body skips those that would only hand it on.
+            send = server_send(scope, receive) or send
             if self.stream is not None and task is not None:
                 self.stream.write_at_once = self._write_at_once(send, loop, task)
             async for chunk in body:
