@@ -37,22 +37,14 @@ PASSES_BODIES = frozenset({
     "fastapi_lith.web.headers.SecurityHeaders",
 })  # fmt: skip
 
-# uvicorn's request cycles, whose bound `receive` an ASGI app is handed when no layer wraps it.
-_CYCLES = frozenset({
-    "uvicorn.protocols.http.httptools_impl.RequestResponseCycle",
-    "uvicorn.protocols.http.h11_impl.RequestResponseCycle",
-})  # fmt: skip
-
-# Deeper than any stack of middleware an app has: a loop in `.app` ends here.
-_MOST_LAYERS = 64
-
-
 def server_send(scope: Scope, receive: Receive) -> Send | None:
     """uvicorn's `send` for this request, if every layer from the server to the route passes
     bodies through untouched; else None: the body goes through the layers' `send`."""
-    cycle: Any = getattr(receive, "__self__", None)
-    if _name(cycle) not in _CYCLES or "fastapi.telemetry" in scope:
+    if "fastapi.telemetry" in scope:  # FastAPI's own telemetry ends its span at the body's end
         return None
+    # An unwrapped `receive` is bound to uvicorn's request cycle, whose protocol holds the app
+    # uvicorn calls; another server's, or one a layer wrapped, leads nowhere.
+    cycle: Any = getattr(receive, "__self__", None)
     protocol = getattr(getattr(cycle, "on_response", None), "__self__", None)
     app = scope.get("app")
     router = getattr(app, "router", None)
@@ -63,19 +55,17 @@ def server_send(scope: Scope, receive: Receive) -> Send | None:
         return None
     if not _passes(getattr(app, "middleware_stack", None), router):
         return None
-    send: Send | None = getattr(cycle, "send", None)
+    send: Send = cycle.send
     return send
 
 
 def _passes(layer: Any, end: Any) -> bool:
     """Whether each layer from `layer` down to `end`, through their `.app`, passes bodies on."""
-    for _ in range(_MOST_LAYERS):
-        if layer is end:
-            return True
+    while layer is not end:
         if _name(layer) not in PASSES_BODIES:
             return False
-        layer = getattr(layer, "app", None)
-    return False
+        layer = layer.app  # each of them wraps the next as `.app`
+    return True
 
 
 def _name(obj: object) -> str:

@@ -5,7 +5,8 @@ by tests/web/test_server_send.py, with COUNTER_DB set.
 - `known`: sessions, CORS and trusted hosts besides the example's SecurityHeaders;
 - `recorder`: a pure ASGI middleware that keeps every body chunk of every response it passes on;
 - `http`: an `@app.middleware("http")` (Starlette's BaseHTTPMiddleware);
-- `mounted`: the example mounted under `/app` of another FastAPI app.
+- `mounted`: the example mounted under `/app` of another FastAPI app;
+- `telemetry`: the example's router and command in an app with FastAPI's own telemetry on.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI, Request, Response
+from opentelemetry.sdk.trace import TracerProvider
 from starlette.middleware.cors import CORSMiddleware
 from starlette.middleware.sessions import SessionMiddleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
@@ -23,7 +25,8 @@ from fastapi_lith.web.server_send import server_send
 from tests.support.inprocess import load_module
 
 KIND = os.environ["LAYERS_KIND"]
-counter = load_module("examples.counter.app").app  # a copy of its own, with this server's environment
+example = load_module("examples.counter.app")  # a copy of its own, with this server's environment
+counter: FastAPI = example.app
 # Every body chunk the recorder passed on, by request path: what the client must have received.
 RECORDED: dict[str, bytearray] = {}
 
@@ -48,10 +51,12 @@ class Recorder:
         await self.app(scope, receive, keep)
 
 
-@counter.get("/direct")
 async def direct(request: Request) -> dict[str, bool]:
     """Whether a stream answered here would write its body to uvicorn itself."""
     return {"direct": server_send(request.scope, request.receive) is not None}
+
+
+counter.add_api_route("/direct", direct)
 
 
 app: ASGIApp = counter
@@ -72,5 +77,11 @@ elif KIND == "mounted":
     outer = FastAPI(lifespan=lambda _: counter.router.lifespan_context(counter))
     outer.mount("/app", counter)
     app = outer
+elif KIND == "telemetry":
+    traced = FastAPI(telemetry={"tracer_provider": TracerProvider()})
+    traced.include_router(example.lith.router)
+    example.lith.command(traced, "/add", example.Add)
+    traced.add_api_route("/direct", direct)
+    app = traced
 else:
-    raise ValueError(f"LAYERS_KIND: {KIND!r} is none of known, recorder, http, mounted")
+    raise ValueError(f"LAYERS_KIND: {KIND!r} is none of known, recorder, http, mounted, telemetry")

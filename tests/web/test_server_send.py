@@ -10,7 +10,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from fastapi import FastAPI
+from starlette.types import Message, Receive, Scope
 
+from fastapi_lith.web.server_send import server_send
 from tests.support import holds, until
 from tests.support.inprocess import InProcessServer
 from tests.web.test_input import JSON, TabStream
@@ -78,8 +81,8 @@ async def test_a_layer_that_reads_bodies_gets_every_chunk_of_a_stream(serve: Ser
         stream.close()
 
 
-@pytest.mark.parametrize(("kind", "prefix"), [("http", ""), ("mounted", "/app")])
-async def test_an_http_middleware_or_a_mount_keeps_the_whole_chain(serve: Serve, kind: str, prefix: str) -> None:
+@pytest.mark.parametrize(("kind", "prefix"), [("http", ""), ("mounted", "/app"), ("telemetry", "")])
+async def test_an_http_middleware_a_mount_or_fastapis_telemetry_keeps_the_whole_chain(serve: Serve, kind: str, prefix: str) -> None:
     server = serve(kind)
     assert httpx.get(f"{server.url}{prefix}/direct").json() == {"direct": False}
     stream = TabStream(_Under(server, prefix), "t1", views="counter,outcome/{tab}")  # type: ignore[arg-type]
@@ -88,6 +91,30 @@ async def test_an_http_middleware_or_a_mount_keeps_the_whole_chain(serve: Serve,
         await shows(stream, 5)
     finally:
         stream.close()
+
+
+async def another_servers_receive() -> Message:
+    return {"type": "http.disconnect"}
+
+
+class _Wrapper:
+    """A layer that wraps `receive` in a method of its own."""
+
+    async def receive(self) -> Message:
+        return {"type": "http.disconnect"}
+
+
+@pytest.mark.parametrize(
+    ("scope", "receive"),
+    [
+        ({"type": "http", "app": FastAPI()}, another_servers_receive),
+        ({"type": "http", "app": FastAPI()}, _Wrapper().receive),
+        ({"type": "http"}, another_servers_receive),
+    ],
+    ids=["another-server", "a-wrapped-receive", "no-app"],
+)
+def test_without_uvicorns_own_receive_or_an_app_a_body_takes_the_chain(scope: Scope, receive: Receive) -> None:
+    assert server_send(scope, receive) is None
 
 
 class _Under:
