@@ -172,8 +172,8 @@ async def client() -> Any:
         yield c
 
 
-# 600 commands from a client in this process, to a server on a thread of it: 6 to 9 s here, and
-# more under mutmut's trampolines, past the ten seconds `make mutate` gives a test.
+# 600 commands from a client in this process to a server on a thread of it take several seconds,
+# and under mutmut's trampolines more than the ten `make mutate` gives a test.
 @pytest.mark.timeout(60)
 async def test_a_scrape_under_load_counts_what_the_writer_and_the_streams_did(
     app_server: Callable[..., InProcessServer], tmp_path: Path, client: httpx.AsyncClient
