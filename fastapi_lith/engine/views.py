@@ -42,8 +42,6 @@ Access = Callable[..., bool]  # fn(db, principal, **params): may this principal 
 Topics = set[str] | frozenset[str] | tuple[str, ...] | list[str]
 
 
-
-
 def html_of(out: Any) -> Markup:
     """The one rule for what becomes HTML, in views and fragments alike: markup (anything with
     `__html__`: htpy elements, `Markup`) is inserted as it is, and text is escaped.

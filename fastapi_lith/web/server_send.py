@@ -6,9 +6,10 @@ server: Starlette's error and exception layers, FastAPI's, the app's own middlew
 `http.response.start` alone and hands a body on as it came, yet at thousands of tabs their
 calls were a quarter of the loop's work per frame (bench/RESULTS.md). So once its headers went
 through them all, a stream's body goes to uvicorn's own `send`, when every layer between the
-server and the route is one known to leave bodies alone. A layer of any other kind (one that
-compresses, logs, counts or buffers bodies, `@app.middleware("http")`), another server, an app
-mounted inside another or FastAPI's own telemetry keeps the whole chain, as before.
+server and the route is one known to leave bodies alone (the route's own wrapper is Starlette's,
+which watches for the start alone). A layer of any other kind (one that compresses, logs,
+counts or buffers bodies, `@app.middleware("http")`), another server, an app mounted inside
+another or FastAPI's own telemetry keeps the whole chain, as before.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ PASSES_BODIES = frozenset({
     "fastapi._body_limit._BodyLimitExceptionMiddleware",
     "fastapi_lith.web.headers.SecurityHeaders",
 })  # fmt: skip
+
 
 def server_send(scope: Scope, receive: Receive) -> Send | None:
     """uvicorn's `send` for this request, if every layer from the server to the route passes
