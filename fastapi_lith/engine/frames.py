@@ -46,10 +46,13 @@ class Frame:
         self._patches: dict[int, Frame] | None = None
 
     @classmethod
-    def rendered(cls, key: str, html: str) -> Frame:
+    def rendered(cls, key: str, html: str, previous: Frame | None = None) -> Frame:
         """A view's render: indexed when long, which happens on the reader thread that rendered
-        it, so the tabs that show the previous render can be sent what changed (`since`)."""
-        return cls(key, html, index=index(html) if len(html) >= PATCH_FROM else None)
+        it, so the tabs that show the previous render can be sent what changed (`since`). The
+        `previous` render's index spares reading again what is the same in both."""
+        if len(html) < PATCH_FROM:
+            return cls(key, html)
+        return cls(key, html, index=index(html, previous.index if previous is not None else None))
 
     def since(self, shown: Frame) -> Frame:
         """What to send a tab that shows `shown`, a frame of the same view: a frame of patches,

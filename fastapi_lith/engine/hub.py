@@ -60,7 +60,7 @@ class Instance:
             timings.append((self.view.pattern, time.perf_counter() - started))
         if self.frame is not None and self.frame.html == html:
             return self.frame
-        return Frame.rendered(self.key, html)
+        return Frame.rendered(self.key, html, self.frame)
 
 
 class FrameTracer(Protocol):

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fastapi_lith.engine.frames import Frame, sse_event
-from fastapi_lith.engine.patches import index, patch_events
+from fastapi_lith.engine.patches import Index, index, patch_events
 
 VOID = {"br", "input", "img", "hr"}
 
@@ -385,3 +385,65 @@ def test_boards_after_any_moves_are_patched_not_sent_whole(rnd: random.Random) -
     titles = {c: "Edited" for c in rnd.sample(sorted(c for cards in lanes.values() for c in cards), 2)}
     new = board(lanes, titles)
     assert patched(old, new) == new
+
+
+# -- an index read off the previous render ----------------------------------------------------
+
+
+def same(a: Index | None, b: Index | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return (a.ids, a.starts, a.ends, a.children, a.where) == (b.ids, b.starts, b.ends, b.children, b.where)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.randoms(use_true_random=False))
+def test_an_index_read_off_the_previous_render_is_the_one_read_afresh(rnd: random.Random) -> None:
+    ids = list(range(200, 0, -1))
+    root = grow(rnd, 4, ids)
+    root["tag"], root["attrs"]["id"] = "div", "root"
+    renders = [render(root)]
+    for _ in range(3):
+        mutate(rnd, root, ids)
+        renders.append(render(root))
+    for old, new in zip(renders, renders[1:], strict=False):
+        assert same(index(new, index(old)), index(new))
+
+
+class Reads(str):
+    """HTML that counts the elements compared with the previous render's, and those found the same."""
+
+    compared = same_text = 0
+
+    def startswith(self, prefix: object, *args: object) -> bool:
+        Reads.compared += 1
+        found = super().startswith(prefix, *args)  # type: ignore[arg-type]
+        Reads.same_text += found
+        return found
+
+
+def test_the_previous_render_is_read_where_an_element_is_its_text_and_nowhere_its_text_means_otherwise() -> None:
+    card = '<li id="card-1" class="card"><b id="title-1">A</b><button>&rarr;</button></li>'
+    old = f'<main id="board"><ol id="todo">{card}<li id="card-2"></li></ol></main>'
+    like = index(old)
+    assert like is not None
+    Reads.compared = Reads.same_text = 0
+    moved = Reads(f'<main id="board"><ol id="todo"><li id="card-2"></li>{card}</ol></main>')
+    assert same(index(moved, like), index(str(moved)))
+    # board and todo changed; card-2 and card-1 (with title-1 inside) are read off `like`
+    assert (Reads.compared, Reads.same_text) == (4, 2)
+    cases = [
+        old,  # nothing changed: the root is read off whole
+        f'<main id="board"><svg>{card}</svg><ol id="todo"></ol></main>',  # in SVG its ids are content
+        f'<main id="board"><template>{card}</template><ol id="todo"></ol></main>',
+        f'<main id="board"><script>"{card}"</script><ol id="todo"></ol></main>',
+        f'<main id="board"><b id="title-1"></b><ol id="todo">{card}</ol></main>',  # an id twice
+        f'<main id="board"><ol id="todo">{card}</ol><b id="title-1"></b></main>',
+        f'<main id="board"><ol id="todo">{card}</ol></main><p>beside the root</p>',
+        f'<main id="board"><ol id="todo">{card}</main>',  # an element never closed
+        card,  # what was inside is the root now
+        f'<main id="board"><ol id="todo">{card}<li id="card-2"></li></ol><hr id="end"></main>',
+    ]
+    for new in cases:
+        assert same(index(new, like), index(new)), new
+    assert index(cases[4], like) is None and index(cases[5], like) is None
