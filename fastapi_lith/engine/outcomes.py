@@ -27,8 +27,7 @@ import weakref
 from typing import Annotated, Any, Literal, Union, get_type_hints
 
 import htpy as h
-from htpy import Element
-from markupsafe import Markup
+from markupsafe import Markup, escape
 from pydantic import ConfigDict, Discriminator, JsonValue, Tag, TypeAdapter, ValidationError
 from sqlalchemy import text
 
@@ -219,7 +218,7 @@ def _no_outcome(hint: str) -> Markup:
     ])
 
 
-def outcome_view(db: Db, tab: str, *, hint: str = "") -> Element | Markup:
+def outcome_view(db: Db, tab: str, *, hint: str = "") -> Markup:
     """The built-in `"outcome/{tab}"` view: the outcome of the tab's newest op, and `done` set to it.
 
     A new op starts a fresh outcome. The message belongs to one op and shows only while `done` is
@@ -227,16 +226,18 @@ def outcome_view(db: Db, tab: str, *, hint: str = "") -> Element | Markup:
     to its own op, replaces the message of the op before rather than sitting under it. A command
     that succeeds without `say()` shows no message. `ok_op` is set when it succeeded, so a page
     can clear or close the form that sent it.
+
+    Rendered once for every command a tab sends, so built as text, not as htpy elements: the
+    HTML htpy would build from the same parts, each escaped (`op` an integer).
     """
     last = db.first(LAST_TAB, {"tab": tab})
     if last is None:
         return _no_outcome(hint)
-    op = str(last["op"])
-    signals = {"data-signals:done": op}
+    op, message = int(last["op"]), last["message"]
     if last["ok"]:
-        signals["data-signals:ok_op"] = op
-    kind, role = (".ok", None) if last["ok"] else (".failed", "alert")
-    mine = {"data-show": f"$done == {op}"}
-    return h.div("#outcome.outcome", signals, role="status")[
-        last["message"] and h.p(f".message{kind}", mine, role=role)[last["message"]], h.div("#lith-error")
-    ]
+        signals, kind = f'data-signals:done="{op}" data-signals:ok_op="{op}"', 'class="message ok"'
+    else:
+        signals, kind = f'data-signals:done="{op}"', 'class="message failed"'
+    mine = f'data-show="$done == {op}"' + ("" if last["ok"] else ' role="alert"')
+    shown = f"<p {kind} {mine}>{escape(message)}</p>" if message else ""
+    return Markup(f'<div id="outcome" class="outcome" {signals} role="status">{shown}<div id="lith-error"></div></div>')

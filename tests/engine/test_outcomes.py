@@ -19,13 +19,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
+import htpy as h
 import psycopg
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import BaseModel, Field
 from sqlalchemy import text
 
 from fastapi_lith import (
     Command,
+    Db,
     FirstAttemptFailed,
     Lith,
     LithError,
@@ -37,7 +41,7 @@ from fastapi_lith import (
     Writer,
 )
 from fastapi_lith.engine.feed import LocalFeed
-from fastapi_lith.engine.outcomes import dump_outcome, load_outcome
+from fastapi_lith.engine.outcomes import TABS_SCHEMA, dump_outcome, load_outcome, outcome_view
 from fastapi_lith.testing import Tabs
 
 SQLITE_SCHEMA = "CREATE TABLE log (seq INTEGER PRIMARY KEY AUTOINCREMENT, value TEXT NOT NULL UNIQUE);"
@@ -442,3 +446,19 @@ async def test_the_outcome_view_shows_the_last_op_on_either_backend(
         html = tab.html("outcome/{tab}")
         assert 'data-signals:done="2"' in html and "ok_op" not in html
         assert '<p class="message failed" data-show="$done == 2" role="alert">Not that one.</p>' in html
+
+
+@settings(max_examples=300, deadline=None)
+@given(op=st.integers(1, 2**63 - 1), ok=st.booleans(), message=st.none() | st.text(max_size=40))
+def test_the_outcome_view_is_the_html_htpy_builds_from_its_parts(op: int, ok: bool, message: str | None) -> None:
+    conn = sqlite3.connect(":memory:")
+    conn.row_factory = sqlite3.Row
+    conn.executescript(TABS_SCHEMA)
+    conn.execute("INSERT INTO lith_tab VALUES (?, ?, ?, ?, 0)", ("t", op, int(ok), message))
+    mine = {"data-show": f"$done == {op}"}
+    expected = h.div(
+        "#outcome.outcome", {"data-signals:done": str(op), **({"data-signals:ok_op": str(op)} if ok else {})},
+        role="status",
+    )[message and h.p(f".message.{'ok' if ok else 'failed'}", mine, role=None if ok else "alert")[message],
+      h.div("#lith-error")]
+    assert outcome_view(Db(conn), "t") == str(expected)
