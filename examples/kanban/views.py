@@ -78,7 +78,8 @@ def lane_column(lane: sqlite3.Row, cards: list[sqlite3.Row], left: int | None, r
             h.span(".count", id=f"lane-{lane_id}-count", title=f"{len(cards)} cards")[str(len(cards))],
             h.button(".icon.ghost", name="rename", aria_label=f"Edit lane {lane['title']}")["✎"],
         ],
-        h.ol(".cards")[(card_item(card, left, right) for card in cards)],
+        # One child, not fifty: htpy checks each child it is given (docs/views.md, Fragments).
+        h.ol(".cards")[Markup("").join(card_item(card, left, right) for card in cards)],
     ]
 
 
@@ -89,23 +90,33 @@ def lane_column(lane: sqlite3.Row, cards: list[sqlite3.Row], left: int | None, r
 def card_item(row: sqlite3.Row, left: int | None, right: int | None) -> h.Element:
     """One card, cached by its row and its neighbour lanes: an unchanged card is never rendered
     twice, wherever it moves. Its place in the lane is read from the page when a button is
-    pressed, so cards below a moved one keep their cached HTML."""
-    card_id, lane_id = row["id"], row["lane_id"]
+    pressed, so cards below a moved one keep their cached HTML. A card moved to another lane
+    renders only its own element: its text and its buttons are fragments of their own, keyed
+    by what they show."""
+    card_id = row["id"]
     return h.li(
         f"#card-{card_id}.card",
         {"data-class:pending": f"$busy == {card_id} && $op != $done"},
         draggable="true",
-    )[
-        h.h3(".card-title")[row["title"]],
-        row["description"] and h.p(".card-desc")[row["description"]],
-        h.div(".card-actions")[
-            move_button("left", "←", left, "same"),
-            move_button("up", "↑", lane_id, "up"),
-            move_button("down", "↓", lane_id, "down"),
-            move_button("right", "→", right, "same"),
-            h.button(".icon.edit", name="edit", aria_label="Edit")["✎"],
-            h.button(".icon.remove", name="delete", aria_label="Delete")["✕"],
-        ],
+    )[card_text(row["title"], row["description"]), card_actions(row["lane_id"], left, right)]
+
+
+@fragment()
+def card_text(title: str, description: str) -> h.Fragment:
+    """A card's title and description: the same wherever the card is."""
+    return h.fragment[h.h3(".card-title")[title], description and h.p(".card-desc")[description]]
+
+
+@fragment()
+def card_actions(lane_id: int, left: int | None, right: int | None) -> h.Element:
+    """A card's buttons, the same for every card of a lane: moves name lanes, not cards."""
+    return h.div(".card-actions")[
+        move_button("left", "←", left, "same"),
+        move_button("up", "↑", lane_id, "up"),
+        move_button("down", "↓", lane_id, "down"),
+        move_button("right", "→", right, "same"),
+        h.button(".icon.edit", name="edit", aria_label="Edit")["✎"],
+        h.button(".icon.remove", name="delete", aria_label="Delete")["✕"],
     ]
 
 
