@@ -360,15 +360,22 @@ def mutate(rnd: random.Random, root: dict, ids: list[int]) -> None:
         nodes = elements(root)
 
 
-@settings(max_examples=400, deadline=None)
-@given(st.randoms(use_true_random=False))
-def test_patches_turn_any_render_into_the_next(rnd: random.Random) -> None:
+def successive_renders(rnd: random.Random, edits: int) -> list[str]:
+    """A random document's render, then one more after each of `edits` rounds of random edits."""
     ids = list(range(200, 0, -1))
     root = grow(rnd, 4, ids)
     root["tag"], root["attrs"]["id"] = "div", "root"
-    old = render(root)
-    mutate(rnd, root, ids)
-    new = render(root)
+    renders = [render(root)]
+    for _ in range(edits):
+        mutate(rnd, root, ids)
+        renders.append(render(root))
+    return renders
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.randoms(use_true_random=False))
+def test_patches_turn_any_render_into_the_next(rnd: random.Random) -> None:
+    old, new = successive_renders(rnd, 1)
     assert patched(old, new) in (new, None)
 
 
@@ -399,13 +406,7 @@ def same(a: Index | None, b: Index | None) -> bool:
 @settings(max_examples=400, deadline=None)
 @given(st.randoms(use_true_random=False))
 def test_an_index_read_off_the_previous_render_is_the_one_read_afresh(rnd: random.Random) -> None:
-    ids = list(range(200, 0, -1))
-    root = grow(rnd, 4, ids)
-    root["tag"], root["attrs"]["id"] = "div", "root"
-    renders = [render(root)]
-    for _ in range(3):
-        mutate(rnd, root, ids)
-        renders.append(render(root))
+    renders = successive_renders(rnd, 3)
     for old, new in zip(renders, renders[1:], strict=False):
         assert same(index(new, index(old)), index(new))
 
