@@ -244,6 +244,9 @@ def test_script_text_comments_and_void_elements_are_not_markup_to_the_index() ->
     svg = old.replace("<br>", '<svg id="icon"><circle r="1"/><path d="M0"/></svg><svg id="empty"/>')
     assert index(svg) is not None and {"icon", "empty"} <= set(index(svg).ids)  # type: ignore[union-attr]
     assert index(old.replace("<br>", '<div id="open"/>')) is None  # never closed
+    # ... and only while inside one: after an SVG, as inside a template within one.
+    assert index(old.replace("<br>", '<svg><circle r="1"/></svg><div/>')) is None
+    assert index(old.replace("<br>", '<svg><template></template><circle r="1"/></svg>')) is not None
     assert index('<main id="board"><p>x</span></main>') is None  # an end tag of another element
 
 
