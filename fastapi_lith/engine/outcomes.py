@@ -235,9 +235,10 @@ def outcome_view(db: Db, tab: str, *, hint: str = "") -> Markup:
         return _no_outcome(hint)
     op, message = int(last["op"]), last["message"]
     if last["ok"]:
-        signals, kind = f'data-signals:done="{op}" data-signals:ok_op="{op}"', 'class="message ok"'
+        signals = f'data-signals:done="{op}" data-signals:ok_op="{op}"'
+        said = f'class="message ok" data-show="$done == {op}"'
     else:
-        signals, kind = f'data-signals:done="{op}"', 'class="message failed"'
-    mine = f'data-show="$done == {op}"' + ("" if last["ok"] else ' role="alert"')
-    shown = f"<p {kind} {mine}>{escape(message)}</p>" if message else ""
+        signals = f'data-signals:done="{op}"'
+        said = f'class="message failed" data-show="$done == {op}" role="alert"'
+    shown = f"<p {said}>{escape(message)}</p>" if message else ""
     return Markup(f'<div id="outcome" class="outcome" {signals} role="status">{shown}<div id="lith-error"></div></div>')
