@@ -237,13 +237,27 @@ async def kill_a_under_load(a: Server, b: Server, meanwhile: Callable[[], Awaita
 
 
 async def add_from_200_producers(a: Server, b: Server) -> list[int]:
-    """100 producers on each process, three commands each, all at once: their statuses."""
+    """100 producers on each process, three commands each, all at once: their statuses.
+
+    Each command has a key. 200 connections opened at once on a machine busy with other tests
+    now and then lose one before its answer (`httpx.ReadError`); the producer sends that command
+    again with its key, as a page's retry does, and the server applies it once either way.
+    """
     results: list[int] = []
+    keys = itertools.count(1)
 
     async def producer(c: httpx.AsyncClient, server: Server) -> None:
         for _ in range(3):
-            r = await c.post(f"{server.url}/add", json={"n": 1, "tab": "load"}, headers=COMMAND_HEADERS)
-            results.append(r.status_code)
+            headers = {**COMMAND_HEADERS, "Idempotency-Key": f"load-{next(keys)}"}
+            for attempt in range(3):
+                try:
+                    r = await c.post(f"{server.url}/add", json={"n": 1, "tab": "load"}, headers=headers)
+                except httpx.TransportError:
+                    if attempt == 2:
+                        raise
+                    continue
+                results.append(r.status_code)
+                break
 
     async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=None)) as c:
         await asyncio.gather(*(producer(c, s) for s in (a, b) for _ in range(100)))
