@@ -29,6 +29,7 @@ import os
 import re
 import time
 from collections import deque
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,9 @@ START_WAIT = 30.0
 # A Litestream that ran this many seconds before it died was working: its restart waits the
 # shortest back-off again, not the longer one its earlier deaths had reached.
 STABLE_AFTER = 60.0
+# Seconds a start Litestream did not survive waits for the rest of its output, for the error:
+# the pipe closes as it exits, so only a child of its own left running would hold it open.
+DRAIN_WAIT = 5.0
 
 
 class Replica:
@@ -93,6 +97,7 @@ class Replica:
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._synced = asyncio.Event()
+        self._drained = asyncio.Event()
         self._said: deque[str] = deque(maxlen=5)  # its last lines above DEBUG, for an error
         self._lead_fd: int | None = None  # held while this process runs Litestream
         self._follower: asyncio.Task[None] | None = None  # waits to take over from another process
@@ -198,7 +203,11 @@ class Replica:
         """
         deadline, restarts = time.monotonic() + timeout, self.restarts
         while not self._synced.is_set():
-            if self.restarts != restarts or (self._proc is not None and self._proc.returncode is not None):
+            exited = self._proc is not None and self._proc.returncode is not None
+            if self.restarts != restarts or exited:
+                if self.restarts == restarts:  # its last words may still be in the pipe, which closes as it exits
+                    with suppress(TimeoutError):
+                        await asyncio.wait_for(self._drained.wait(), DRAIN_WAIT)
                 await self.stop()
                 said = " | ".join(self._said) or "no output"
                 raise ReplicaError(
@@ -214,6 +223,7 @@ class Replica:
 
     async def _spawn(self) -> None:
         self.pid = None
+        self._drained = asyncio.Event()  # its output read to the end
         self._proc = await asyncio.create_subprocess_exec(
             "/bin/sh", "-c", _WRAPPER, str(self.binary), str(self.config_path),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
@@ -250,18 +260,21 @@ class Replica:
 
     async def _pump(self, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
-        async for raw in proc.stdout:
-            line = raw.decode(errors="replace").rstrip()
-            if match := _PID_LINE.match(line):
-                self.pid = int(match.group(1))
-                continue
-            level = _LEVELS[m.group(1)] if (m := _LEVEL.search(line)) else logging.INFO
-            if level == logging.DEBUG:
-                if _SYNCED in line:
-                    self._synced.set()
-            else:
-                self._said.append(line)
-            log.log(level, "litestream: %s", line)
+        try:
+            async for raw in proc.stdout:
+                line = raw.decode(errors="replace").rstrip()
+                if match := _PID_LINE.match(line):
+                    self.pid = int(match.group(1))
+                    continue
+                level = _LEVELS[m.group(1)] if (m := _LEVEL.search(line)) else logging.INFO
+                if level == logging.DEBUG:
+                    if _SYNCED in line:
+                        self._synced.set()
+                else:
+                    self._said.append(line)
+                log.log(level, "litestream: %s", line)
+        finally:
+            self._drained.set()
 
     @property
     def running(self) -> bool:

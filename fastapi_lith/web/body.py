@@ -52,6 +52,8 @@ class CommandBodies:
         self.writer = writer
         self.principal = principal
         self._made: dict[type[Command], Callable[..., Any]] = {}
+        # Each `lith.command` endpoint and its command: the guard serves those directly.
+        self.endpoints: dict[Callable[..., Any], type[Command]] = {}
 
     def __call__(self, command: type[Command]) -> Callable[..., Any]:
         made = self._made.get(command)
@@ -82,6 +84,7 @@ class CommandBodies:
             params.append(inspect.Parameter("lith_limit", kind, default=Depends(MaxBody(max_body)), annotation=Any))
         endpoint.__signature__ = inspect.Signature(params, return_annotation=Response)  # type: ignore[attr-defined]
         endpoint.__name__ = endpoint.__qualname__ = command.__name__
+        self.endpoints[endpoint] = command
         return endpoint
 
     def _dependency(self, command: type[Command]) -> Callable[..., Any]:

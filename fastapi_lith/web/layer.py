@@ -37,6 +37,7 @@ from ..exceptions import AccessDenied, SettingError, ViewError
 from .access import StreamRoute, StreamTokens, fill, page_principal
 from .body import CommandBodies
 from .dependency import WriterDependency
+from .direct import direct_route
 from .guard import (
     GuardedRoute,
     Messages,
@@ -161,6 +162,8 @@ class WebLayer:
         Called by the lifespan, with the app, once its routes are declared; again at the next
         start, it leaves wrapped routes as they are. The handlers answer the route's errors as
         HTML over the app's own handlers, which are the fallback for what is not a command's.
+        A `lith.command` route with no dependencies but the library's is served directly
+        (direct.py), with FastAPI's answers.
         """
         config = self.settings
         handlers = error_handlers(
@@ -169,8 +172,13 @@ class WebLayer:
         for holder, limit in command_routes(app.router.routes, self.writer):
             if isinstance(holder.app, GuardedRoute) and holder.app.owner is self.writer:
                 continue
+            served = holder.app
+            command = self.body.endpoints.get(getattr(holder, "endpoint", None))  # type: ignore[arg-type]
+            if command is not None:
+                direct = direct_route(holder, writer=self.writer, current=self.current, body=self.body(command))
+                served = direct if direct is not None else served
             holder.app = GuardedRoute(
-                holder.app, owner=self.writer, limit=limit if limit is not None else config.max_body,
+                served, owner=self.writer, limit=limit if limit is not None else config.max_body,
                 keep=config.max_body, handlers=handlers,
             )
 

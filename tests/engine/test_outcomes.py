@@ -8,6 +8,7 @@ its command is not applied again. Each test runs on SQLite and on PostgreSQL.
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import json
 import logging
@@ -218,6 +219,30 @@ async def test_a_repeat_returns_the_first_result_as_its_declared_type(backend: B
     stored = dict(backend.query("SELECT key, outcome FROM lith_outcome"))
     assert bytes(stored["ReturnsNote"]) == b'["ok",{"seq":3,"text":"ReturnsNote first","on":"2026-12-02"}]'
     assert stored["ReturnsNone"] is None
+
+
+async def test_outcomes_are_stored_byte_for_byte_and_found_within_one_batch(backend: Backend) -> None:
+    # The text comes back as it went in, escapes, quotes and characters beyond the BMP included,
+    # and a repeat queued behind its first send, in the same batch, finds the first's outcome.
+    writer = backend.writer
+    values = ['plain', 'é "quoted" \\ back\\slash', "\\u0000 written out", "𝄞 and 🙂", "\n\t\u2028"]
+    firsts = [writer.do(ReturnsStr(value=v), key=f"k{i}") for i, v in enumerate(values)]
+    repeats = [writer.do(ReturnsStr(value=f"again {v}"), key=f"k{i}") for i, v in enumerate(values)]
+    none_first, none_again = writer.do(ReturnsNone(value="none"), key="n"), writer.do(ReturnsNone(value="x"), key="n")
+    answers = await asyncio.gather(*firsts, *repeats, none_first, none_again)  # one batch: queued together
+    assert answers[: len(values)] == answers[len(values) : 2 * len(values)] == [f"row {i + 1}" for i in range(len(values))]
+    assert writer.repeats == len(values) + 1
+    assert backend.log() == [*values, "none"]
+    stored = {key: outcome for key, outcome in backend.query("SELECT key, outcome FROM lith_outcome")}
+    for i in range(len(values)):
+        assert bytes(stored[f"k{i}"]) == dump_outcome(ReturnsStr, f"row {i + 1}", None)
+    assert stored["n"] is None
+    # And in a later batch, from the table.
+    assert await writer.do(ReturnsStr(value="later"), key="k1") == "row 2"
+    with pytest.raises(NotNow):
+        await writer.do(Refuses(value="r"), key="r")
+    with pytest.raises(Rejected, match="^Not now: r must wait.$"):
+        await writer.do(Refuses(value="r again"), key="r")
 
 
 async def test_a_rejected_repeat_raises_rejected_with_its_message(backend: Backend) -> None:
