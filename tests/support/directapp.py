@@ -1,10 +1,17 @@
 """One command on two routes: `/direct`, which the library serves without FastAPI's dependency
 solving, and `/solved`, the same route with a dependency of its own, which FastAPI serves.
-tests/web/test_direct.py sends both the same requests and compares the answers."""
+tests/web/test_direct.py sends both the same requests and compares the answers.
+
+Each validation error's message is the whole error as pydantic and FastAPI made it, so a field
+of it that differs shows in the HTML. `DIRECT_FASTAPI` is FastAPI's own settings, as JSON
+(`{"strict_content_type": false}`, `{"max_body_size": 1000}`).
+"""
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +20,14 @@ from pydantic import Field
 
 from fastapi_lith import Lith, Rejected, TabCommand, Tx
 
-lith = Lith(os.environ["DIRECT_DB"], migrations=Path(__file__).parent / "direct_migrations", max_body=4096)
+
+def whole(error: Mapping[str, Any]) -> str:
+    return json.dumps(dict(error), default=repr, sort_keys=True)
+
+
+lith = Lith(
+    os.environ["DIRECT_DB"], migrations=Path(__file__).parent / "direct_migrations", max_body=4096, messages=whole
+)
 
 
 class Note(TabCommand):
@@ -43,7 +57,7 @@ async def nothing() -> None:
     """A dependency of the route's own: FastAPI solves it, and the route is not served directly."""
 
 
-app = FastAPI()
+app = FastAPI(**json.loads(os.environ.get("DIRECT_FASTAPI") or "{}"))
 app.include_router(lith.router)
 lith.command(app, "/direct", ToDirect)
 lith.command(app, "/solved", ToSolved, dependencies=[Depends(nothing)])
