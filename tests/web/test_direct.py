@@ -34,7 +34,6 @@ from tests.web.test_input_fuzz import (
     same_origin,
 )
 
-
 # FastAPI's settings the route reads: its defaults; a body sent with no content type read as
 # JSON; FastAPI's own body limit, below the app's `max_body` (then FastAPI serves the route).
 FASTAPI_SETTINGS = [{}, {"strict_content_type": False}, {"max_body_size": 1000}]
