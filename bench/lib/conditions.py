@@ -11,6 +11,7 @@ import os
 import platform
 import sqlite3
 import subprocess
+import time
 from importlib import metadata
 from pathlib import Path
 
@@ -67,12 +68,29 @@ def versions() -> str:
     return ", ".join(found)
 
 
+def speed(additions: int = 1_000_000, tries: int = 3) -> str:
+    """How fast this machine runs Python now: the best of `tries` loops of `additions` additions.
+    The same build measures differently from hour to hour here; this tells a slow hour from a
+    slow build when two runs on different hours are compared."""
+    best = min(_loop(additions) for _ in range(tries))
+    return f"{additions:,} additions in a Python loop in {best * 1000:.0f} ms (best of {tries})"
+
+
+def _loop(additions: int) -> float:
+    started = time.perf_counter()
+    total = 0
+    for i in range(additions):
+        total += i
+    return time.perf_counter() - started
+
+
 def conditions() -> dict[str, str]:
     """Everything a reader needs to weigh a figure: machine, load, interpreter, versions, commit."""
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": f"{cpu_model()}, {os.cpu_count()} cores, {memory_gib()}, {platform.system()} {platform.release()}",
         "load average": load_average(),
+        "speed": speed(),
         "python": f"{platform.python_implementation()} {platform.python_version()}, SQLite {sqlite3.sqlite_version}",
         "libraries": versions(),
         "commit": commit(),
