@@ -43,7 +43,6 @@ try:  # a Starlette with body limits: FastAPI's `max_body_size` marks the reques
 except ImportError:  # pragma: no cover
     MAX_BODY_SIZE_SCOPE_KEY = "fastapi_lith.no-body-limit"
 
-_NOTHING = object()
 NO_BODY = object()  # an empty body: FastAPI's "Field required" (JSON `null` is a value)
 
 
@@ -145,8 +144,6 @@ def _json_type(content_type: str) -> bool:
 def _strict_content_type(holder: Any) -> bool:
     """FastAPI's `strict_content_type` for the route, on by default where it exists; a FastAPI
     without it reads a body sent with no content type as JSON."""
-    value = getattr(holder, "strict_content_type", _NOTHING)
-    if value is _NOTHING:
-        return False
-    return bool(getattr(value, "value", value))
+    value = getattr(holder, "strict_content_type", False)
+    return bool(getattr(value, "value", value))  # a `DefaultPlaceholder`, or the route's own
 
