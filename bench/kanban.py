@@ -140,7 +140,10 @@ def served(m: Counts | None, seconds: float) -> dict[str, float]:
             "sent_bytes_per_frame": m.get("lith_stream_bytes_total", stage="sent") / frames if frames else NAN,
             "per_batch": m.mean("lith_writer_batch_size"), "batch_ms": m.mean("lith_writer_commit_seconds") * 1e3,
             "tick_ms": m.mean("lith_hub_tick_seconds") * 1e3, "render_ms": m.mean("lith_hub_render_seconds") * 1e3,
-            "writer_busy": m.get("lith_writer_commit_seconds_sum") / seconds}
+            "writer_busy": m.get("lith_writer_commit_seconds_sum") / seconds,
+            # zstd writes compressed per frame sent: 1 when every stream compresses its own.
+            "cohort_compressed_per_frame": (m.get("lith_stream_cohort_writes_total", done="compressed") / frames
+                                            if frames else NAN)}
 
 
 async def load(server: Server, encoding: str, rate: float, tabs_n: int, cards: list[int], lanes: list[int],
@@ -317,7 +320,8 @@ def table(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
             ("server: frames sent/s", "frames_sent_s", 0), ("server: bytes sent per frame", "sent_bytes_per_frame", 0),
             ("server: commands per batch", "per_batch", 1), ("server: batch ms, mean", "batch_ms", 1),
             ("server: tick ms, mean", "tick_ms", 1), ("server: render ms, mean", "render_ms", 1),
-            ("server: writer busy", "writer_busy", 2)]
+            ("server: writer busy", "writer_busy", 2),
+            ("server: zstd writes compressed for cohorts per frame", "cohort_compressed_per_frame", 3)]
     lines = [f"{args.tabs} tabs, {args.workers} server process(es); rows: offered moves/s by encoding.\n",
              "| figure | " + " | ".join(keys) + " |", "|---|" + "---:|" * len(keys)]
     lines += [f"| {label} | " + " | ".join(number(results[k].get(key, NAN), d) for k in keys) + " |"

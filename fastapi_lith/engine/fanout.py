@@ -24,7 +24,7 @@ import time
 from typing import Protocol
 
 from .encoders import Encoder
-from .frames import Frame, html_size, sse_event
+from .frames import Frame, html_size
 
 __all__ = ["Encodable", "Fanout", "shared"]
 
@@ -89,7 +89,7 @@ class Fanout:
                 jobs.append(job)
                 continue
             try:
-                out: bytes | BaseException = job[1].encode(*map(sse_event, job[2]))
+                out: bytes | BaseException = job[1].encode_frames(job[2])
             except BaseException as exc:  # noqa: BLE001 - raised in that stream's body
                 out = exc
             inline += 1
@@ -129,7 +129,7 @@ class Fanout:
             results: list[_Result] = []
             for stream, encoder, frames in jobs:
                 try:  # a frame's event is formatted here, off the loop, by its first stream
-                    results.append((stream, encoder.encode(*map(sse_event, frames))))
+                    results.append((stream, encoder.encode_frames(frames)))
                 except BaseException as exc:  # noqa: BLE001 - raised in that stream's body
                     results.append((stream, exc))
             try:

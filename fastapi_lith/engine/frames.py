@@ -31,7 +31,7 @@ class Frame:
     too: the same key and HTML, and the render it starts from, whose events it formats.
     """
 
-    __slots__ = ("key", "html", "signals", "index", "serial", "_sse", "_base", "_patches", "__weakref__")
+    __slots__ = ("key", "html", "signals", "index", "serial", "shared", "_sse", "_base", "_patches", "__weakref__")
 
     def __init__(
         self, key: str, html: str, signals: Mapping[str, Any] | None = None, *, index: Index | None = None
@@ -41,6 +41,9 @@ class Frame:
         self.signals = signals
         self.index = index  # its keyed elements: set for a view's long frame (`rendered`)
         self.serial = next(_SERIALS)
+        # Offered to several streams (the hub sets it): zstd compresses it once for those that
+        # sent the same before (cohorts.py).
+        self.shared = False
         self._sse: bytes | None = None
         self._base: Index | None = None  # set on a frame of patches: the render they start from
         self._patches: dict[int, Frame] | None = None
@@ -69,6 +72,7 @@ class Frame:
             if len(patches) >= _PATCHES_KEPT:
                 del patches[next(iter(patches))]
             frame = patches[shown.serial] = Frame(self.key, self.html, index=self.index)
+            frame.shared = self.shared
             frame._base = shown.index
         return frame
 

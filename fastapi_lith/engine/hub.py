@@ -462,6 +462,7 @@ class Hub:
             if trace is not None:
                 trace.rendered(instance, started, True)
             watchers = instance.watchers
+            result.shared = len(watchers) > 1
             counters.frames += len(watchers)
             for stream in watchers:
                 if stream.offer(result):

@@ -74,6 +74,11 @@ class Instruments:
         self.stream_superseded = counter(
             "lith_stream_frames_superseded_total", "Frames replaced by a newer one before a slow tab took them."
         )
+        self.cohort_writes = counter(
+            "lith_stream_cohort_writes_total",
+            "Writes of zstd cohorts (several streams, the same bytes): compressed once, or reused by another member.",
+            ("done",),
+        )
         self.stream_timeouts = counter(
             "lith_stream_send_timeouts_total", "Streams ended because the client stopped reading."
         )

@@ -32,6 +32,7 @@ import anyio
 import prometheus_client
 from prometheus_client import CollectorRegistry, Gauge, ProcessCollector, multiprocess, values
 
+from ..engine import cohorts
 from ..engine.engine import Engine
 from ..engine.feed import Feed
 from ..engine.hub import Hub
@@ -152,6 +153,9 @@ class Metrics:
             self._hubs[engine] = hub  # for its last counts once it has stopped: `retire`
             dirty += len(hub.dirty)
             encoder_bytes += self._sample_hub(hub, open_streams)
+        cohort = cohorts.counts  # the process's: every app's streams share its cohorts
+        self._grow(metric.cohort_writes.labels("compressed"), cohort, "made", cohort.made)
+        self._grow(metric.cohort_writes.labels("reused"), cohort, "reused", cohort.reused)
         metric.writer_queue.set(queued)
         metric.hub_dirty.set(dirty)
         metric.encoder_bytes.set(encoder_bytes)

@@ -108,6 +108,8 @@ async def test_per_tab_views_reach_only_their_tab(tmp_path: Path) -> None:
         assert alice.html("outcome/{tab}") == '<output id="outcome">added 3</output>'
         assert bob.html("outcome/{tab}") == '<output id="outcome"></output>'
         assert [f.key for f in bob.received[2:]] == ["board/1"]  # bob got the board, not alice's outcome
+        # What two tabs watch is sent to both: zstd compresses it once for both (cohorts.py).
+        assert sorted((f.key, f.shared) for f in alice.received[2:]) == [("board/1", True), (f"outcome/{alice.id}", False)]
         with pytest.raises(ViewError, match="another tab"):
             await tabs.open(f"outcome/{alice.id}", tab="mallory")
 

@@ -28,6 +28,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fastapi_lith import Accounts, Command, Db, Lith, Rejected, SettingError, TabCommand, Tx
 from fastapi_lith.backends.sqlite.feed import SqliteFeed
+from fastapi_lith.engine.encoders import ZstdEncoder
+from fastapi_lith.engine.frames import Frame
 from fastapi_lith.testing import Tabs
 from tests.support import CHILD_HANG_LIMIT, REPO, SUPPORT, until
 from tests.support.browser import Server
@@ -356,6 +358,24 @@ async def test_what_a_stream_took_after_the_last_sample_is_counted_when_the_app_
             assert len(tab.read()) == 1  # taken after the sample: only the stop's counts it
     assert metrics.value("lith_stream_frames_total") == 4
     assert metrics.value("lith_stream_frames_superseded_total") == 1
+
+
+async def test_zstd_writes_shared_by_streams_are_counted_once_compressed_and_then_reused(
+    tmp_path: Path, migrations: Path
+) -> None:
+    lith = Lith(tmp_path / "app.db", migrations=migrations)
+    lith.view("counter", topics={"counter"})(counter_view)
+    metrics = lith.metrics
+    async with Tabs(lith):
+        metrics.sample()
+        before = [metrics.value("lith_stream_cohort_writes_total", done=done) for done in ("compressed", "reused")]
+        frame = Frame("board", "".join(f'<p id="card-{i}">card {i}</p>' for i in range(200)))
+        frame.shared = True  # as the hub marks a frame it offers to several streams
+        for encoder in [ZstdEncoder() for _ in range(3)]:
+            encoder.encode_frames([frame])
+        metrics.sample()
+        after = [metrics.value("lith_stream_cohort_writes_total", done=done) for done in ("compressed", "reused")]
+    assert [a - b for a, b in zip(after, before, strict=True)] == [1, 2]
 
 
 class Bump(Command):

@@ -1,0 +1,265 @@
+"""Cohorts: zstd streams that send the same frames share one compression, and each body still
+decodes to exactly its own events, write by write, whatever each stream does meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import weakref
+from typing import Any
+
+import pytest
+import zstandard
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from examples.kanban.synthetic import board_html, change_card, make_cards
+from fastapi_lith.engine import cohorts
+from fastapi_lith.engine.encoders import ALONE_BELOW, ZstdEncoder
+from fastapi_lith.engine.fanout import Fanout
+from fastapi_lith.engine.frames import Frame, sse_event
+from fastapi_lith.engine.streams import KEEPALIVE, Stream
+
+
+class Body:
+    """One stream's body as a browser reads it: each write decoded as it arrives, frame after
+    frame."""
+
+    def __init__(self) -> None:
+        self._d = zstandard.ZstdDecompressor().decompressobj()
+        self.text = b""
+
+    def feed(self, data: bytes) -> bytes:
+        out = []
+        while data:
+            out.append(self._d.decompress(data))
+            if not self._d.eof:
+                break
+            data = self._d.unused_data
+            self._d = zstandard.ZstdDecompressor().decompressobj()
+        self.text += b"".join(out)
+        return b"".join(out)
+
+    @property
+    def ended_cleanly(self) -> bool:
+        return not self._d.unused_data and self._d.decompress(b"") == b""
+
+
+def boards(n: int) -> list[str]:
+    """The board of 60 cards, one card changed from one to the next."""
+    cards = make_cards(60, seed=3)
+    out = []
+    for step in range(n):
+        out.append(board_html(cards))
+        cards = change_card(cards, step)
+    return out
+
+
+BOARDS = boards(12)
+
+
+def shared(html: str, key: str = "board") -> Frame:
+    frame = Frame(key, html)
+    frame.shared = True
+    return frame
+
+
+def own(tab: int, n: int) -> Frame:
+    return Frame(f"outcome/{tab}", f'<p id="outcome-{tab}">move {n} of tab {tab} saved</p>')
+
+
+def expected(frames: list[Frame]) -> bytes:
+    """What a write sends: a stream's own frames first, then the frames others send too."""
+    return b"".join(sse_event(f) for f in frames if not f.shared) + b"".join(sse_event(f) for f in frames if f.shared)
+
+
+def test_streams_that_send_the_same_frames_share_one_compression() -> None:
+    encoders = [ZstdEncoder() for _ in range(50)]
+    bodies = [Body() for _ in encoders]
+    made = cohorts.counts.made
+    for html in BOARDS[:6]:
+        frame = shared(html)
+        outs = [encoder.encode_frames([frame]) for encoder in encoders]
+        assert all(out is outs[0] for out in outs)  # the same bytes object, written 50 times
+        assert all(body.feed(out) == sse_event(frame) for body, out in zip(bodies, outs, strict=True))
+    assert cohorts.counts.made - made == 6  # once a write, not once a stream
+    alone = ZstdEncoder()
+    alone.encode(sse_event(shared(BOARDS[0])))
+    # One window for all fifty (a slower level's, with a larger table), each counting a fiftieth.
+    assert 0 < sum(encoder.memory_size() for encoder in encoders) < 3 * alone.memory_size()
+    assert len({encoder.memory_size() for encoder in encoders}) == 1
+    for encoder, body in zip(encoders, bodies, strict=True):
+        body.feed(encoder.close())
+        assert body.ended_cleanly
+
+
+def test_a_stream_with_a_frame_of_its_own_sends_it_first_and_the_leavers_of_a_write_share_the_next() -> None:
+    encoders = [ZstdEncoder() for _ in range(10)]
+    bodies = [Body() for _ in encoders]
+    first = shared(BOARDS[0])
+    for encoder, body in zip(encoders, bodies, strict=True):
+        body.feed(encoder.encode_frames([first]))
+    second = shared(BOARDS[1])
+    made = cohorts.counts.made
+    outs = []
+    for tab, (encoder, body) in enumerate(zip(encoders, bodies, strict=True)):
+        frames = [own(tab, 1), second] if tab < 4 else [second]
+        out = encoder.encode_frames(frames)
+        assert body.feed(out) == expected(frames)
+        outs.append(out)
+    # The six that stayed share a write; the four that left share a new cohort's first write.
+    assert cohorts.counts.made - made == 2
+    assert len({out[-200:] for out in outs[:4]}) == 1 and len({id(out) for out in outs[4:]}) == 1
+    third = shared(BOARDS[2])
+    made = cohorts.counts.made
+    for encoder, body in zip(encoders, bodies, strict=True):
+        assert body.feed(encoder.encode_frames([third])) == sse_event(third)
+    assert cohorts.counts.made - made == 2  # two cohorts now, each compressed once
+
+
+def test_a_member_that_sat_out_more_writes_than_are_kept_leaves_and_still_decodes() -> None:
+    ahead, behind = ZstdEncoder(), ZstdEncoder()
+    bodies = Body(), Body()
+    first = shared(BOARDS[0])
+    for encoder, body in zip((ahead, behind), bodies, strict=True):
+        body.feed(encoder.encode_frames([first]))
+    frames = [shared(html) for html in BOARDS[1 : cohorts.KEPT + 3]]
+    for frame in frames:
+        bodies[0].feed(ahead.encode_frames([frame]))
+    # It never took those writes; had it been given the cohort's next one, it would decode
+    # against a history it does not have.
+    last = frames[-1]
+    assert bodies[1].feed(behind.encode_frames([last])) == sse_event(last)
+    assert behind._cohort is not ahead._cohort  # noqa: SLF001
+
+
+def test_a_small_write_goes_alone_and_a_larger_board_starts_a_cohort_sized_for_it() -> None:
+    encoder = ZstdEncoder()
+    body = Body()
+    small = shared('<p id="count">1</p>')
+    assert len(sse_event(small)) < ALONE_BELOW
+    assert body.feed(encoder.encode_frames([small])) == sse_event(small)
+    assert encoder.hibernating  # a frame of its own: no window held
+    board = shared(BOARDS[0][:20_000])
+    assert body.feed(encoder.encode_frames([board])) == sse_event(board)
+    fits = encoder.memory_size()
+    larger = shared(BOARDS[1] * 3)
+    assert body.feed(encoder.encode_frames([larger])) == sse_event(larger)
+    assert encoder.memory_size() > fits
+    body.feed(encoder.close())
+    assert body.ended_cleanly
+
+
+# What a stream may do at a tick: take the tick's frame as the others do, with a frame of its own
+# too, a frame nobody else takes (it skipped one: its patches start from an older render), a
+# keep-alive, a write through the plain `encode`, hibernate, or nothing.
+ACTIONS = ["take", "own", "other", "keepalive", "plain", "hibernate", "nothing"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(ticks=st.lists(st.lists(st.sampled_from(ACTIONS), min_size=4, max_size=4), min_size=1, max_size=10),
+       boards=st.lists(st.sampled_from(range(len(BOARDS))), min_size=10, max_size=10),
+       window_log=st.sampled_from([None, 17]))
+def test_every_body_decodes_to_its_own_events_write_by_write(
+    ticks: list[list[str]], boards: list[int], window_log: int | None
+) -> None:
+    encoders = [ZstdEncoder(window_log=window_log) for _ in range(4)]
+    bodies = [Body() for _ in encoders]
+    for n, actions in enumerate(ticks):
+        frame = shared(BOARDS[boards[n]])
+        for tab, (action, encoder, body) in enumerate(zip(actions, encoders, bodies, strict=True)):
+            if action == "nothing":
+                continue
+            if action == "hibernate":
+                assert body.feed(encoder.hibernate()) == b""
+                assert encoder.hibernating
+                continue
+            if action in ("keepalive", "plain"):
+                event = KEEPALIVE if action == "keepalive" else sse_event(own(tab, n))
+                write = encoder.encode_asleep if action == "keepalive" else encoder.encode
+                assert body.feed(write(event)) == event
+                continue
+            frames = {
+                "take": [frame],
+                "own": [own(tab, n), frame],
+                "other": [shared(BOARDS[(boards[n] + 1) % len(BOARDS)])],
+            }[action]
+            assert body.feed(encoder.encode_frames(frames)) == expected(frames)
+    for encoder, body in zip(encoders, bodies, strict=True):
+        assert body.feed(encoder.close()) == b""
+        assert body.ended_cleanly
+
+
+def test_workers_share_cohorts_and_every_body_decodes() -> None:
+    """Two threads encode the streams of one cohort at once, as the fan-out's workers do."""
+    rng = random.Random(7)
+    encoders = [ZstdEncoder() for _ in range(40)]
+    bodies = [Body() for _ in encoders]
+    errors: list[BaseException] = []
+    for n, html in enumerate(BOARDS):
+        frame = shared(html)
+        jobs = [(tab, [own(tab, n), frame] if rng.random() < 0.2 else [frame]) for tab in range(40)]
+        outs: dict[int, bytes] = {}
+
+        def work(part: list[tuple[int, list[Frame]]]) -> None:
+            try:
+                for tab, frames in part:
+                    outs[tab] = encoders[tab].encode_frames(frames)
+            except BaseException as exc:  # noqa: BLE001 - the test fails with it below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(jobs[i::2],)) for i in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not errors
+        for tab, frames in jobs:
+            assert bodies[tab].feed(outs[tab]) == expected(frames)
+
+
+@pytest.mark.parametrize("members", [1, 3])
+def test_a_cohort_is_freed_with_its_last_member(members: int) -> None:
+    encoders = [ZstdEncoder() for _ in range(members)]
+    frame = shared(BOARDS[4])
+    for encoder in encoders:
+        encoder.encode_frames([frame])
+    cohort: Any = encoders[0]._cohort  # noqa: SLF001 - what the weak reference should not keep
+    assert cohort is not None and cohort.members == members
+    ref = weakref.ref(cohort)
+    del cohort
+    for encoder in encoders:
+        assert encoder.hibernate() == cohorts.EPILOGUE
+    assert ref() is None
+
+
+async def test_a_broadcast_through_the_fanout_compresses_the_board_once_a_tick() -> None:
+    """Streams fed by the fan-out as the hub feeds them: each tick's frame offered to all."""
+    fanout = Fanout(workers=2)
+    streams = [Stream(f"t{i}") for i in range(60)]
+    bodies = [Body() for _ in streams]
+
+    async def read(stream: Stream, body: Body) -> None:
+        async for chunk in stream.body(ZstdEncoder(), fanout=fanout):
+            body.feed(chunk)
+
+    tasks = [asyncio.create_task(read(s, b)) for s, b in zip(streams, bodies, strict=True)]
+    try:
+        made = cohorts.counts.made
+        for n, html in enumerate(BOARDS[:5]):
+            frame = shared(html)
+            for stream in streams:
+                stream.offer(frame)
+            event = sse_event(frame)
+            deadline = asyncio.get_running_loop().time() + 20
+            while not all(body.text.endswith(event) for body in bodies):
+                assert asyncio.get_running_loop().time() < deadline, f"frame {n}"
+                await asyncio.sleep(0.005)
+        assert cohorts.counts.made - made == 5
+    finally:
+        for stream in streams:
+            stream.end()
+        await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        fanout.close()
+    assert all(body.ended_cleanly for body in bodies)
