@@ -58,7 +58,7 @@ class Cohort:
         self.fits = fits  # the largest write this window holds enough of (the encoder's rule)
         self.members = 0
         compressor = zstandard.ZstdCompressor(compression_params=params)
-        self._chunker = compressor.chunker(chunk_size=chunk_size)
+        self._chunker: Any = compressor.chunker(chunk_size=chunk_size)
         self._position = 0
         self._made: dict[int, tuple[Key, bytes]] = {}
         self._lock = threading.Lock()

@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 
 from examples.kanban.synthetic import board_html, change_card, make_cards
 from fastapi_lith.engine import cohorts
-from fastapi_lith.engine.encoders import ALONE_BELOW, ZstdEncoder
 from fastapi_lith.engine.fanout import Fanout
 from fastapi_lith.engine.frames import Frame, sse_event
 from fastapi_lith.engine.streams import KEEPALIVE, Stream
+from fastapi_lith.engine.zstd import ALONE_BELOW, ZstdEncoder
 
 
 class Body:
@@ -202,14 +202,14 @@ def test_workers_share_cohorts_and_every_body_decodes() -> None:
         jobs = [(tab, [own(tab, n), frame] if rng.random() < 0.2 else [frame]) for tab in range(40)]
         outs: dict[int, bytes] = {}
 
-        def work(part: list[tuple[int, list[Frame]]]) -> None:
+        def work(part: list[tuple[int, list[Frame]]], outs: dict[int, bytes]) -> None:
             try:
                 for tab, frames in part:
                     outs[tab] = encoders[tab].encode_frames(frames)
             except BaseException as exc:  # noqa: BLE001 - the test fails with it below
                 errors.append(exc)
 
-        threads = [threading.Thread(target=work, args=(jobs[i::2],)) for i in range(2)]
+        threads = [threading.Thread(target=work, args=(jobs[i::2], outs)) for i in range(2)]
         for thread in threads:
             thread.start()
         for thread in threads:

@@ -18,7 +18,6 @@ from datastar_py.sse import ServerSentEventGenerator as SSE
 from examples.kanban.synthetic import board_html, change_card, make_cards
 from fastapi_lith import SettingError
 from fastapi_lith.engine.encoders import (
-    ALONE_BELOW,
     BrotliEncoder,
     Encoder,
     GzipEncoder,
@@ -27,6 +26,7 @@ from fastapi_lith.engine.encoders import (
     make_encoder,
     negotiate,
 )
+from fastapi_lith.engine.zstd import ALONE_BELOW
 from fastapi_lith.exceptions import EncoderClosed
 
 # --------------------------------------------------------------------------- decoders
@@ -677,7 +677,7 @@ def test_brotli_quality_2_keeps_its_window_and_gzip_keeps_its_level() -> None:
 
 
 def test_the_zstd_window_holds_four_writes_of_the_first_size_exactly() -> None:
-    from fastapi_lith.engine.encoders import _zstd_window_log
+    from fastapi_lith.engine.zstd import _zstd_window_log
 
     assert _zstd_window_log(2**18) == 20  # four writes of 256 KiB fill 1 MiB: no more is needed
     assert _zstd_window_log(2**18 + 1) == 21

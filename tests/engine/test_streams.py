@@ -19,8 +19,9 @@ import pytest
 import zstandard
 from prometheus_client.parser import text_string_to_metric_families
 
-from fastapi_lith.engine.encoders import ALONE_BELOW, IdentityEncoder
+from fastapi_lith.engine.encoders import IdentityEncoder
 from fastapi_lith.engine.frames import Frame, sse_event
+from fastapi_lith.engine.zstd import ALONE_BELOW
 from tests.support import SUPPORT
 from tests.support.browser import Server
 
