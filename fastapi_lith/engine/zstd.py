@@ -197,6 +197,10 @@ class ZstdEncoder(Encoder):
         """The frames' events, those that other streams send too (`Frame.shared`) through a
         cohort's frame (cohorts.py), compressed once for all of them; this stream's own frames
         go first, as a zstd frame of their own, and take it out of its cohort."""
+        if self._cohort is None and self._stream is None and len(frames) == 1:
+            event = sse_event(frames[0])
+            if len(event) < ALONE_BELOW:  # a broadcast's small change: alone, made once (`_alone`)
+                return self.encode(event)
         shared = [frame for frame in frames if frame.shared]
         if not shared or self._closed:
             return self.encode(*map(sse_event, frames))

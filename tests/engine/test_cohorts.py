@@ -10,7 +10,6 @@ import weakref
 from typing import Any
 
 import pytest
-import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,30 +19,7 @@ from fastapi_lith.engine.fanout import Fanout
 from fastapi_lith.engine.frames import Frame, sse_event
 from fastapi_lith.engine.streams import KEEPALIVE, Stream
 from fastapi_lith.engine.zstd import ALONE_BELOW, ZstdEncoder
-
-
-class Body:
-    """One stream's body as a browser reads it: each write decoded as it arrives, frame after
-    frame."""
-
-    def __init__(self) -> None:
-        self._d = zstandard.ZstdDecompressor().decompressobj()
-        self.text = b""
-
-    def feed(self, data: bytes) -> bytes:
-        out = []
-        while data:
-            out.append(self._d.decompress(data))
-            if not self._d.eof:
-                break
-            data = self._d.unused_data
-            self._d = zstandard.ZstdDecompressor().decompressobj()
-        self.text += b"".join(out)
-        return b"".join(out)
-
-    @property
-    def ended_cleanly(self) -> bool:
-        return not self._d.unused_data and self._d.decompress(b"") == b""
+from tests.support.decoders import ZstdDecoder
 
 
 def boards(n: int) -> list[str]:
@@ -76,7 +52,7 @@ def expected(frames: list[Frame]) -> bytes:
 
 def test_streams_that_send_the_same_frames_share_one_compression() -> None:
     encoders = [ZstdEncoder() for _ in range(50)]
-    bodies = [Body() for _ in encoders]
+    bodies = [ZstdDecoder() for _ in encoders]
     made = cohorts.counts.made
     for html in BOARDS[:6]:
         frame = shared(html)
@@ -91,12 +67,12 @@ def test_streams_that_send_the_same_frames_share_one_compression() -> None:
     assert len({encoder.memory_size() for encoder in encoders}) == 1
     for encoder, body in zip(encoders, bodies, strict=True):
         body.feed(encoder.close())
-        assert body.ended_cleanly
+        assert body.clean_end
 
 
 def test_a_stream_with_a_frame_of_its_own_sends_it_first_and_the_leavers_of_a_write_share_the_next() -> None:
     encoders = [ZstdEncoder() for _ in range(10)]
-    bodies = [Body() for _ in encoders]
+    bodies = [ZstdDecoder() for _ in encoders]
     first = shared(BOARDS[0])
     for encoder, body in zip(encoders, bodies, strict=True):
         body.feed(encoder.encode_frames([first]))
@@ -120,7 +96,7 @@ def test_a_stream_with_a_frame_of_its_own_sends_it_first_and_the_leavers_of_a_wr
 
 def test_a_member_that_sat_out_more_writes_than_are_kept_leaves_and_still_decodes() -> None:
     ahead, behind = ZstdEncoder(), ZstdEncoder()
-    bodies = Body(), Body()
+    bodies = ZstdDecoder(), ZstdDecoder()
     first = shared(BOARDS[0])
     for encoder, body in zip((ahead, behind), bodies, strict=True):
         body.feed(encoder.encode_frames([first]))
@@ -136,7 +112,7 @@ def test_a_member_that_sat_out_more_writes_than_are_kept_leaves_and_still_decode
 
 def test_a_small_write_goes_alone_and_a_larger_board_starts_a_cohort_sized_for_it() -> None:
     encoder = ZstdEncoder()
-    body = Body()
+    body = ZstdDecoder()
     small = shared('<p id="count">1</p>')
     assert len(sse_event(small)) < ALONE_BELOW
     assert body.feed(encoder.encode_frames([small])) == sse_event(small)
@@ -148,7 +124,7 @@ def test_a_small_write_goes_alone_and_a_larger_board_starts_a_cohort_sized_for_i
     assert body.feed(encoder.encode_frames([larger])) == sse_event(larger)
     assert encoder.memory_size() > fits
     body.feed(encoder.close())
-    assert body.ended_cleanly
+    assert body.clean_end
 
 
 # What a stream may do at a tick: take the tick's frame as the others do, with a frame of its own
@@ -165,7 +141,7 @@ def test_every_body_decodes_to_its_own_events_write_by_write(
     ticks: list[list[str]], boards: list[int], window_log: int | None
 ) -> None:
     encoders = [ZstdEncoder(window_log=window_log) for _ in range(4)]
-    bodies = [Body() for _ in encoders]
+    bodies = [ZstdDecoder() for _ in encoders]
     for n, actions in enumerate(ticks):
         frame = shared(BOARDS[boards[n]])
         for tab, (action, encoder, body) in enumerate(zip(actions, encoders, bodies, strict=True)):
@@ -188,14 +164,14 @@ def test_every_body_decodes_to_its_own_events_write_by_write(
             assert body.feed(encoder.encode_frames(frames)) == expected(frames)
     for encoder, body in zip(encoders, bodies, strict=True):
         assert body.feed(encoder.close()) == b""
-        assert body.ended_cleanly
+        assert body.clean_end
 
 
 def test_workers_share_cohorts_and_every_body_decodes() -> None:
     """Two threads encode the streams of one cohort at once, as the fan-out's workers do."""
     rng = random.Random(7)
     encoders = [ZstdEncoder() for _ in range(40)]
-    bodies = [Body() for _ in encoders]
+    bodies = [ZstdDecoder() for _ in encoders]
     errors: list[BaseException] = []
     for n, html in enumerate(BOARDS):
         frame = shared(html)
@@ -238,13 +214,14 @@ async def test_a_broadcast_through_the_fanout_compresses_the_board_once_a_tick()
     """Streams fed by the fan-out as the hub feeds them: each tick's frame offered to all."""
     fanout = Fanout(workers=2)
     streams = [Stream(f"t{i}") for i in range(60)]
-    bodies = [Body() for _ in streams]
+    bodies = [ZstdDecoder() for _ in streams]
+    texts = [b""] * len(streams)
 
-    async def read(stream: Stream, body: Body) -> None:
-        async for chunk in stream.body(ZstdEncoder(), fanout=fanout):
-            body.feed(chunk)
+    async def read(i: int) -> None:
+        async for chunk in streams[i].body(ZstdEncoder(), fanout=fanout):
+            texts[i] += bodies[i].feed(chunk)
 
-    tasks = [asyncio.create_task(read(s, b)) for s, b in zip(streams, bodies, strict=True)]
+    tasks = [asyncio.create_task(read(i)) for i in range(len(streams))]
     try:
         made = cohorts.counts.made
         for n, html in enumerate(BOARDS[:5]):
@@ -253,7 +230,7 @@ async def test_a_broadcast_through_the_fanout_compresses_the_board_once_a_tick()
                 stream.offer(frame)
             event = sse_event(frame)
             deadline = asyncio.get_running_loop().time() + 20
-            while not all(body.text.endswith(event) for body in bodies):
+            while not all(text.endswith(event) for text in texts):
                 assert asyncio.get_running_loop().time() < deadline, f"frame {n}"
                 await asyncio.sleep(0.005)
         assert cohorts.counts.made - made == 5
@@ -262,4 +239,4 @@ async def test_a_broadcast_through_the_fanout_compresses_the_board_once_a_tick()
             stream.end()
         await asyncio.wait_for(asyncio.gather(*tasks), 10)
         fanout.close()
-    assert all(body.ended_cleanly for body in bodies)
+    assert all(body.clean_end for body in bodies)
