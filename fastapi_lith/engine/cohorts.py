@@ -38,10 +38,10 @@ Key = tuple[int, ...]
 class Counts:
     """What cohorts did since the process started: the benchmarks print these."""
 
-    __slots__ = ("made", "reused", "started", "__weakref__")
+    __slots__ = ("made", "reused", "__weakref__")
 
     def __init__(self) -> None:
-        self.made = self.reused = self.started = 0
+        self.made = self.reused = 0
 
 
 counts = Counts()
@@ -87,7 +87,7 @@ class Cohort:
                 parts += chunker.compress(event)
             parts += chunker.flush()
             out = b"".join(parts)
-            if position:  # the first write stays: a joiner starts with it
+            if position > KEPT:  # the first write stays: a joiner starts with it
                 self._made.pop(position - KEPT, None)
             self._made[position] = (key, out)
             self._position += 1
@@ -112,7 +112,6 @@ def join(identity: Any, key: Key, events: list[bytes], params: Any, fits: int, c
         cohort = _starting.get((identity, key))
         if cohort is None or cohort.position > KEPT:
             cohort = _starting[(identity, key)] = Cohort(params, fits, chunk_size)
-            counts.started += 1
         cohort.members += 1
     out = cohort.write(0, key, events)
     assert out is not None  # its first write is kept, and it is the write of `key`

@@ -63,8 +63,16 @@ def test_streams_that_send_the_same_frames_share_one_compression() -> None:
     alone = ZstdEncoder()
     alone.encode(sse_event(shared(BOARDS[0])))
     # One window for all fifty (a slower level's, with a larger table), each counting a fiftieth.
-    assert 0 < sum(encoder.memory_size() for encoder in encoders) < 3 * alone.memory_size()
-    assert len({encoder.memory_size() for encoder in encoders}) == 1
+    shares = [encoder.memory_size() for encoder in encoders]
+    while_leaving = []
+    for encoder, body in zip(encoders[1:], bodies[1:], strict=True):
+        body.feed(encoder.hibernate())
+        while_leaving.append(encoders[0].memory_size())
+    window = encoders[0].memory_size()  # the last member holds it all
+    assert set(shares) == {window // 50} and 0 < window < 3 * alone.memory_size()
+    assert while_leaving == [window // members for members in range(49, 0, -1)]
+    bodies[1].feed(encoders[1].encode_frames([frame]))  # a leaver starts a cohort of its own
+    assert encoders[0].memory_size() == window
     for encoder, body in zip(encoders, bodies, strict=True):
         body.feed(encoder.close())
         assert body.clean_end
@@ -92,6 +100,32 @@ def test_a_stream_with_a_frame_of_its_own_sends_it_first_and_the_leavers_of_a_wr
     for encoder, body in zip(encoders, bodies, strict=True):
         assert body.feed(encoder.encode_frames([third])) == sse_event(third)
     assert cohorts.counts.made - made == 2  # two cohorts now, each compressed once
+
+
+def test_a_cohorts_writes_are_compressed_harder_than_a_streams_own_and_only_the_last_few_kept() -> None:
+    """Compressed once for every member, a cohort's write can afford zstd's level 6: fewer bytes
+    than a stream's own window at level 1 sends for the same frames."""
+    own, member, other = ZstdEncoder(), ZstdEncoder(), ZstdEncoder()
+    own_bytes = cohort_bytes = 0
+    for html in BOARDS[:8]:
+        frame = shared(html)
+        own_bytes += len(own.encode(sse_event(frame)))
+        cohort_bytes += len(member.encode_frames([frame]))
+        other.encode_frames([frame])
+    assert cohort_bytes < 0.9 * own_bytes
+    cohort: Any = member._cohort  # noqa: SLF001 - its writes kept for members a write or two behind
+    assert cohort is other._cohort and cohort.position == 8  # noqa: SLF001
+    assert sorted(cohort._made) == [0, *range(8 - cohorts.KEPT, 8)]  # noqa: SLF001 - the first, and the last few
+
+
+def test_streams_with_other_settings_never_share_a_cohort() -> None:
+    frame = shared(BOARDS[0])
+    kinds = [ZstdEncoder(), ZstdEncoder(), ZstdEncoder(level=9), ZstdEncoder(window_log=19), ZstdEncoder.dense()]
+    for encoder in kinds:
+        encoder.encode_frames([frame])
+    found = [encoder._cohort for encoder in kinds]  # noqa: SLF001
+    assert found[0] is found[1]
+    assert len({id(c) for c in found}) == 4
 
 
 def test_a_member_that_sat_out_more_writes_than_are_kept_leaves_and_still_decodes() -> None:
@@ -130,17 +164,18 @@ def test_a_small_write_goes_alone_and_a_larger_board_starts_a_cohort_sized_for_i
 # What a stream may do at a tick: take the tick's frame as the others do, with a frame of its own
 # too, a frame nobody else takes (it skipped one: its patches start from an older render), a
 # keep-alive, a write through the plain `encode`, hibernate, or nothing.
-ACTIONS = ["take", "own", "other", "keepalive", "plain", "hibernate", "nothing"]
+ACTIONS = ["take", "own", "own two", "other", "keepalive", "plain", "plain board", "hibernate", "nothing"]
+SETTINGS: list[dict[str, Any]] = [{}, {"window_log": 17}, {"hash_log": None}]
 
 
 @settings(max_examples=60, deadline=None)
 @given(ticks=st.lists(st.lists(st.sampled_from(ACTIONS), min_size=4, max_size=4), min_size=1, max_size=10),
        boards=st.lists(st.sampled_from(range(len(BOARDS))), min_size=10, max_size=10),
-       window_log=st.sampled_from([None, 17]))
+       setting=st.sampled_from(SETTINGS))
 def test_every_body_decodes_to_its_own_events_write_by_write(
-    ticks: list[list[str]], boards: list[int], window_log: int | None
+    ticks: list[list[str]], boards: list[int], setting: dict[str, Any]
 ) -> None:
-    encoders = [ZstdEncoder(window_log=window_log) for _ in range(4)]
+    encoders = [ZstdEncoder(**setting) for _ in range(4)]
     bodies = [ZstdDecoder() for _ in encoders]
     for n, actions in enumerate(ticks):
         frame = shared(BOARDS[boards[n]])
@@ -151,14 +186,15 @@ def test_every_body_decodes_to_its_own_events_write_by_write(
                 assert body.feed(encoder.hibernate()) == b""
                 assert encoder.hibernating
                 continue
-            if action in ("keepalive", "plain"):
-                event = KEEPALIVE if action == "keepalive" else sse_event(own(tab, n))
+            if action in ("keepalive", "plain", "plain board"):
+                event = {"keepalive": KEEPALIVE, "plain": sse_event(own(tab, n)), "plain board": sse_event(frame)}[action]
                 write = encoder.encode_asleep if action == "keepalive" else encoder.encode
                 assert body.feed(write(event)) == event
                 continue
             frames = {
                 "take": [frame],
                 "own": [own(tab, n), frame],
+                "own two": [own(tab, n), frame, own(tab + 10, n)],
                 "other": [shared(BOARDS[(boards[n] + 1) % len(BOARDS)])],
             }[action]
             assert body.feed(encoder.encode_frames(frames)) == expected(frames)
