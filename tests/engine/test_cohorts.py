@@ -10,6 +10,7 @@ import weakref
 from typing import Any
 
 import pytest
+import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -113,9 +114,35 @@ def test_a_cohorts_writes_are_compressed_harder_than_a_streams_own_and_only_the_
         cohort_bytes += len(member.encode_frames([frame]))
         other.encode_frames([frame])
     assert cohort_bytes < 0.9 * own_bytes
-    cohort: Any = member._cohort  # noqa: SLF001 - its writes kept for members a write or two behind
-    assert cohort is other._cohort and cohort.position == 8  # noqa: SLF001
+    cohort = member._cohort  # noqa: SLF001 - its writes kept for members a write or two behind
+    assert cohort is not None and cohort is other._cohort and cohort.position == 8  # noqa: SLF001
     assert sorted(cohort._made) == [0, *range(8 - cohorts.KEPT, 8)]  # noqa: SLF001 - the first, and the last few
+
+
+def test_a_cohort_compresses_at_zstd_level_6_with_the_parameters_it_names() -> None:
+    member = ZstdEncoder()
+    frame = shared(BOARDS[0])
+    out = member.encode_frames([frame])
+    cohort = member._cohort  # noqa: SLF001
+    assert cohort is not None
+    params = cohort.params
+    assert params.strategy == zstandard.ZstdCompressionParameters.from_level(6).strategy
+    chunker: Any = zstandard.ZstdCompressor(compression_params=params).chunker(chunk_size=1024)
+    assert out == b"".join([*chunker.compress(sse_event(frame)), *chunker.flush()])
+
+
+def test_a_member_given_other_frames_than_the_cohorts_next_write_leaves() -> None:
+    """Two members at the same write, one sent the tick's frame, the other a frame it alone
+    takes (its patches start from a render it showed before): each body shows its own."""
+    first, second = ZstdEncoder(), ZstdEncoder()
+    bodies = ZstdDecoder(), ZstdDecoder()
+    start = shared(BOARDS[0])
+    for encoder, body in zip((first, second), bodies, strict=True):
+        body.feed(encoder.encode_frames([start]))
+    tick, behind = shared(BOARDS[1]), shared(BOARDS[2])
+    assert bodies[0].feed(first.encode_frames([tick])) == sse_event(tick)
+    assert bodies[1].feed(second.encode_frames([behind])) == sse_event(behind)
+    assert first._cohort is not second._cohort  # noqa: SLF001
 
 
 def test_streams_with_other_settings_never_share_a_cohort() -> None:
