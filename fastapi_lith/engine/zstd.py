@@ -86,9 +86,10 @@ class ZstdEncoder(Encoder):
     same body: a view that grows costs one fresh frame, not a window too short from then on.
     A write under `ALONE_BELOW` bytes while no window is open (a small view's change, a tab's
     outcome) opens none: it goes as a frame of its own, and one sent to many streams is
-    compressed once for all. `level`, `window_log` and `hash_log` pick zstd's parameters; any
-    other field of `zstandard.ZstdCompressionParameters` (chain_log, strategy, ...) can be given
-    by name.
+    compressed once for all. Frames that other streams take too go through a cohort's frame
+    instead of this stream's own window (`encode_frames`, cohorts.py), at level 6 or `level` if
+    higher. `level`, `window_log` and `hash_log` pick zstd's parameters; any other field of
+    `zstandard.ZstdCompressionParameters` (chain_log, strategy, ...) can be given by name.
     """
 
     name = "zstd"
