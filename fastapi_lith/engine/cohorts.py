@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Iterable
 from typing import Any
 
 import zstandard
 
-__all__ = ["EPILOGUE", "Cohort", "Key", "counts", "join"]
+__all__ = ["EPILOGUE", "Cohort", "Key", "counts", "flushed", "join"]
 
 # A zstd block header: last block, raw, 0 bytes. Frames here carry no checksum, so this ends one.
 EPILOGUE = b"\x01\x00\x00"
@@ -33,6 +34,16 @@ KEPT = 4
 
 # The writes' keys: the frames' serials, each frame's event the same bytes for every stream.
 Key = tuple[int, ...]
+
+
+def flushed(chunker: Any, events: Iterable[bytes]) -> bytes:
+    """`events` through a zstd chunker, flushed to a block's end: each decodes as it arrives,
+    and the frame may end right after it (`EPILOGUE`)."""
+    parts: list[bytes] = []
+    for event in events:
+        parts += chunker.compress(event)
+    parts += chunker.flush()
+    return b"".join(parts)
 
 
 class Counts:
@@ -81,12 +92,7 @@ class Cohort:
                 return made[1]
             if position != self._position:
                 return None
-            chunker = self._chunker
-            parts: list[bytes] = []
-            for event in events:
-                parts += chunker.compress(event)
-            parts += chunker.flush()
-            out = b"".join(parts)
+            out = flushed(self._chunker, events)
             if position > KEPT:  # the first write stays: a joiner starts with it
                 self._made.pop(position - KEPT, None)
             self._made[position] = (key, out)

@@ -37,6 +37,12 @@ def _zstd_window_log(size: int) -> int:
     return min(max(zstandard.WINDOWLOG_MIN, (ZSTD_FRAMES * size - 1).bit_length()), ZstdEncoder.MAX_WINDOW_LOG)
 
 
+def _zstd_fits(window_log: int) -> int:
+    """The largest write a window sized from the writes holds `ZSTD_FRAMES` of; any write for
+    the largest window, which cannot grow."""
+    return sys.maxsize if window_log == ZstdEncoder.MAX_WINDOW_LOG else (1 << window_log) // ZSTD_FRAMES
+
+
 # A cohort's writes (cohorts.py) are compressed once for all its members, so they can afford
 # zstd's level 6 (lazy matching) and a larger table: about a fifth fewer bytes a frame on the
 # board at 800 moves/s for the same CPU a frame, and less time waiting for a CPU (RESULTS.md).
@@ -180,19 +186,14 @@ class ZstdEncoder(Encoder):
             head += self.hibernate()
             window_log = _zstd_window_log(size)
             self.params = self._params(window_log)
-            self._fits = sys.maxsize if window_log == self.MAX_WINDOW_LOG else (1 << window_log) // ZSTD_FRAMES
+            self._fits = _zstd_fits(window_log)
         if self._stream is None:
             # A chunker, not a compressobj: its output buffer is ZSTD_CHUNK bytes, where a
             # compressobj's is 128 KiB.
             compressor = zstandard.ZstdCompressor(compression_params=self.params)
             self._stream = compressor.chunker(chunk_size=ZSTD_CHUNK)
         self._sent = True
-        stream = self._stream
-        parts = [head]
-        for event in events:
-            parts += stream.compress(event)
-        parts += stream.flush()
-        return b"".join(parts)
+        return head + _cohorts.flushed(self._stream, events)
 
     def encode_frames(self, frames: list[Frame]) -> bytes:
         """The frames' events, those that other streams send too (`Frame.shared`) through a
@@ -224,7 +225,7 @@ class ZstdEncoder(Encoder):
         if size < ALONE_BELOW:
             return head + _alone(tuple(events))
         window_log = self.window_log or _zstd_window_log(needs)
-        fits = sys.maxsize if self.window_log or window_log == self.MAX_WINDOW_LOG else (1 << window_log) // ZSTD_FRAMES
+        fits = sys.maxsize if self.window_log else _zstd_fits(window_log)
         identity = (self._cohort_identity, window_log)
         params = _zstd_params(*identity)
         self._cohort, out = _cohorts.join(identity, key, events, params, fits, ZSTD_CHUNK)
