@@ -624,8 +624,9 @@ async def test_a_litestream_that_does_not_stop_in_time_is_killed(
     await replica.stop(timeout=1)
     wait_for(lambda: not alive(pid), "the stopped Litestream to be killed")
     assert not replica.running and not replica.health()["leader"]
-    # Its output read to the end: no pipe of the killed process is left open in the app.
-    assert sorted(os.listdir("/proc/self/fd")) == sorted(before)
+    # Its output read to the end: no pipe of the killed process is left open in the app. (What
+    # an earlier test in this process left to be collected may close meanwhile.)
+    assert set(os.listdir("/proc/self/fd")) <= set(before)
     assert [r.getMessage() for r in caplog.records] == ["litestream did not stop within 1 s: killed"]
 
 

@@ -32,6 +32,9 @@ from tests.support import SUPPORT
 from tests.support.browser import Server, ServerError, free_port
 
 _loaded = itertools.count()
+# Seconds an idle connection stays open: longer than any test runs (see `start`).
+KEEP_ALIVE = 600
+
 _LOGGERS = ("", "uvicorn")
 
 
@@ -84,9 +87,13 @@ class InProcessServer:
         with _environment(self.env):
             self.module = load_module(name, self.app_dir)
             asgi = getattr(self.module, attr or "app")
+            # A connection a test's client pooled is never closed idle under it: httpx sends on
+            # a connection the server closed a moment before and fails the request ("Server
+            # disconnected without sending a response"), which uvicorn's 5 s made happen once a
+            # busy suite held a client's connections idle that long.
             config = uvicorn.Config(
                 asgi, host=self.host, port=self.port, log_config=None, access_log=False,
-                timeout_graceful_shutdown=self.graceful,
+                timeout_graceful_shutdown=self.graceful, timeout_keep_alive=KEEP_ALIVE,
             )  # fmt: skip
             self._server = uvicorn.Server(config)
             self._thread = threading.Thread(target=self._run, name=f"uvicorn {self.app}", daemon=True)
